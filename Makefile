@@ -1,0 +1,51 @@
+# The two commands of the README: `make demo` and `make test`. Each installs the Debian packages it
+# needs when they are missing (apt-get, as root), configures into build/ and builds.
+BUILD ?= build
+BUILD_TYPE ?= Release
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_FLAGS ?=
+BIN := $(BUILD)/bin
+MPIEXEC ?= $(shell command -v mpiexec.mpich 2>/dev/null || echo mpiexec)
+
+PACKAGES := cmake g++ make pkg-config mpich libmpich-dev libtrilinos-kokkos-dev doctest-dev \
+            libcli11-dev nlohmann-json3-dev libbenchmark-dev libopenblas-dev
+
+.PHONY: all deps configure build test test-large demo bench clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make deps: installing$$missing"; \
+	  if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	fi
+
+configure: deps
+	@if [ ! -f $(BUILD)/CMakeCache.txt ]; then \
+	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS); fi
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Every test, the oversubscribed 16/32-rank layouts (label `large`) included.
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# Only the big layouts.
+test-large: build
+	cd $(BUILD) && ctest --output-on-failure -L large
+
+demo: build
+	$(BIN)/relayout explain --tp 32 --dp 16 --enable-dp-attention --moe-a2a-backend deepep --rank 10
+	$(BIN)/relayout explain --tp 8 --dp 4 --enable-dp-attention --moe-a2a-backend deepep
+
+bench: build
+	$(MPIEXEC) -n 1 $(BIN)/bench_layout --benchmark_min_time=0.2
+
+clean:
+	rm -rf $(BUILD)

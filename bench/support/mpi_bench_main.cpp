@@ -1,0 +1,32 @@
+// main() of every benchmark: MPI and Kokkos around Google Benchmark; only rank 0 reports.
+#include <benchmark/benchmark.h>
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+
+namespace {
+// Swallows the reports of ranks other than 0; they still run every benchmark in lock-step.
+class SilentReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  Kokkos::initialize(argc, argv);
+  benchmark::Initialize(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    SilentReporter silent;
+    benchmark::RunSpecifiedBenchmarks(&silent, &silent);
+  }
+  benchmark::Shutdown();
+  Kokkos::finalize();
+  MPI_Finalize();
+  return 0;
+}

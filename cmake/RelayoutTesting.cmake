@@ -1,0 +1,69 @@
+# Helpers that register this repository's tests with ctest.
+#
+#   relayout_add_test(NAME SOURCES ... [LIBS ...] [LABELS ...])
+#       a doctest executable (Kokkos initialised, no MPI), run as one process.
+#   relayout_add_mpi_test(NAME SOURCES ... [RANKS 1 2 4 8] [LIBS ...] [LABELS ...] [TIMEOUT s])
+#       a doctest executable on the shared MPI test main, registered once per rank count as
+#       NAME_npN under `mpiexec -n N`. Rank counts >= 16 also get the label `large`.
+#   relayout_add_compile_fail_test(NAME SOURCE REGEX [DEFINES ...])
+#       passes when compiling SOURCE fails with a diagnostic matching REGEX.
+#   relayout_add_command_test(NAME COMMAND ... [EXPECT_RC n] [STDOUT regex] [STDERR regex])
+#       runs a command and checks its exit code and output.
+include_guard(GLOBAL)
+
+set(RELAYOUT_TEST_DEFAULT_RANKS 1 2 4 8 CACHE STRING "Rank counts for MPI tests")
+
+function(relayout_add_test name)
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE relayout::relayout relayout_test_main relayout_warnings ${T_LIBS})
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES LABELS "unit;${T_LABELS}" TIMEOUT 300)
+endfunction()
+
+function(relayout_add_mpi_test name)
+  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;RANKS;LIBS;LABELS" ${ARGN})
+  if(NOT T_RANKS)
+    set(T_RANKS ${RELAYOUT_TEST_DEFAULT_RANKS})
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 600)
+  endif()
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE relayout::relayout relayout_mpi_test_main relayout_warnings ${T_LIBS})
+  foreach(n IN LISTS T_RANKS)
+    set(labels "mpi;${T_LABELS}")
+    if(n GREATER_EQUAL 16)
+      list(APPEND labels large)
+    endif()
+    add_test(NAME ${name}_np${n}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${MPIEXEC_PREFLAGS}
+                     $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(${name}_np${n} PROPERTIES LABELS "${labels}" TIMEOUT ${T_TIMEOUT}
+                         PROCESSORS ${n} RESOURCE_LOCK mpi)
+  endforeach()
+endfunction()
+
+function(relayout_add_compile_fail_test name)
+  cmake_parse_arguments(T "" "SOURCE;REGEX" "DEFINES;LIBS" ${ARGN})
+  add_executable(${name} EXCLUDE_FROM_ALL ${T_SOURCE})
+  target_link_libraries(${name} PRIVATE relayout::relayout ${T_LIBS})
+  target_compile_definitions(${name} PRIVATE ${T_DEFINES})
+  add_test(NAME ${name}
+           COMMAND ${CMAKE_COMMAND} --build ${PROJECT_BINARY_DIR} --target ${name})
+  set_tests_properties(${name} PROPERTIES LABELS "compile_fail" PASS_REGULAR_EXPRESSION "${T_REGEX}"
+                       TIMEOUT 300)
+endfunction()
+
+function(relayout_add_command_test name)
+  cmake_parse_arguments(T "" "EXPECT_RC;STDOUT;STDERR" "COMMAND;LABELS" ${ARGN})
+  if(NOT DEFINED T_EXPECT_RC)
+    set(T_EXPECT_RC 0)
+  endif()
+  string(REPLACE ";" "@@" escaped "${T_COMMAND}")  # the script splits it again
+  add_test(NAME ${name}
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${escaped}" "-DEXPECT_RC=${T_EXPECT_RC}"
+                   "-DEXPECT_STDOUT=${T_STDOUT}" "-DEXPECT_STDERR=${T_STDERR}"
+                   -P ${PROJECT_SOURCE_DIR}/cmake/RelayoutCheckCommand.cmake)
+  set_tests_properties(${name} PROPERTIES LABELS "cli;${T_LABELS}" TIMEOUT 300)
+endfunction()

@@ -1,0 +1,172 @@
+// The rank layout of one TP domain (SPEC §2–§7): coordinates, groups, bridge path, padding mode
+// and the DSpark start-up verdict as constexpr rules, and RuntimeLayout, the checked runtime form.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "relayout/mesh/error.hpp"
+#include "relayout/mesh/names.hpp"
+#include "relayout/mesh/radix.hpp"
+#include "relayout/mesh/widths.hpp"
+
+namespace relayout {
+
+struct RankCoords {
+  int rank = 0;
+  int attn_dp_rank = 0;
+  int attn_cp_rank = 0;
+  int attn_tp_rank = 0;
+  int moe_dp_rank = 0;
+  int moe_ep_rank = 0;
+  int moe_tp_rank = 0;
+
+  friend constexpr bool operator==(const RankCoords&, const RankCoords&) = default;
+};
+
+// Attention order (dp, cp, tp) and MoE order (moe_dp, moe_ep, moe_tp), fastest last (SPEC §2).
+constexpr MixedRadix<3> attention_radix(const Widths& w) { return {{w.attn_dp, w.attn_cp, w.attn_tp}}; }
+constexpr MixedRadix<3> moe_radix(const Widths& w) { return {{w.moe_dp, w.moe_ep, w.moe_tp}}; }
+
+constexpr RankCoords rank_coords(const Widths& w, int rank) {
+  const auto a = attention_radix(w).coords(rank);
+  const auto m = moe_radix(w).coords(rank);
+  return {rank, a[0], a[1], a[2], m[0], m[1], m[2]};
+}
+
+// Which factorization and which of its axes vary inside a group of the given kind (SPEC §3).
+struct GroupGeometry {
+  MixedRadix<3> radix;
+  unsigned free;
+};
+
+constexpr GroupGeometry group_geometry(const Widths& w, GroupKind kind) {
+  switch (kind) {
+    case GroupKind::tp: return {attention_radix(w), 0b111u};
+    case GroupKind::attn_tp: return {attention_radix(w), 0b100u};
+    case GroupKind::attn_cp: return {attention_radix(w), 0b010u};
+    case GroupKind::moe_tp: return {moe_radix(w), 0b100u};
+    case GroupKind::moe_ep: return {moe_radix(w), 0b010u};
+    case GroupKind::moe_dp: return {moe_radix(w), 0b001u};
+  }
+  return {attention_radix(w), 0b111u};
+}
+
+constexpr BridgePath bridge_path(const Widths& w, Backend backend) {
+  if (backend == Backend::none) return w.attn_dp > 1 ? BridgePath::dp_gather : BridgePath::tp_moe;
+  return w.attn_tp > 1 ? BridgePath::a2a_split : BridgePath::direct;
+}
+
+struct DsparkVerdict {
+  bool allowed = true;
+  std::string_view error{};  // empty when allowed
+};
+
+// SPEC §7: rejected before the draft worker exists. Generic, not tied to a device type.
+constexpr DsparkVerdict dspark_verdict(const LayoutConfig& c, const Widths& w) {
+  if (c.enable_dp_attention && c.draft == Draft::moe && w.attn_tp > 1)
+    return {false, RELAYOUT_DSPARK_MOE_DRAFT_MESSAGE};
+  return {};
+}
+
+// Token counts are rounded up to a multiple of attn_tp so rows split evenly (SPEC §6).
+constexpr std::int64_t round_up_tokens(std::int64_t n, int attn_tp) {
+  return (n + attn_tp - 1) / attn_tp * attn_tp;
+}
+
+// SPEC §6: MAX_LEN if 2*sum >= max*attn_dp else SUM_LEN; pplx always MAX_LEN. Every rank calls
+// this on the same all-gathered counts, so every rank picks the same mode.
+inline PaddingMode padding_mode(std::span<const std::int64_t> global_num_tokens, int attn_dp,
+                                Backend backend) {
+  if (global_num_tokens.size() != static_cast<std::size_t>(attn_dp))
+    throw LayoutError("global_num_tokens",
+                      "global_num_tokens has " + std::to_string(global_num_tokens.size()) +
+                          " entries; it needs one per attention-DP group (attn_dp = " +
+                          std::to_string(attn_dp) + ")");
+  std::int64_t sum = 0, max = 0;
+  for (std::size_t i = 0; i < global_num_tokens.size(); ++i) {
+    const std::int64_t n = global_num_tokens[i];
+    if (n < 0 || n > (std::int64_t{1} << 40))
+      throw LayoutError("global_num_tokens", "global_num_tokens[" + std::to_string(i) + "] = " +
+                                                 std::to_string(n) +
+                                                 ": a token count must be in [0, 2^40]");
+    sum += n;
+    max = n > max ? n : max;
+  }
+  if (forces_max_len(backend)) return PaddingMode::max_len;
+  return 2 * sum >= max * attn_dp ? PaddingMode::max_len : PaddingMode::sum_len;
+}
+
+// The runtime layout: constructed from flags, checked, and answering every question the
+// compile-time policy answers with the same constexpr rules.
+class RuntimeLayout {
+ public:
+  explicit RuntimeLayout(const LayoutConfig& config)
+      : config_(config), widths_(checked_widths(config)) {}
+
+  const LayoutConfig& config() const { return config_; }
+  const Widths& widths() const { return widths_; }
+  int size() const { return widths_.tp; }
+  Backend backend() const { return config_.moe_a2a_backend; }
+
+  RankCoords coords(int rank) const { return rank_coords(widths_, checked_rank(rank)); }
+
+  int group_size(GroupKind kind) const {
+    const auto g = group_geometry(widths_, kind);
+    return g.radix.group_size(g.free);
+  }
+  int group_count(GroupKind kind) const {
+    const auto g = group_geometry(widths_, kind);
+    return g.radix.group_count(g.free);
+  }
+  // Which group of this kind `rank` is in, and its position (group rank) inside it.
+  int group_index(GroupKind kind, int rank) const {
+    const auto g = group_geometry(widths_, kind);
+    return g.radix.group_id(checked_rank(rank), g.free);
+  }
+  int group_rank(GroupKind kind, int rank) const {
+    const auto g = group_geometry(widths_, kind);
+    return g.radix.group_rank(checked_rank(rank), g.free);
+  }
+  std::vector<int> group_members(GroupKind kind, int rank) const {
+    return members_of(kind, group_index(kind, rank));
+  }
+  std::vector<std::vector<int>> groups(GroupKind kind) const {
+    std::vector<std::vector<int>> all;
+    for (int id = 0; id < group_count(kind); ++id) all.push_back(members_of(kind, id));
+    return all;
+  }
+
+  BridgePath bridge_path() const { return relayout::bridge_path(widths_, backend()); }
+  DsparkVerdict dspark() const { return dspark_verdict(config_, widths_); }
+  PaddingMode padding_mode(std::span<const std::int64_t> global_num_tokens) const {
+    return relayout::padding_mode(global_num_tokens, widths_.attn_dp, backend());
+  }
+  // Throws the SPEC §7 message when the DSpark start-up check rejects this layout.
+  void require_dspark_allowed() const {
+    if (const auto v = dspark(); !v.allowed) throw LayoutError("--draft", std::string(v.error));
+  }
+
+ private:
+  int checked_rank(int rank) const {
+    if (rank < 0 || rank >= widths_.tp)
+      throw LayoutError("rank", "rank " + std::to_string(rank) + " is out of range: a rank of this "
+                                "domain must be in [0, tp) = [0, " + std::to_string(widths_.tp) + ")");
+    return rank;
+  }
+  std::vector<int> members_of(GroupKind kind, int id) const {
+    const auto g = group_geometry(widths_, kind);
+    std::vector<int> members(static_cast<std::size_t>(g.radix.group_size(g.free)));
+    for (int pos = 0; pos < static_cast<int>(members.size()); ++pos)
+      members[static_cast<std::size_t>(pos)] = g.radix.group_member(id, pos, g.free);
+    return members;
+  }
+
+  LayoutConfig config_;
+  Widths widths_;
+};
+
+}  // namespace relayout

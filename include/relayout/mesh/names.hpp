@@ -1,0 +1,131 @@
+// Named choices of a layout: the MoE all-to-all backend (SPEC §4), the speculative draft kind (§7),
+// the Attention→MoE bridge path (§5), the padding mode (§6) and the process-group kinds (§3).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "relayout/mesh/error.hpp"
+
+namespace relayout {
+
+enum class Backend : std::uint8_t {
+  none,
+  deepep,
+  deepep_v2,
+  mooncake,
+  nixl,
+  mori,
+  ascend_fuseep,
+  flashinfer,
+  flashinfer_megamoe,
+  megamoe,
+  pplx,
+};
+
+enum class Draft : std::uint8_t { none, dense, moe };
+
+enum class BridgePath : std::uint8_t { dp_gather, a2a_split, direct, tp_moe };
+
+enum class PaddingMode : std::uint8_t { max_len, sum_len };
+
+enum class GroupKind : std::uint8_t { tp, attn_tp, attn_cp, moe_tp, moe_ep, moe_dp };
+
+namespace impl {
+
+template <class E, std::size_t N>
+struct NameTable {
+  std::array<std::pair<E, std::string_view>, N> entries;
+
+  constexpr std::string_view name(E e) const {
+    for (const auto& [value, text] : entries)
+      if (value == e) return text;
+    return "?";
+  }
+  constexpr std::optional<E> find(std::string_view text) const {
+    for (const auto& [value, name] : entries)
+      if (name == text) return value;
+    return std::nullopt;
+  }
+  std::string joined() const {
+    std::string out;
+    for (const auto& entry : entries) {
+      if (!out.empty()) out += ", ";
+      out += entry.second;
+    }
+    return out;
+  }
+};
+
+inline constexpr NameTable<Backend, 11> kBackendNames{{{
+    {Backend::none, "none"},
+    {Backend::deepep, "deepep"},
+    {Backend::deepep_v2, "deepep_v2"},
+    {Backend::mooncake, "mooncake"},
+    {Backend::nixl, "nixl"},
+    {Backend::mori, "mori"},
+    {Backend::ascend_fuseep, "ascend_fuseep"},
+    {Backend::flashinfer, "flashinfer"},
+    {Backend::flashinfer_megamoe, "flashinfer_megamoe"},
+    {Backend::megamoe, "megamoe"},
+    {Backend::pplx, "pplx"},
+}}};
+
+inline constexpr NameTable<Draft, 3> kDraftNames{
+    {{{Draft::none, "none"}, {Draft::dense, "dense"}, {Draft::moe, "moe"}}}};
+
+inline constexpr NameTable<BridgePath, 4> kBridgePathNames{{{{BridgePath::dp_gather, "dp_gather"},
+                                                             {BridgePath::a2a_split, "a2a_split"},
+                                                             {BridgePath::direct, "direct"},
+                                                             {BridgePath::tp_moe, "tp_moe"}}}};
+
+inline constexpr NameTable<PaddingMode, 2> kPaddingNames{
+    {{{PaddingMode::max_len, "max_len"}, {PaddingMode::sum_len, "sum_len"}}}};
+
+inline constexpr NameTable<GroupKind, 6> kGroupNames{{{{GroupKind::tp, "tp"},
+                                                       {GroupKind::attn_tp, "attn_tp"},
+                                                       {GroupKind::attn_cp, "attn_cp"},
+                                                       {GroupKind::moe_tp, "moe_tp"},
+                                                       {GroupKind::moe_ep, "moe_ep"},
+                                                       {GroupKind::moe_dp, "moe_dp"}}}};
+
+template <class E, std::size_t N>
+E parse_name(const NameTable<E, N>& table, std::string_view text, const char* input,
+             const char* what) {
+  if (auto found = table.find(text)) return *found;
+  throw LayoutError(input, std::string(input) + ": unknown " + what + " '" + std::string(text) +
+                               "'; expected one of: " + table.joined());
+}
+
+}  // namespace impl
+
+inline constexpr std::array<GroupKind, 6> kAllGroupKinds = {
+    GroupKind::tp, GroupKind::attn_tp, GroupKind::attn_cp,
+    GroupKind::moe_tp, GroupKind::moe_ep, GroupKind::moe_dp};
+
+constexpr std::string_view to_string(Backend b) { return impl::kBackendNames.name(b); }
+constexpr std::string_view to_string(Draft d) { return impl::kDraftNames.name(d); }
+constexpr std::string_view to_string(BridgePath p) { return impl::kBridgePathNames.name(p); }
+constexpr std::string_view to_string(PaddingMode m) { return impl::kPaddingNames.name(m); }
+constexpr std::string_view to_string(GroupKind g) { return impl::kGroupNames.name(g); }
+
+// Every backend except `none` spans expert parallelism over the whole TP width (SPEC §4).
+constexpr bool spans_ep(Backend b) { return b != Backend::none; }
+// pplx needs max-len padding whatever the token counts are (SPEC §4, §6).
+constexpr bool forces_max_len(Backend b) { return b == Backend::pplx; }
+
+inline Backend parse_backend(std::string_view text) {
+  return impl::parse_name(impl::kBackendNames, text, "--moe-a2a-backend", "MoE all-to-all backend");
+}
+inline Draft parse_draft(std::string_view text) {
+  return impl::parse_name(impl::kDraftNames, text, "--draft", "draft kind");
+}
+inline PaddingMode parse_padding(std::string_view text) {
+  return impl::parse_name(impl::kPaddingNames, text, "--padding", "padding mode");
+}
+inline std::string backend_names() { return impl::kBackendNames.joined(); }
+
+}  // namespace relayout

@@ -1,0 +1,151 @@
+// Compile-time layout policies: Layout<Tp<32>, Dp<16>, DpAttention<true>, A2a<Backend::deepep>>.
+// Widths and coordinates are constexpr and come from the same rules as RuntimeLayout; an invalid
+// layout, or one the DSpark start-up check rejects, is a static_assert with a sentence.
+#pragma once
+
+#include <concepts>
+#include <type_traits>
+
+#include "relayout/mesh/layout.hpp"
+
+namespace relayout {
+
+namespace impl {
+// Each option knows which field it sets; a Layout may name each kind of option at most once.
+enum class OptionKind { tp, dp, cp, ep, moe_dp, dp_attention, a2a, draft };
+}  // namespace impl
+
+template <int N>
+struct Tp {
+  static constexpr impl::OptionKind kind = impl::OptionKind::tp;
+  static constexpr void apply(LayoutConfig& c) { c.tp = N; }
+};
+template <int N>
+struct Dp {
+  static constexpr impl::OptionKind kind = impl::OptionKind::dp;
+  static constexpr void apply(LayoutConfig& c) { c.dp = N; }
+};
+template <int N>
+struct Cp {
+  static constexpr impl::OptionKind kind = impl::OptionKind::cp;
+  static constexpr void apply(LayoutConfig& c) { c.cp = N; }
+};
+template <int N>
+struct Ep {
+  static constexpr impl::OptionKind kind = impl::OptionKind::ep;
+  static constexpr void apply(LayoutConfig& c) { c.ep = N; }
+};
+template <int N>
+struct MoeDp {
+  static constexpr impl::OptionKind kind = impl::OptionKind::moe_dp;
+  static constexpr void apply(LayoutConfig& c) { c.moe_dp = N; }
+};
+template <bool On>
+struct DpAttention {
+  static constexpr impl::OptionKind kind = impl::OptionKind::dp_attention;
+  static constexpr void apply(LayoutConfig& c) { c.enable_dp_attention = On; }
+};
+template <Backend B>
+struct A2a {
+  static constexpr impl::OptionKind kind = impl::OptionKind::a2a;
+  static constexpr void apply(LayoutConfig& c) { c.moe_a2a_backend = B; }
+};
+template <Draft D>
+struct DraftModel {
+  static constexpr impl::OptionKind kind = impl::OptionKind::draft;
+  static constexpr void apply(LayoutConfig& c) { c.draft = D; }
+};
+
+template <class T>
+concept LayoutOption = requires(LayoutConfig& c) {
+  { T::kind } -> std::convertible_to<impl::OptionKind>;
+  T::apply(c);
+};
+
+// Either layout form: what generic code (process groups, the bridge) may ask of a layout.
+template <class L>
+concept RankLayout = requires(const L& l, int rank, GroupKind kind) {
+  { l.config() } -> std::convertible_to<LayoutConfig>;
+  { l.widths() } -> std::convertible_to<Widths>;
+  { l.coords(rank) } -> std::convertible_to<RankCoords>;
+  { l.bridge_path() } -> std::convertible_to<BridgePath>;
+  { l.group_size(kind) } -> std::convertible_to<int>;
+};
+
+template <LayoutOption... Opts>
+struct Layout {
+  static_assert(((impl::OptionKind{Opts::kind} == Opts::kind) && ...));
+  static_assert([] {
+    constexpr impl::OptionKind kinds[] = {Opts::kind..., impl::OptionKind::tp};
+    for (std::size_t i = 0; i < sizeof...(Opts); ++i)
+      for (std::size_t j = i + 1; j < sizeof...(Opts); ++j)
+        if (kinds[i] == kinds[j]) return false;
+    return true;
+  }(), "relayout: a Layout names each option (Tp, Dp, Cp, Ep, MoeDp, DpAttention, A2a, DraftModel) at most once");
+
+ private:
+  static constexpr LayoutConfig make_config() {
+    LayoutConfig c;
+    (Opts::apply(c), ...);
+    return c;
+  }
+  static constexpr LayoutConfig config_ = make_config();
+  static constexpr WidthsResult result_ = derive_widths(config_);
+  static_assert(result_.rule != LayoutRule::width_positive, RELAYOUT_RULE_WIDTH_POSITIVE);
+  static_assert(result_.rule != LayoutRule::width_limit, RELAYOUT_RULE_WIDTH_LIMIT);
+  static_assert(result_.rule != LayoutRule::attn_divides, RELAYOUT_RULE_ATTN_DIVIDES);
+  static_assert(result_.rule != LayoutRule::moe_divides, RELAYOUT_RULE_MOE_DIVIDES);
+  static constexpr Widths widths_ = result_.widths;
+  static_assert(dspark_verdict(config_, widths_).allowed, RELAYOUT_DSPARK_MOE_DRAFT_MESSAGE);
+
+ public:
+  static constexpr int tp = widths_.tp;
+  static constexpr int attn_dp = widths_.attn_dp;
+  static constexpr int attn_cp = widths_.attn_cp;
+  static constexpr int attn_tp = widths_.attn_tp;
+  static constexpr int moe_dp = widths_.moe_dp;
+  static constexpr int moe_ep = widths_.moe_ep;
+  static constexpr int moe_tp = widths_.moe_tp;
+  static constexpr Backend backend = config_.moe_a2a_backend;
+  static constexpr BridgePath path = relayout::bridge_path(widths_, backend);
+
+  static constexpr LayoutConfig config() { return config_; }
+  static constexpr Widths widths() { return widths_; }
+  static constexpr int size() { return tp; }
+  static constexpr BridgePath bridge_path() { return path; }
+  static constexpr DsparkVerdict dspark() { return dspark_verdict(config_, widths_); }
+
+  // Coordinates of a rank known at compile time; an out-of-range rank does not compile.
+  template <int Rank>
+  static constexpr RankCoords coords() {
+    static_assert(Rank >= 0 && Rank < tp, "relayout: a rank of this domain must be in [0, tp)");
+    return rank_coords(widths_, Rank);
+  }
+  // Coordinates of a runtime rank; out of range throws LayoutError (and fails constant evaluation).
+  static constexpr RankCoords coords(int rank) {
+    if (rank < 0 || rank >= tp)
+      throw LayoutError("rank", "rank " + std::to_string(rank) + " is out of range [0, tp)");
+    return rank_coords(widths_, rank);
+  }
+  static constexpr int group_size(GroupKind kind) {
+    const auto g = group_geometry(widths_, kind);
+    return g.radix.group_size(g.free);
+  }
+  static constexpr int group_count(GroupKind kind) {
+    const auto g = group_geometry(widths_, kind);
+    return g.radix.group_count(g.free);
+  }
+  static constexpr int group_index(GroupKind kind, int rank) {
+    const auto g = group_geometry(widths_, kind);
+    return g.radix.group_id(coords(rank).rank, g.free);
+  }
+  static constexpr int group_rank(GroupKind kind, int rank) {
+    const auto g = group_geometry(widths_, kind);
+    return g.radix.group_rank(coords(rank).rank, g.free);
+  }
+
+  // The runtime twin, for code that takes a RuntimeLayout.
+  static RuntimeLayout runtime() { return RuntimeLayout(config_); }
+};
+
+}  // namespace relayout

@@ -1,0 +1,6 @@
+// relayout: parallel layouts, layout hand-over and kernels for DeepSeek-V4-style inference engines
+// with DP attention and expert-parallel MoE. Include this header for everything.
+#pragma once
+
+#include "relayout/mesh.hpp"
+#include "relayout/version.hpp"

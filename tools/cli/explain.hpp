@@ -1,0 +1,278 @@
+// `relayout explain`: a layout as text for a human, as JSON for tools, and as a Graphviz picture.
+// Everything shown is read from relayout::RuntimeLayout; nothing here re-derives a formula.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "relayout/mesh.hpp"
+
+namespace relayout::cli {
+
+struct BridgeStep {
+  std::string op;     // the collective or local step
+  std::string group;  // the group it runs on ("local" when no communication)
+  std::string what;   // what it does to the rows
+};
+
+// The Attention→MoE hand-over of one decoder layer, in execution order (SPEC §5, §6).
+inline std::vector<BridgeStep> bridge_steps(const RuntimeLayout& l) {
+  const Widths& w = l.widths();
+  const std::string moe_sum =
+      w.moe_tp > 1 ? "partial sums over moe_tp (intermediate dim sharded)" : "complete expert outputs";
+  std::vector<BridgeStep> s;
+  if (w.attn_tp > 1)
+    s.push_back({"all_reduce", "attn_tp", "wo_b partial sums -> identical complete rows (Replicated)"});
+  else
+    s.push_back({"none", "local", "attn_tp == 1: wo_b output is already complete"});
+  switch (l.bridge_path()) {
+    case BridgePath::dp_gather:
+      s.push_back({"all_gather", "tp", "token counts of every attention-DP group (global_num_tokens), rounded up to attn_tp"});
+      s.push_back({"dp_gather_replicate", "tp", "rows of every DP group into one global buffer; only attn_tp_rank 0 contributes (never a sum of replicas)"});
+      s.push_back({"moe", "moe_ep x moe_tp", "router + experts on all global rows: " + moe_sum});
+      s.push_back({"reduce_scatterv | dp_reduce_scatter | dp_scatter", "tp",
+                   "restore this DP group's rows: sum_len -> reduce_scatterv, max_len -> dp_reduce_scatter "
+                   "(both sum expert/TP partials, so the MoE skips its own all-reduce); dp_scatter copies "
+                   "only, after the MoE summed. Decided once per layer."});
+      break;
+    case BridgePath::a2a_split:
+      s.push_back({"split_rows", "local", "tensor_split(attn_tp): keep chunk attn_tp_rank (earlier chunks one row larger); input ids split alike"});
+      s.push_back({"dispatch (all_to_allv)", "moe_ep", "route and send only the local chunk to its experts"});
+      s.push_back({"experts", "local", moe_sum});
+      s.push_back({"combine (all_to_allv)", "moe_ep", "weighted top-k outputs back to the rows' owners"});
+      s.push_back({"all_gather + concat", "attn_tp", "restore the replicated rows of the DP group (not a sum, not a second combine)"});
+      break;
+    case BridgePath::direct:
+      s.push_back({"dispatch (all_to_allv)", "moe_ep", "each rank routes and sends its own rows"});
+      s.push_back({"experts", "local", moe_sum});
+      s.push_back({"combine (all_to_allv)", "moe_ep", "weighted top-k outputs back to the rows' owners"});
+      break;
+    case BridgePath::tp_moe:
+      s.push_back({"moe", "moe_ep x moe_tp", "router + experts on all rows (every rank holds them): " + moe_sum});
+      s.push_back({w.tp > 1 ? "all_reduce" : "none", w.tp > 1 ? "tp" : "local",
+                   "sum expert (EP) and intermediate (moe_tp) partials once"});
+      break;
+  }
+  return s;
+}
+
+inline std::string bridge_reason(const RuntimeLayout& l) {
+  const std::string b(to_string(l.backend()));
+  switch (l.bridge_path()) {
+    case BridgePath::dp_gather: return "attn_dp > 1 and moe_a2a_backend == none (path A)";
+    case BridgePath::a2a_split: return "attn_tp > 1 and moe_a2a_backend == " + b + " (path B)";
+    case BridgePath::direct: return "attn_tp == 1 and moe_a2a_backend == " + b;
+    case BridgePath::tp_moe: return "attn_dp == 1 and moe_a2a_backend == none";
+  }
+  return "";
+}
+
+inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> focus = std::nullopt) {
+  using nlohmann::json;
+  const LayoutConfig& c = l.config();
+  const Widths& w = l.widths();
+  json j;
+  j["config"] = {{"tp", c.tp}, {"dp", c.dp}, {"cp", c.cp}, {"ep", c.ep}, {"moe_dp", c.moe_dp},
+                 {"enable_dp_attention", c.enable_dp_attention},
+                 {"moe_a2a_backend", std::string(to_string(c.moe_a2a_backend))},
+                 {"draft", std::string(to_string(c.draft))}};
+  j["widths"] = {{"tp", w.tp},         {"attn_dp", w.attn_dp}, {"attn_cp", w.attn_cp},
+                 {"attn_tp", w.attn_tp}, {"moe_dp", w.moe_dp},   {"moe_ep", w.moe_ep},
+                 {"moe_tp", w.moe_tp}};
+  j["ep_overridden"] = ep_overridden(c);
+  j["ranks"] = json::array();
+  for (int r = 0; r < l.size(); ++r) {
+    const RankCoords k = l.coords(r);
+    j["ranks"].push_back({{"rank", k.rank},
+                          {"attn_dp_rank", k.attn_dp_rank},
+                          {"attn_cp_rank", k.attn_cp_rank},
+                          {"attn_tp_rank", k.attn_tp_rank},
+                          {"moe_dp_rank", k.moe_dp_rank},
+                          {"moe_ep_rank", k.moe_ep_rank},
+                          {"moe_tp_rank", k.moe_tp_rank}});
+  }
+  for (GroupKind g : kAllGroupKinds) j["groups"][std::string(to_string(g))] = l.groups(g);
+  j["bridge"]["path"] = std::string(to_string(l.bridge_path()));
+  j["bridge"]["reason"] = bridge_reason(l);
+  j["bridge"]["steps"] = json::array();
+  for (const BridgeStep& s : bridge_steps(l))
+    j["bridge"]["steps"].push_back({{"op", s.op}, {"group", s.group}, {"what", s.what}});
+  j["padding"]["rule"] = forces_max_len(c.moe_a2a_backend)
+                             ? "max_len always (" + std::string(to_string(c.moe_a2a_backend)) + ")"
+                             : "max_len if 2*sum(global_num_tokens) >= max*attn_dp else sum_len";
+  const DsparkVerdict v = l.dspark();
+  j["dspark"] = {{"allowed", v.allowed},
+                 {"error", v.allowed ? json(nullptr) : json(std::string(v.error))}};
+  if (focus) {
+    json f = j["ranks"][static_cast<std::size_t>(l.coords(*focus).rank)];
+    for (GroupKind g : kAllGroupKinds)
+      f["groups"][std::string(to_string(g))] = {{"index", l.group_index(g, *focus)},
+                                                {"group_rank", l.group_rank(g, *focus)},
+                                                {"members", l.group_members(g, *focus)}};
+    j["focus"] = f;
+  }
+  return j;
+}
+
+namespace impl {
+
+inline std::string rank_list(const std::vector<int>& members) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    if (members.size() > 12 && i == 6) {
+      out += " ...";
+      i = members.size() - 3;
+    }
+    out += (i ? " " : "") + std::to_string(members[i]);
+  }
+  return out + "]";
+}
+
+}  // namespace impl
+
+inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus = std::nullopt) {
+  const LayoutConfig& c = l.config();
+  const Widths& w = l.widths();
+  const std::string backend(to_string(c.moe_a2a_backend));
+  std::ostringstream o;
+  o << "relayout explain: tp=" << c.tp << " dp=" << c.dp << " cp=" << c.cp << " ep=" << c.ep
+    << " moe_dp=" << c.moe_dp << " dp_attention=" << (c.enable_dp_attention ? "on" : "off")
+    << " moe_a2a_backend=" << backend << " draft=" << to_string(c.draft) << "\n\n";
+
+  o << "Widths\n";
+  o << "  attn_dp = " << (c.enable_dp_attention ? "dp (DP attention on)" : "1 (DP attention off)")
+    << " = " << w.attn_dp << "\n";
+  o << "  attn_cp = cp = " << w.attn_cp << "\n";
+  o << "  attn_tp = tp / attn_dp / attn_cp = " << w.tp << " / " << w.attn_dp << " / " << w.attn_cp
+    << " = " << w.attn_tp << "\n";
+  if (spans_ep(c.moe_a2a_backend))
+    o << "  moe_ep  = tp (" << backend << " spans EP over the TP width" << (ep_overridden(c) ? "; --ep " + std::to_string(c.ep) + " ignored" : "") << ") = " << w.moe_ep << "\n";
+  else
+    o << "  moe_ep  = ep (backend none) = " << w.moe_ep << "\n";
+  o << "  moe_dp  = moe_dp = " << w.moe_dp << "\n";
+  o << "  moe_tp  = tp / moe_ep / moe_dp = " << w.tp << " / " << w.moe_ep << " / " << w.moe_dp
+    << " = " << w.moe_tp << "\n";
+  o << "  check   " << w.tp << " = " << w.attn_dp << " x " << w.attn_cp << " x " << w.attn_tp
+    << " (attention dp x cp x tp) = " << w.moe_dp << " x " << w.moe_ep << " x " << w.moe_tp
+    << " (MoE dp x ep x tp)\n";
+  if (!c.enable_dp_attention && c.dp > 1)
+    o << "  note    dp = " << c.dp << " without DP attention: replicas outside this domain; this "
+      << "domain has tp = " << w.tp << " ranks\n";
+  o << "\n";
+
+  o << "Ranks            attention          |  MoE\n";
+  o << "  rank    attn_dp attn_cp attn_tp   |  moe_dp moe_ep moe_tp\n";
+  constexpr int kMaxRows = 128;
+  for (int r = 0; r < l.size() && r < kMaxRows; ++r) {
+    const RankCoords k = l.coords(r);
+    char line[128];
+    std::snprintf(line, sizeof line, "%s%4d    %7d %7d %7d   |  %6d %6d %6d\n",
+                  focus && *focus == r ? "> " : "  ", r, k.attn_dp_rank, k.attn_cp_rank,
+                  k.attn_tp_rank, k.moe_dp_rank, k.moe_ep_rank, k.moe_tp_rank);
+    o << line;
+  }
+  if (l.size() > kMaxRows)
+    o << "  ... " << l.size() - kMaxRows << " more ranks (use --rank R or --format json)\n";
+  o << "\n";
+
+  o << "Groups\n";
+  for (GroupKind g : kAllGroupKinds) {
+    const auto groups = l.groups(g);
+    o << "  " << to_string(g) << std::string(8 - to_string(g).size(), ' ') << groups.size()
+      << (groups.size() == 1 ? " group  of " : " groups of ") << l.group_size(g) << ": ";
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      if (groups.size() > 8 && i == 6) {
+        o << "... ";
+        i = groups.size() - 2;
+      }
+      o << impl::rank_list(groups[i]) << " ";
+    }
+    o << "\n";
+  }
+  if (focus) {
+    const RankCoords k = l.coords(*focus);
+    o << "\nRank " << *focus << ": attention-DP group " << k.attn_dp_rank << " (attn_tp_rank "
+      << k.attn_tp_rank << ", attn_cp_rank " << k.attn_cp_rank << "); MoE ep rank "
+      << k.moe_ep_rank << ", moe_tp_rank " << k.moe_tp_rank << ", moe_dp_rank " << k.moe_dp_rank
+      << "\n";
+    for (GroupKind g : kAllGroupKinds)
+      o << "  " << to_string(g) << std::string(8 - to_string(g).size(), ' ') << "group #"
+        << l.group_index(g, *focus) << ", position " << l.group_rank(g, *focus) << " in "
+        << impl::rank_list(l.group_members(g, *focus)) << "\n";
+  }
+  o << "\n";
+
+  o << "Attention -> MoE bridge: " << to_string(l.bridge_path()) << "   (" << bridge_reason(l)
+    << ")\n";
+  int n = 1;
+  for (const BridgeStep& s : bridge_steps(l)) {
+    o << "  " << n++ << ". " << s.op;
+    if (s.group == "local") {
+      o << " (local)";
+    } else {
+      o << " over " << s.group;
+      const auto kind = impl::kGroupNames.find(s.group);
+      if (focus && kind) o << " " << impl::rank_list(l.group_members(*kind, *focus));
+    }
+    o << ": " << s.what << "\n";
+  }
+  o << "  padding: "
+    << (forces_max_len(c.moe_a2a_backend)
+            ? "max_len always (" + backend + ")"
+            : std::string("max_len if 2*sum(global_num_tokens) >= max*attn_dp, else sum_len"))
+    << "\n\n";
+
+  const DsparkVerdict v = l.dspark();
+  o << "DSpark start-up check (draft " << to_string(c.draft) << "): ";
+  if (!v.allowed)
+    o << "REJECTED\n  " << v.error << "\n";
+  else if (c.draft == Draft::none)
+    o << "allowed (no draft; a MoE draft here would be "
+      << (c.enable_dp_attention && w.attn_tp > 1 ? "rejected: attn_tp > 1" : "allowed") << ")\n";
+  else
+    o << "allowed\n";
+  return o.str();
+}
+
+inline std::string explain_dot(const RuntimeLayout& l) {
+  const Widths& w = l.widths();
+  std::ostringstream o;
+  o << "graph relayout {\n  label=\"tp=" << w.tp << " attn dp x cp x tp = " << w.attn_dp << " x "
+    << w.attn_cp << " x " << w.attn_tp << ", MoE dp x ep x tp = " << w.moe_dp << " x " << w.moe_ep
+    << " x " << w.moe_tp << ", bridge " << to_string(l.bridge_path()) << "\";\n"
+    << "  node [shape=box, fontname=monospace];\n";
+  const auto attn = l.groups(GroupKind::attn_tp);
+  for (std::size_t g = 0; g < attn.size(); ++g) {
+    const RankCoords first = l.coords(attn[g].front());
+    o << "  subgraph cluster_attn_" << g << " {\n    label=\"attention DP " << first.attn_dp_rank
+      << ", CP " << first.attn_cp_rank << " (attn_tp group " << g << ")\";\n";
+    for (int r : attn[g]) {
+      const RankCoords k = l.coords(r);
+      o << "    r" << r << " [label=\"rank " << r << "\\nattn tp " << k.attn_tp_rank << "\\nmoe ep "
+        << k.moe_ep_rank << " tp " << k.moe_tp_rank << " dp " << k.moe_dp_rank << "\"];\n";
+    }
+    o << "  }\n";
+  }
+  const struct {
+    GroupKind kind;
+    const char* style;
+  } edges[] = {{GroupKind::moe_ep, "color=blue"}, {GroupKind::moe_tp, "color=darkgreen, style=dashed"},
+               {GroupKind::moe_dp, "color=gray, style=dotted"}};
+  for (const auto& e : edges) {
+    if (l.group_size(e.kind) < 2) continue;
+    int id = 0;
+    for (const auto& members : l.groups(e.kind)) {
+      for (std::size_t i = 1; i < members.size(); ++i)
+        o << "  r" << members[i - 1] << " -- r" << members[i] << " [" << e.style << ", label=\""
+          << to_string(e.kind) << " " << id << "\"];\n";
+      ++id;
+    }
+  }
+  o << "}\n";
+  return o.str();
+}
+
+}  // namespace relayout::cli

@@ -1,0 +1,63 @@
+// Layout flags with SGLang's server-argument names, shared by `relayout` and the examples, so every
+// program reads a layout the same way. Bad values become relayout::LayoutError (exit code 2).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "relayout/mesh.hpp"
+
+namespace relayout::cli {
+
+struct LayoutFlags {
+  LayoutConfig config;
+  std::string backend = "none";
+  std::string draft = "none";
+
+  void add_to(CLI::App& app) {
+    app.add_option("--tp,--tp-size", config.tp, "tensor-parallel width of the domain (ranks)");
+    app.add_option("--dp,--dp-size", config.dp, "data-parallel size (attention DP with --enable-dp-attention)");
+    app.add_option("--cp", config.cp, "attention context-parallel width");
+    app.add_option("--ep,--ep-size", config.ep, "expert-parallel width (only honoured with backend none)");
+    app.add_option("--moe-dp-size", config.moe_dp, "MoE data-parallel width");
+    app.add_flag("--enable-dp-attention", config.enable_dp_attention, "re-divide the tp ranks into dp attention groups");
+    app.add_option("--moe-a2a-backend", backend, "MoE all-to-all backend: " + backend_names());
+    app.add_option("--draft", draft, "speculative draft model: none, dense or moe");
+  }
+
+  // Call after parsing: resolves the names and checks the widths (throws LayoutError).
+  RuntimeLayout layout() {
+    config.moe_a2a_backend = parse_backend(backend);
+    config.draft = parse_draft(draft);
+    return RuntimeLayout(config);
+  }
+};
+
+// Runs `body` and maps failures to exit codes: 0 ok, 2 bad input (CLI or layout), 1 otherwise.
+template <class F>
+int run_main(CLI::App& app, int argc, char** argv, F&& body) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  try {
+    return body();
+  } catch (const LayoutError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace relayout::cli
