@@ -214,7 +214,7 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
       o << " (local)";
     } else {
       o << " over " << s.group;
-      const auto kind = impl::kGroupNames.find(s.group);
+      const auto kind = relayout::impl::kGroupNames.find(s.group);
       if (focus && kind) o << " " << impl::rank_list(l.group_members(*kind, *focus));
     }
     o << ": " << s.what << "\n";
