@@ -45,7 +45,7 @@ demo: build
 	$(BIN)/relayout explain --tp 8 --dp 4 --enable-dp-attention --moe-a2a-backend deepep
 
 bench: build
-	$(MPIEXEC) -n 1 $(BIN)/bench_layout --benchmark_min_time=0.2
+	BIN=$(BIN) MPIEXEC=$(MPIEXEC) bench/run.sh
 
 clean:
 	rm -rf $(BUILD)
