@@ -8,7 +8,7 @@ BIN := $(BUILD)/bin
 MPIEXEC ?= $(shell command -v mpiexec.mpich 2>/dev/null || echo mpiexec)
 
 PACKAGES := cmake g++ make pkg-config mpich libmpich-dev libtrilinos-kokkos-dev doctest-dev \
-            libcli11-dev nlohmann-json3-dev libbenchmark-dev libopenblas-dev
+            libcli11-dev nlohmann-json3-dev libbenchmark-dev libopenblas-dev clang libclang-rt-14-dev
 
 .PHONY: all deps configure build test test-large demo bench clean
 

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <cstdio>
+#include <ostream>
 #include <string>
 
 #include "relayout/mesh.hpp"
@@ -34,28 +34,30 @@ struct LayoutFlags {
   }
 };
 
-// Runs `body` and maps failures to exit codes: 0 ok, 2 bad input (CLI or layout), 1 otherwise.
+// Parses, runs `body` and maps failures to exit codes: 0 ok, 2 bad input (CLI or layout), 1 any
+// other error. Messages go to `out`/`err`, so the same code serves main() and the fuzzer.
 template <class F>
-int run_main(CLI::App& app, int argc, char** argv, F&& body) {
+int run_main(CLI::App& app, int argc, const char* const* argv, std::ostream& out, std::ostream& err,
+             F&& body) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return app.exit(e, out, err);
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return app.exit(e, out, err);
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    return app.exit(e, out, err);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    app.exit(e, out, err);
     return 2;
   }
   try {
     return body();
   } catch (const LayoutError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    err << "error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    err << "error: " << e.what() << "\n";
     return 1;
   }
 }
