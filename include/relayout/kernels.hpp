@@ -1,0 +1,11 @@
+// The compute kernels of a DeepSeek-V4-like layer on Kokkos execution spaces: linear (+ tensor
+// parallel shards), rms_norm, shared-KV attention (prefill, decode), router, SwiGLU experts, and
+// their single-rank reference (relayout::reference).
+#pragma once
+
+#include "relayout/kernels/error.hpp"
+#include "relayout/kernels/linear.hpp"
+#include "relayout/kernels/reference.hpp"
+#include "relayout/kernels/rms_norm.hpp"
+#include "relayout/kernels/router.hpp"
+#include "relayout/kernels/types.hpp"

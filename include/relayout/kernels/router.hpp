@@ -1,0 +1,173 @@
+// MoE router: scores from the gate logits (softmax or sigmoid), optional score-correction bias
+// (DeepSeek-V3 style: it steers the choice, not the weights), optional group-limited choice
+// (n_group / topk_group), top-k with deterministic ties (lower id wins), renormalisation and the
+// routed scaling factor.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+#include <string>
+
+#include "relayout/kernels/error.hpp"
+#include "relayout/kernels/impl/simd.hpp"
+#include "relayout/kernels/types.hpp"
+
+namespace relayout::kernels {
+
+enum class Scoring { softmax, sigmoid };
+
+struct RouterConfig {
+  int top_k = 1;
+  Scoring scoring = Scoring::softmax;
+  // Group-limited routing: experts split into n_group contiguous groups; only the topk_group best
+  // groups are eligible. A group's score is its best expert score, or, with a correction bias, the
+  // sum of its two best biased scores (as DeepSeek-V3). n_group = 1 disables it.
+  int n_group = 1;
+  int topk_group = 1;
+  bool renormalize = true;             // weights /= sum of the chosen top_k weights
+  double routed_scaling_factor = 1.0;  // applied after renormalisation
+};
+
+namespace impl {
+
+// (value, id) ordering: higher value first, lower id on ties.
+template <class T>
+KOKKOS_FORCEINLINE_FUNCTION bool ranks_before(T v, int id, T w, int jd) {
+  return v > w || (v == w && id < jd);
+}
+
+template <class L, class B, class I, class W>
+struct Route {
+  using T = typename W::non_const_value_type;
+  L logits;
+  B bias;  // extent 0: none
+  I ids;
+  W weights;
+  int n_experts, top_k, n_group, topk_group;
+  bool sigmoid, renormalize;
+  T scaling;
+
+  // Score of expert e for token t; for softmax, mx and inv_sum are the row's max and 1/sum.
+  KOKKOS_INLINE_FUNCTION T score(std::int64_t t, int e, T mx, T inv_sum) const {
+    const T x = logits(t, e);
+    return sigmoid ? T(1) / (T(1) + impl::exp(-x)) : impl::exp(x - mx) * inv_sum;
+  }
+  KOKKOS_INLINE_FUNCTION T choice(std::int64_t t, int e, T mx, T inv_sum) const {
+    const T s = score(t, e, mx, inv_sum);
+    return bias.extent(0) ? T(s + bias(e)) : s;
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t t) const {
+    T mx = T(0), inv_sum = T(1);
+    if (!sigmoid) {
+      mx = logits(t, 0);
+      for (int e = 1; e < n_experts; ++e) mx = impl::max(mx, T(logits(t, e)));
+      T sum = T(0);
+      for (int e = 0; e < n_experts; ++e) sum += impl::exp(T(logits(t, e)) - mx);
+      inv_sum = T(1) / sum;
+    }
+
+    // Eligible groups as a bit mask (n_group <= 64 is checked on the host).
+    std::uint64_t groups = ~std::uint64_t(0);
+    if (n_group > 1) {
+      const int per = n_experts / n_group;
+      groups = 0;
+      T prev_v = T(0);
+      int prev_g = -1;
+      for (int pick = 0; pick < topk_group; ++pick) {
+        int best_g = -1;
+        T best_v = T(0);
+        for (int g = 0; g < n_group; ++g) {
+          // Group score: max, or the sum of the two best biased scores.
+          T first = impl::neg_inf<T>(), second = impl::neg_inf<T>();
+          for (int e = g * per; e < (g + 1) * per; ++e) {
+            const T c = choice(t, e, mx, inv_sum);
+            if (c > first) {
+              second = first;
+              first = c;
+            } else if (c > second) {
+              second = c;
+            }
+          }
+          const T gv = (bias.extent(0) && per >= 2) ? T(first + second) : first;
+          const bool after_prev = prev_g < 0 || ranks_before(prev_v, prev_g, gv, g);
+          if (after_prev && (best_g < 0 || ranks_before(gv, g, best_v, best_g))) {
+            best_g = g;
+            best_v = gv;
+          }
+        }
+        groups |= std::uint64_t(1) << best_g;
+        prev_g = best_g;
+        prev_v = best_v;
+      }
+    }
+
+    // Top-k: pick k times the best expert ranked after the previous pick.
+    const int per = n_experts / n_group;
+    T prev_v = T(0), total = T(0);
+    int prev_e = -1;
+    for (int pick = 0; pick < top_k; ++pick) {
+      int best_e = -1;
+      T best_v = T(0);
+      for (int e = 0; e < n_experts; ++e) {
+        if (!((groups >> (e / per)) & 1u)) continue;
+        const T c = choice(t, e, mx, inv_sum);
+        const bool after_prev = prev_e < 0 || ranks_before(prev_v, prev_e, c, e);
+        if (after_prev && (best_e < 0 || ranks_before(c, e, best_v, best_e))) {
+          best_e = e;
+          best_v = c;
+        }
+      }
+      ids(t, pick) = best_e;
+      const T w = score(t, best_e, mx, inv_sum);
+      weights(t, pick) = w;
+      total += w;
+      prev_e = best_e;
+      prev_v = best_v;
+    }
+    const T f = renormalize ? T(scaling / total) : scaling;
+    for (int pick = 0; pick < top_k; ++pick) weights(t, pick) *= f;
+  }
+};
+
+}  // namespace impl
+
+// For each token row of `logits` (tokens x n_experts): topk_ids (tokens x top_k, int) in ranking
+// order and topk_weights (tokens x top_k). correction_bias (n_experts, may be empty) is added to
+// the scores for the choice only; the weights are the unbiased scores.
+template <class ExecSpace, RowMatrixView L, MutableRowMatrixView I, MutableRowMatrixView W,
+          VectorView B = Kokkos::View<const scalar_of<L>*, typename ExecSpace::memory_space>>
+void route(const ExecSpace& exec, const L& logits, const RouterConfig& config, const I& topk_ids,
+           const W& topk_weights, const B& correction_bias = B()) {
+  static_assert(std::is_same_v<scalar_of<I>, int>, "relayout::kernels::route: topk_ids must hold int");
+  static_assert(std::is_same_v<scalar_of<L>, scalar_of<W>> && std::is_same_v<scalar_of<B>, scalar_of<W>>,
+                "relayout::kernels::route: logits, weights and bias must have the same scalar type");
+  using impl::require;
+  using impl::str;
+  const std::int64_t tokens = logits.extent(0);
+  const int experts = int(logits.extent(1));
+  const auto& c = config;
+  require(experts >= 1, "route", "logits", "must have at least one expert column");
+  require(c.n_group >= 1 && c.n_group <= 64, "route", "n_group", "must be in [1, 64], got " + str(c.n_group));
+  require(experts % c.n_group == 0, "route", "n_group",
+          "must divide the number of experts " + str(experts) + ", got " + str(c.n_group));
+  require(c.n_group == 1 || (c.topk_group >= 1 && c.topk_group <= c.n_group), "route", "topk_group",
+          "must be in [1, n_group = " + str(c.n_group) + "], got " + str(c.topk_group));
+  const int eligible = c.n_group == 1 ? experts : c.topk_group * (experts / c.n_group);
+  require(c.top_k >= 1 && c.top_k <= eligible, "route", "top_k",
+          "must be in [1, " + str(eligible) + "] (the experts of the eligible groups), got " + str(c.top_k));
+  require(topk_ids.extent(0) == std::size_t(tokens) && int(topk_ids.extent(1)) == c.top_k, "route",
+          "topk_ids", "must be tokens x top_k = " + str(tokens) + " x " + str(c.top_k));
+  require(topk_weights.extent(0) == std::size_t(tokens) && int(topk_weights.extent(1)) == c.top_k,
+          "route", "topk_weights", "must be tokens x top_k = " + str(tokens) + " x " + str(c.top_k));
+  require(correction_bias.extent(0) == 0 || int(correction_bias.extent(0)) == experts, "route",
+          "correction_bias", "must be empty or hold n_experts = " + str(experts) + " entries");
+  using T = scalar_of<W>;
+  Kokkos::parallel_for(
+      "relayout::kernels::route", Kokkos::RangePolicy<ExecSpace>(exec, 0, tokens),
+      impl::Route<L, B, I, W>{logits, correction_bias, topk_ids, topk_weights, experts, c.top_k,
+                              c.n_group, c.n_group == 1 ? 1 : c.topk_group,
+                              c.scoring == Scoring::sigmoid, c.renormalize, T(c.routed_scaling_factor)});
+}
+
+}  // namespace relayout::kernels
