@@ -4,3 +4,4 @@
 
 #include "relayout/mesh.hpp"
 #include "relayout/version.hpp"
+#include "relayout/comm.hpp"

@@ -1,0 +1,87 @@
+// What a collective accepts as a buffer: a contiguous range (std::span, std::vector, std::array)
+// or a contiguous Kokkos::View of any rank. Views are fenced on their execution space before the
+// communication library touches their memory.
+#pragma once
+
+#include <cstddef>
+#include <iterator>
+#include <ranges>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include <Kokkos_Core.hpp>
+
+#include "relayout/comm/scalar.hpp"
+#include "relayout/mesh/error.hpp"
+
+namespace relayout {
+
+namespace impl {
+
+template <class B>
+inline constexpr bool is_kokkos_view = Kokkos::is_view<std::remove_cvref_t<B>>::value;
+
+template <class B>
+struct BufferElement {
+  using type = std::remove_reference_t<std::ranges::range_reference_t<B>>;
+};
+template <class B>
+  requires is_kokkos_view<B>
+struct BufferElement<B> {
+  using type = typename std::remove_cvref_t<B>::value_type;
+};
+
+}  // namespace impl
+
+// The element type a buffer exposes, const-qualified when it can only be read.
+template <class B>
+using buffer_element_t = typename impl::BufferElement<B>::type;
+
+template <class B>
+concept CommBuffer =
+    (impl::is_kokkos_view<B> ||
+     (std::ranges::contiguous_range<B> && std::ranges::sized_range<B>)) &&
+    CommScalar<std::remove_const_t<buffer_element_t<B>>>;
+
+// A buffer the collective may write into.
+template <class B>
+concept WritableBuffer = CommBuffer<B> && !std::is_const_v<buffer_element_t<B>>;
+
+namespace impl {
+
+template <class V>
+void require_contiguous(const V& v, const char* what) {
+  if (!v.span_is_contiguous())
+    throw LayoutError(what, std::string(what) + " is a non-contiguous Kokkos::View (label '" +
+                                v.label() + "'); collectives need contiguous memory: pass a "
+                                "LayoutRight/LayoutLeft view or a contiguous subview");
+}
+
+// The memory of a buffer as a span, after fencing the View's execution space.
+template <CommBuffer B>
+auto read_span(const B& b, const char* what) {
+  using T = std::remove_const_t<buffer_element_t<B>>;
+  if constexpr (is_kokkos_view<B>) {
+    require_contiguous(b, what);
+    typename std::remove_cvref_t<B>::execution_space().fence();
+    return std::span<const T>(b.data(), b.size());
+  } else {
+    return std::span<const T>(std::ranges::data(b), std::ranges::size(b));
+  }
+}
+
+template <WritableBuffer B>
+auto write_span(B&& b, const char* what) {
+  using T = buffer_element_t<B>;
+  if constexpr (is_kokkos_view<B>) {
+    require_contiguous(b, what);
+    typename std::remove_cvref_t<B>::execution_space().fence();
+    return std::span<T>(b.data(), b.size());
+  } else {
+    return std::span<T>(std::ranges::data(b), std::ranges::size(b));
+  }
+}
+
+}  // namespace impl
+}  // namespace relayout

@@ -1,0 +1,261 @@
+// Every collective on every element type over MPI_COMM_WORLD, with expected values written out
+// from the rank formulas (never taken from the code under test); uneven and zero counts; size
+// errors thrown on every rank before any MPI call; MPI failures reported with the call.
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+#include <numeric>
+#include <relayout/comm.hpp>
+#include <string>
+#include <vector>
+
+using namespace relayout;
+
+namespace {
+
+template <class T>
+T make(double x) {
+  if constexpr (Half16<T>) return T(static_cast<float>(x));
+  else return static_cast<T>(x);
+}
+template <class T>
+double value(T x) {
+  if constexpr (Half16<T>) return static_cast<double>(static_cast<float>(x));
+  else return static_cast<double>(x);
+}
+template <class T>
+std::vector<double> values(const std::vector<T>& v) {
+  std::vector<double> out;
+  for (const T& x : v) out.push_back(value(x));
+  return out;
+}
+
+const MpiCommunicator& world() {
+  static const MpiCommunicator w = MpiCommunicator::world();
+  return w;
+}
+
+// All values below are small integers or quarters, exact in every element type (even bf16).
+#define ELEMENT_TYPES float, double, std::int32_t, std::int64_t, relayout::bf16, relayout::fp16
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("mpi: all_reduce sum/max and in place", T, ELEMENT_TYPES) {
+  const auto& w = world();
+  const int n = w.size(), r = w.rank();
+  std::vector<T> send{make<T>(r + 1), make<T>(2 * r), make<T>(-r)}, recv(3);
+  all_reduce(w, send, recv);
+  CHECK(values(recv) == std::vector<double>{n * (n + 1) / 2.0, n * (n - 1.0), -n * (n - 1) / 2.0});
+  all_reduce(w, send, recv, ReduceOp::max);
+  CHECK(values(recv) == std::vector<double>{double(n), 2.0 * (n - 1), 0.0});
+  all_reduce(w, send, recv, ReduceOp::min);
+  CHECK(values(recv) == std::vector<double>{1.0, 0.0, -(n - 1.0)});
+  all_reduce_in_place(w, send);
+  CHECK(values(send) == std::vector<double>{n * (n + 1) / 2.0, n * (n - 1.0), -n * (n - 1) / 2.0});
+}
+
+TEST_CASE_TEMPLATE("mpi: all_gather and all_gatherv with uneven and zero counts", T, ELEMENT_TYPES) {
+  const auto& w = world();
+  const int n = w.size(), r = w.rank();
+  std::vector<T> send{make<T>(10 * r), make<T>(10 * r + 1)};
+  std::vector<T> recv(2 * static_cast<std::size_t>(n));
+  all_gather(w, send, recv);
+  std::vector<double> expect;
+  for (int i = 0; i < n; ++i) expect.insert(expect.end(), {10.0 * i, 10.0 * i + 1});
+  CHECK(values(recv) == expect);
+
+  std::vector<T> inplace(2 * static_cast<std::size_t>(n), make<T>(-1));
+  inplace[2 * r] = make<T>(10 * r);
+  inplace[2 * r + 1] = make<T>(10 * r + 1);
+  all_gather_in_place(w, inplace);
+  CHECK(values(inplace) == expect);
+
+  // rank i contributes i % 3 elements (rank 0 none) with values 10 i + j.
+  std::vector<std::int64_t> counts;
+  std::vector<double> expect_v;
+  for (int i = 0; i < n; ++i) {
+    counts.push_back(i % 3);
+    for (int j = 0; j < i % 3; ++j) expect_v.push_back(10.0 * i + j);
+  }
+  std::vector<T> mine;
+  for (int j = 0; j < r % 3; ++j) mine.push_back(make<T>(10 * r + j));
+  std::vector<T> gathered(expect_v.size());
+  all_gatherv(w, mine, gathered, counts);
+  CHECK(values(gathered) == expect_v);
+
+  std::vector<T> gathered_in_place(expect_v.size(), make<T>(-1));
+  const auto offset = std::accumulate(counts.begin(), counts.begin() + r, std::int64_t{0});
+  std::copy(mine.begin(), mine.end(), gathered_in_place.begin() + offset);
+  all_gatherv_in_place(w, gathered_in_place, counts);
+  CHECK(values(gathered_in_place) == expect_v);
+}
+
+TEST_CASE_TEMPLATE("mpi: reduce_scatter and reduce_scatterv with zero counts", T, ELEMENT_TYPES) {
+  const auto& w = world();
+  const int n = w.size(), r = w.rank();
+  // send[k] = k + rank: the sum over ranks of element k is n*k + n(n-1)/2.
+  const auto sum_at = [n](int k) { return n * double(k) + n * (n - 1) / 2.0; };
+  std::vector<T> send(2 * static_cast<std::size_t>(n));
+  for (int k = 0; k < 2 * n; ++k) send[static_cast<std::size_t>(k)] = make<T>(k + r);
+  std::vector<T> recv(2);
+  reduce_scatter(w, send, recv);
+  CHECK(values(recv) == std::vector<double>{sum_at(2 * r), sum_at(2 * r + 1)});
+
+  std::vector<T> inplace = send;
+  reduce_scatter_in_place(w, inplace);
+  CHECK(value(inplace[0]) == sum_at(2 * r));
+  CHECK(value(inplace[1]) == sum_at(2 * r + 1));
+
+  // rank i keeps (i + 1) % 3 elements; the last rank of an np=2 run keeps 2, rank 2 keeps none.
+  std::vector<int> counts;
+  for (int i = 0; i < n; ++i) counts.push_back((i + 1) % 3);
+  const int total = std::accumulate(counts.begin(), counts.end(), 0);
+  const int offset = std::accumulate(counts.begin(), counts.begin() + r, 0);
+  std::vector<T> vsend(static_cast<std::size_t>(total));
+  for (int k = 0; k < total; ++k) vsend[static_cast<std::size_t>(k)] = make<T>(k + r);
+  std::vector<T> vrecv(static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]));
+  reduce_scatterv(w, vsend, vrecv, counts);
+  std::vector<double> expect;
+  for (int k = offset; k < offset + counts[static_cast<std::size_t>(r)]; ++k) expect.push_back(sum_at(k));
+  CHECK(values(vrecv) == expect);
+}
+
+TEST_CASE_TEMPLATE("mpi: all_to_all, all_to_allv and broadcast from a group-local root", T, ELEMENT_TYPES) {
+  const auto& w = world();
+  const int n = w.size(), r = w.rank();
+  // Block j of rank i holds 10*i + j; after the exchange block i of rank j holds 10*i + j.
+  std::vector<T> send, recv(static_cast<std::size_t>(n));
+  for (int j = 0; j < n; ++j) send.push_back(make<T>(10 * r + j));
+  all_to_all(w, send, recv);
+  std::vector<double> expect;
+  for (int i = 0; i < n; ++i) expect.push_back(10.0 * i + r);
+  CHECK(values(recv) == expect);
+  all_to_all_in_place(w, send);
+  CHECK(values(send) == expect);
+
+  // Rank i sends (i + j) % 2 copies of 10*i + j to rank j.
+  std::vector<int> sc, rc;
+  std::vector<T> vsend;
+  std::vector<double> vexpect;
+  for (int j = 0; j < n; ++j) {
+    sc.push_back((r + j) % 2);
+    rc.push_back((j + r) % 2);
+    for (int c = 0; c < (r + j) % 2; ++c) vsend.push_back(make<T>(10 * r + j));
+    for (int c = 0; c < (j + r) % 2; ++c) vexpect.push_back(10.0 * j + r);
+  }
+  std::vector<T> vrecv(vexpect.size());
+  all_to_allv(w, vsend, sc, vrecv, rc);
+  CHECK(values(vrecv) == vexpect);
+
+  std::vector<T> b(3, make<T>(r));
+  broadcast(w, b, n - 1);
+  CHECK(values(b) == std::vector<double>(3, n - 1.0));
+}
+
+TEST_CASE_TEMPLATE("mpi: a 16-bit float sum is a float sum, not a sum of bit patterns", H,
+                   relayout::bf16, relayout::fp16) {
+  const auto& w = world();
+  const int n = w.size(), r = w.rank();
+  // (r + 1) / 4 and 1.5 are exact in both formats, and so is every partial sum.
+  std::vector<H> send{H((r + 1) * 0.25f), H(1.5f)}, recv(2);
+  all_reduce(w, send, recv);
+  CHECK(static_cast<float>(recv[0]) == n * (n + 1) / 8.0f);
+  CHECK(static_cast<float>(recv[1]) == 1.5f * n);
+  if (n > 1) {  // adding the raw 16-bit patterns would give something else entirely
+    std::uint32_t bit_sum = 0;
+    for (int i = 0; i < n; ++i) bit_sum += H(1.5f).bits;
+    CHECK(recv[1].bits != static_cast<std::uint16_t>(bit_sum));
+  }
+}
+
+TEST_CASE("mpi: contiguous Kokkos Views are buffers; strided views are refused") {
+  const auto& w = world();
+  const int n = w.size(), r = w.rank();
+  Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> rows("rows", 2, 3);
+  Kokkos::deep_copy(rows, float(r + 1));
+  Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> sum("sum", 2, 3);
+  all_reduce(w, rows, sum);
+  CHECK(sum(1, 2) == n * (n + 1) / 2.0f);
+  Kokkos::View<const float**, Kokkos::LayoutRight, Kokkos::HostSpace> readonly = rows;
+  Kokkos::View<float*, Kokkos::HostSpace> all("all", 6 * static_cast<std::size_t>(n));
+  all_gather(w, readonly, all);
+  for (int i = 0; i < n; ++i) CHECK(all(6 * i + 5) == float(i + 1));
+  auto column = Kokkos::subview(rows, Kokkos::ALL, 1);  // stride 3: not contiguous
+  Kokkos::View<float*, Kokkos::HostSpace> out("out", 2);
+  CHECK_THROWS_WITH_AS(all_reduce(w, column, out), doctest::Contains("non-contiguous"), LayoutError);
+}
+
+TEST_CASE("mpi: size and count mismatches throw on every rank before any MPI call") {
+  const auto& w = world();
+  const int n = w.size();
+  std::vector<float> send(4), small(3), big(4 * static_cast<std::size_t>(n) + 1);
+  const std::string nstr = std::to_string(n);
+  CHECK_THROWS_WITH_AS(all_reduce(w, send, small), "recv has 3 elements but must have 4 (all_reduce: recv.size() == send.size())", LayoutError);
+  CHECK_THROWS_WITH_AS(all_gather(w, send, big),
+                       doctest::Contains(("recv has " + std::to_string(4 * n + 1) + " elements but must have " +
+                                          std::to_string(4 * n)).c_str()), LayoutError);
+  CHECK_THROWS_WITH_AS(all_gatherv(w, send, big, std::vector<int>(static_cast<std::size_t>(n) + 1, 4)),
+                       doctest::Contains(("counts has " + std::to_string(n + 1) + " entries but the group has " + nstr).c_str()),
+                       LayoutError);
+  CHECK_THROWS_WITH_AS(all_gatherv(w, send, big, std::vector<int>(static_cast<std::size_t>(n), 4)),
+                       doctest::Contains("all_gatherv: recv.size() == sum(counts)"), LayoutError);
+  CHECK_THROWS_WITH_AS(all_gatherv(w, send, big, std::vector<int>(static_cast<std::size_t>(n), -1)),
+                       doctest::Contains("counts[0] = -1"), LayoutError);
+  CHECK_THROWS_WITH_AS(reduce_scatterv(w, send, small, std::vector<int>(static_cast<std::size_t>(n), 1)),
+                       doctest::Contains("reduce_scatterv"), LayoutError);
+  CHECK_THROWS_AS(reduce_scatter(w, small, send), LayoutError);
+  CHECK_THROWS_AS(all_to_all(w, send, small), LayoutError);
+  CHECK_THROWS_AS(all_to_allv(w, send, std::vector<int>(static_cast<std::size_t>(n), 0), small,
+                              std::vector<int>(static_cast<std::size_t>(n), 0)), LayoutError);
+  CHECK_THROWS_WITH_AS(broadcast(w, send, n), doctest::Contains(("broadcast root " + nstr).c_str()), LayoutError);
+  CHECK_THROWS_WITH_AS(all_reduce(w, std::span<const float>(send), std::span<float>(send)),
+                       doctest::Contains("overlap; use all_reduce_in_place"), LayoutError);
+  // Nobody entered a collective, so the ranks are still in step.
+  std::vector<int> one{1}, total(1);
+  all_reduce(w, one, total);
+  CHECK(total[0] == n);
+}
+
+TEST_CASE("mpi: an MPI failure throws CommError naming the call, file and line") {
+  const auto& w = world();
+  std::vector<float> buf(2);
+  // The member is the unchecked primitive: a bad root reaches MPI_Bcast, which returns an error.
+  try {
+    w.broadcast(std::span<float>(buf), -7);
+    FAIL("MPI_Bcast accepted root -7");
+  } catch (const CommError& e) {
+    CHECK(std::string(e.what()).find("MPI_Bcast") != std::string::npos);
+    CHECK(std::string(e.what()).find("mpi.hpp:") != std::string::npos);
+    CHECK(e.call().find("MPI_Bcast") == 0);
+  }
+}
+
+TEST_CASE("mpi: adopt does not own, dup and split do; communicators are move-only") {
+  static_assert(!std::is_copy_constructible_v<MpiCommunicator>);
+  static_assert(std::is_nothrow_move_constructible_v<MpiCommunicator>);
+  const int n = world().size(), r = world().rank();
+  {
+    MpiCommunicator adopted = MpiCommunicator::adopt(MPI_COMM_WORLD);
+    CHECK_FALSE(adopted.owns());
+    CHECK(adopted.native() == MPI_COMM_WORLD);
+  }
+  int still = 0;
+  CHECK(MPI_Comm_size(MPI_COMM_WORLD, &still) == MPI_SUCCESS);  // not freed by the wrapper
+  MpiCommunicator d = world().dup();
+  CHECK(d.owns());
+  int cmp = 0;
+  MPI_Comm_compare(d.native(), MPI_COMM_WORLD, &cmp);
+  CHECK(cmp == MPI_CONGRUENT);
+  MpiCommunicator halves = d.split(r % 2, -r);  // reversed order inside each half
+  CHECK(halves.size() == (r % 2 == 0 ? (n + 1) / 2 : n / 2));
+  CHECK(halves.rank() == halves.size() - 1 - r / 2);
+  MpiCommunicator moved = std::move(halves);
+  CHECK(moved.owns());
+  CHECK_FALSE(halves.owns());
+  std::vector<int> me{r}, members(static_cast<std::size_t>(moved.size()));
+  all_gather(moved, me, members);
+  for (std::size_t i = 0; i + 1 < members.size(); ++i) CHECK(members[i] == members[i + 1] + 2);
+  barrier(moved);
+}

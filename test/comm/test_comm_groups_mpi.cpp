@@ -1,0 +1,123 @@
+// ProcessGroups on real ranks: for every attention factorization (attn_dp, attn_cp) and every MoE
+// factorization (moe_ep, moe_dp) of the world size, each group communicator has exactly the
+// members and order the layout engine names; handle sharing follows the policy.
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <relayout/comm.hpp>
+#include <vector>
+
+using namespace relayout;
+
+namespace {
+
+const MpiCommunicator& world() {
+  static const MpiCommunicator w = MpiCommunicator::world();
+  return w;
+}
+
+std::vector<std::pair<int, int>> factor_pairs(int n) {
+  std::vector<std::pair<int, int>> out;
+  for (int a = 1; a <= n; ++a)
+    for (int b = 1; a * b <= n; ++b)
+      if (n % (a * b) == 0) out.emplace_back(a, b);
+  return out;
+}
+
+// The groups of a layout depend only on its attention factorization and its MoE factorization,
+// and the two are independent, so pairing every attention pair with some MoE pair (cycling the
+// shorter list) covers every group every valid layout of n ranks can produce, with few splits.
+std::vector<LayoutConfig> covering_layouts(int n) {
+  const auto attn = factor_pairs(n), moe = factor_pairs(n);
+  std::vector<LayoutConfig> out;
+  for (std::size_t i = 0; i < std::max(attn.size(), moe.size()); ++i) {
+    const auto [dp, cp] = attn[i % attn.size()];
+    const auto [ep, moe_dp] = moe[i % moe.size()];
+    out.push_back({.tp = n, .dp = dp, .cp = cp, .ep = ep, .moe_dp = moe_dp, .enable_dp_attention = true});
+  }
+  return out;
+}
+
+void check_membership(const ProcessGroups& pg) {
+  const RuntimeLayout& l = pg.layout();
+  const int me = world().rank();
+  for (GroupKind kind : kAllGroupKinds) {
+    CAPTURE(to_string(kind));
+    const MpiCommunicator& c = pg.comm(kind);
+    REQUIRE(c.size() == l.group_size(kind));
+    CHECK(c.rank() == l.group_rank(kind, me));
+    std::vector<int> mine{me}, members(static_cast<std::size_t>(c.size()));
+    all_gather(c, mine, members);
+    CHECK(members == l.group_members(kind, me));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mpi: process groups have the layout engine's members for every factorization") {
+  const int n = world().size();
+  const auto layouts = covering_layouts(n);
+  CHECK(layouts.size() == std::max<std::size_t>(factor_pairs(n).size(), 1));
+  for (const LayoutConfig& c : layouts) {
+    CAPTURE(c.dp);
+    CAPTURE(c.cp);
+    CAPTURE(c.ep);
+    CAPTURE(c.moe_dp);
+    const ProcessGroups pg(RuntimeLayout(c), world());
+    CHECK(pg.rank() == world().rank());
+    check_membership(pg);
+  }
+}
+
+TEST_CASE("mpi: handle re-use follows the policy, and the ids agree on every rank") {
+  const int n = world().size();
+  // DeepEP forces moe_ep = tp; dp = n makes attn_tp, attn_cp, moe_tp and moe_dp single-rank.
+  const RuntimeLayout layout({.tp = n, .dp = n, .enable_dp_attention = true, .moe_a2a_backend = Backend::deepep});
+
+  const ProcessGroups shared(layout, world());
+  CHECK(shared.shares_handle(GroupKind::moe_ep, GroupKind::tp));
+  CHECK(shared.handle_id(GroupKind::tp) == 0);
+  if (n > 1) {
+    CHECK(shared.handle_count() == 2);  // TP, and one single-rank handle for the four size-1 groups
+    CHECK(shared.shares_handle(GroupKind::attn_tp, GroupKind::moe_dp));
+    CHECK_FALSE(shared.shares_handle(GroupKind::attn_tp, GroupKind::tp));
+  } else {
+    CHECK(shared.handle_count() == 1);  // with one rank every group is the TP group
+  }
+  CHECK(shared.describe().find("moe_ep: handle 0 (shared with tp") != std::string::npos);
+  check_membership(shared);
+
+  const ProcessGroups ascend(layout, world(), HandlePolicy::distinct_moe_ep);
+  CHECK_FALSE(ascend.shares_handle(GroupKind::moe_ep, GroupKind::tp));
+  CHECK(ascend.moe_ep().native() != ascend.tp().native());
+  CHECK(ascend.handle_count() == shared.handle_count() + 1);
+  check_membership(ascend);
+
+  const ProcessGroups distinct(layout, world(), HandlePolicy::distinct_all);
+  CHECK(distinct.handle_count() == 6);
+  for (GroupKind a : kAllGroupKinds)
+    for (GroupKind b : kAllGroupKinds) CHECK(distinct.shares_handle(a, b) == (a == b));
+
+  // Same ids everywhere: the max and the min over ranks agree.
+  std::vector<int> ids, lo(6), hi(6);
+  for (GroupKind k : kAllGroupKinds) ids.push_back(ascend.handle_id(k));
+  all_reduce(world(), ids, lo, ReduceOp::min);
+  all_reduce(world(), ids, hi, ReduceOp::max);
+  CHECK(lo == ids);
+  CHECK(hi == ids);
+}
+
+TEST_CASE("mpi: a world whose size is not tp is refused before any split") {
+  const int n = world().size();
+  CHECK_THROWS_WITH_AS(ProcessGroups(RuntimeLayout({.tp = 2 * n}), world()),
+                       doctest::Contains(("the world communicator has " + std::to_string(n) +
+                                          " ranks but the layout's tp = " + std::to_string(2 * n)).c_str()),
+                       LayoutError);
+}
+
+TEST_CASE("single rank process groups need no MPI") {
+  const ProcessGroupsOf<SingleRankCommunicator> pg(RuntimeLayout({.tp = 1}), SingleRankCommunicator{});
+  CHECK(pg.handle_count() == 1);
+  CHECK(pg.moe_ep().size() == 1);
+}
