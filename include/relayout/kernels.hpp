@@ -3,8 +3,10 @@
 // their single-rank reference (relayout::reference).
 #pragma once
 
+#include "relayout/kernels/attention.hpp"
 #include "relayout/kernels/error.hpp"
 #include "relayout/kernels/linear.hpp"
+#include "relayout/kernels/moe.hpp"
 #include "relayout/kernels/reference.hpp"
 #include "relayout/kernels/rms_norm.hpp"
 #include "relayout/kernels/router.hpp"
