@@ -1,0 +1,152 @@
+// Shared-KV attention (prefill and decode) against the two-pass reference over head counts, head
+// sizes, request lengths around the key block (32), empty requests, and windows from 1 to larger
+// than the sequence; bad shapes and offsets rejected.
+#include "support.hpp"
+
+namespace {
+
+using namespace kt;
+
+// Tolerance (outputs are convex combinations of kv rows, |kv| <= 1): a score sums D products, so
+// its absolute error is ~D*eps*scale*max|q.k| <= D*eps; exp turns that into a relative error of the
+// weight; the normaliser and the output each sum L terms (L*eps). 4*eps*(D + L + 8) absolute.
+template <class T>
+double attn_tol(int head_dim, int keys) {
+  return 4 * eps_of<T>() * (head_dim + keys + 8);
+}
+
+std::vector<int> offsets_of(const std::vector<int>& lens) {
+  std::vector<int> cu{0};
+  for (int l : lens) cu.push_back(cu.back() + l);
+  return cu;
+}
+
+TEST_CASE_TEMPLATE_DEFINE("attention_prefill matches the reference", C, prefill_sweep) {
+  using T = typename C::scalar;
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  const std::vector<std::vector<int>> batches = {{}, {1}, {5}, {33, 1, 0, 70}, {32, 64}};
+  std::uint32_t seed = 900;
+  for (const auto& lens : batches)
+    for (int heads : {1, 3, 8})
+      for (int head_dim : {1, 5, 16, 64})
+        for (int window : {0, 1, 4, 1000}) {
+          const std::vector<int> cu = offsets_of(lens);
+          const int rows = cu.back();
+          CAPTURE(rows);
+          CAPTURE(heads);
+          CAPTURE(head_dim);
+          CAPTURE(window);
+          auto q = random_tensor<C>(rows, heads * head_dim, seed++);
+          auto kv = random_tensor<C>(rows, head_dim, seed++);
+          auto out = rk::RowTensor<T, Mem>("out", rows, heads * head_dim);
+          const double scale = rk::default_softmax_scale(head_dim);
+          rk::attention_prefill(exec, q.view, kv.view, make_ints<C>(cu), out, {head_dim, scale, window});
+          const rr::Matrix want = rr::attention_prefill(q.matrix, kv.matrix, cu, head_dim, scale, window);
+          int longest = 0;
+          for (int l : lens) longest = std::max(longest, l);
+          const double tol = attn_tol<T>(head_dim, longest);
+          check_close(rr::to_matrix(out), want, [&](int, int) { return tol; }, "prefill");
+        }
+}
+TEST_CASE_TEMPLATE_APPLY(prefill_sweep, Cases);
+
+TEST_CASE_TEMPLATE_DEFINE("attention_decode matches the reference", C, decode_sweep) {
+  using T = typename C::scalar;
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  const std::vector<std::vector<int>> batches = {{}, {1}, {31, 32, 33}, {100, 1, 65}};
+  std::uint32_t seed = 1300;
+  for (const auto& lens : batches)
+    for (int heads : {1, 4, 16})
+      for (int head_dim : {3, 32, 128})
+        for (int window : {0, 1, 7, 1000}) {
+          const std::vector<int> cu = offsets_of(lens);
+          const int reqs = int(lens.size());
+          CAPTURE(reqs);
+          CAPTURE(heads);
+          CAPTURE(head_dim);
+          CAPTURE(window);
+          // A cache with spare rows after the last request (capacity > used).
+          auto cache = random_tensor<C>(cu.back() + 3, head_dim, seed++);
+          auto q = random_tensor<C>(reqs, heads * head_dim, seed++);
+          auto out = rk::RowTensor<T, Mem>("out", reqs, heads * head_dim);
+          const double scale = 0.5 * rk::default_softmax_scale(head_dim);
+          rk::attention_decode(exec, q.view, cache.view, make_ints<C>(cu), out, {head_dim, scale, window});
+          const rr::Matrix want = rr::attention_decode(q.matrix, cache.matrix, cu, head_dim, scale, window);
+          int longest = 0;
+          for (int l : lens) longest = std::max(longest, l);
+          const double tol = attn_tol<T>(head_dim, longest);
+          check_close(rr::to_matrix(out), want, [&](int, int) { return tol; }, "decode");
+        }
+}
+TEST_CASE_TEMPLATE_APPLY(decode_sweep, Cases);
+
+TEST_CASE_TEMPLATE_DEFINE("attention: a head shard equals the same heads of the full layer", C, attn_heads) {
+  using T = typename C::scalar;
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  const int heads = 8, head_dim = 16, n = 4;
+  const std::vector<int> cu = {0, 40, 77};
+  auto q = random_tensor<C>(77, heads * head_dim, 21);
+  auto kv = random_tensor<C>(77, head_dim, 22);
+  auto full = rk::RowTensor<T, Mem>("full", 77, heads * head_dim);
+  const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), 0};
+  rk::attention_prefill(exec, q.view, kv.view, make_ints<C>(cu), full, p);
+  const rr::Matrix f = rr::to_matrix(full);
+  for (int r = 0; r < n; ++r) {
+    const rk::ShardRange s = rk::column_parallel_shard(heads * head_dim, head_dim, n, r);
+    auto q_local = rk::RowTensor<T, Mem>("q_local", 77, s.size);
+    Kokkos::deep_copy(q_local, Kokkos::subview(q.view, Kokkos::ALL(), s.pair()));
+    auto out = rk::RowTensor<T, Mem>("out", 77, s.size);
+    rk::attention_prefill(exec, q_local, kv.view, make_ints<C>(cu), out, p);
+    const rr::Matrix o = rr::to_matrix(out);
+    int diffs = 0;
+    for (int i = 0; i < 77; ++i)
+      for (int j = 0; j < s.size; ++j) diffs += o(i, j) != f(i, int(s.begin) + j);
+    CHECK(diffs == 0);  // same arithmetic per head: bitwise equal
+  }
+}
+TEST_CASE_TEMPLATE_APPLY(attn_heads, Cases);
+
+TEST_CASE_TEMPLATE_DEFINE("attention rejects bad shapes and offsets", C, attn_errors) {
+  using T = typename C::scalar;
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  auto q = rk::RowTensor<T, Mem>("q", 6, 32);
+  auto kv = rk::RowTensor<T, Mem>("kv", 6, 8);
+  auto out = rk::RowTensor<T, Mem>("out", 6, 32);
+  const rk::AttentionParams p{8, 0.35, 0};
+  CHECK_NOTHROW(rk::attention_prefill(exec, q, kv, make_ints<C>({0, 2, 6}), out, p));
+  CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q, kv, make_ints<C>({0, 2, 5}), out, p),
+                       doctest::Contains("cu_seqlens: last entry must equal the kv rows 6"), rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q, kv, make_ints<C>({0, 4, 3, 6}), out, p),
+                       doctest::Contains("non-decreasing"), rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q, kv, make_ints<C>({1, 6}), out, p),
+                       doctest::Contains("must start at 0"), rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q, kv, make_ints<C>({0, 6}), out, {16, 0.35, 0}),
+                       doctest::Contains("kv.extent(1) must equal head_dim 16"), rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q, kv, make_ints<C>({0, 6}), out, {8, 0.35, -1}),
+                       doctest::Contains("window"), rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q, kv, make_ints<C>({0, 6}), out, {8, 0.0, 0}),
+                       doctest::Contains("scale"), rk::KernelError);
+  auto q_bad = rk::RowTensor<T, Mem>("q", 6, 30);
+  CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q_bad, kv, make_ints<C>({0, 6}), out, p),
+                       doctest::Contains("multiple of head_dim"), rk::KernelError);
+  auto out_bad = rk::RowTensor<T, Mem>("out", 5, 32);
+  CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q, kv, make_ints<C>({0, 6}), out_bad, p),
+                       doctest::Contains("out"), rk::KernelError);
+
+  auto qd = rk::RowTensor<T, Mem>("qd", 2, 32);
+  auto od = rk::RowTensor<T, Mem>("od", 2, 32);
+  CHECK_NOTHROW(rk::attention_decode(exec, qd, kv, make_ints<C>({0, 1, 4}), od, p));
+  CHECK_THROWS_WITH_AS(rk::attention_decode(exec, qd, kv, make_ints<C>({0, 4}), od, p),
+                       doctest::Contains("n_requests + 1 = 3"), rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::attention_decode(exec, qd, kv, make_ints<C>({0, 0, 4}), od, p),
+                       doctest::Contains("strictly increasing"), rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::attention_decode(exec, qd, kv, make_ints<C>({0, 3, 7}), od, p),
+                       doctest::Contains("must not exceed the kv rows 6"), rk::KernelError);
+}
+TEST_CASE_TEMPLATE_APPLY(attn_errors, Cases);
+
+}  // namespace

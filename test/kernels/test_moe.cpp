@@ -1,0 +1,257 @@
+// Expert bucketing, the per-expert SwiGLU pass and the weighted combine against the token-by-token
+// reference: no tokens, one token, every token on one expert, experts with no tokens, ids owned by
+// another EP rank, moe_tp shards of the intermediate dimension summing to the full result, and the
+// shared expert; bad shapes rejected.
+#include <algorithm>
+#include <numeric>
+
+#include "support.hpp"
+
+namespace {
+
+using namespace kt;
+
+// Random top-k ids: distinct experts per token drawn from [0, pool).
+std::vector<int> random_ids(int tokens, int top_k, int pool, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int> ids;
+  std::vector<int> all(pool);
+  for (int t = 0; t < tokens; ++t) {
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), gen);
+    ids.insert(ids.end(), all.begin(), all.begin() + top_k);
+  }
+  return ids;
+}
+
+template <class C>
+Kokkos::View<int**, Kokkos::LayoutRight, typename C::mem> ids_view(const std::vector<int>& ids, int tokens,
+                                                                  int top_k) {
+  Kokkos::View<int**, Kokkos::LayoutRight, typename C::mem> v("ids", tokens, top_k);
+  auto h = Kokkos::create_mirror_view(v);
+  for (int t = 0; t < tokens; ++t)
+    for (int j = 0; j < top_k; ++j) h(t, j) = ids[std::size_t(t) * top_k + j];
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
+rr::Matrix slice(const std::vector<double>& v, int e, int rows, int cols) {
+  rr::Matrix m(rows, cols);
+  std::copy(v.begin() + std::size_t(e) * rows * cols, v.begin() + std::size_t(e + 1) * rows * cols, m.data.begin());
+  return m;
+}
+
+struct Experts {
+  std::vector<rr::Matrix> w1, w3, w2, a1, a3, a2;  // a*: elementwise |w|
+};
+
+// Tolerance: g = x.w1^T and u = x.w3^T sum H products, y = h.w2^T sums I; each GEMM's error is
+// ~sqrt(len)*eps of the absolute-value product (see test_linear), silu is 1-Lipschitz-ish in
+// relative terms, and the combine adds top_k terms. Bound with the absolute-value chain
+// |y| <= (|x|.|w1|^T * |x|.|w3|^T).|w2|^T weighted by |w|: 8*eps*(sqrt(H)+sqrt(I)+top_k+2) of it.
+template <class T>
+double moe_tol_factor(int hidden, int inter, int top_k) {
+  return 8 * eps_of<T>() * (std::sqrt(double(hidden)) + std::sqrt(double(inter)) + top_k + 2);
+}
+
+rr::Matrix abs_moe(const rr::Matrix& x, const std::vector<int>& ids, const rr::Matrix& weights,
+                   const Experts& ex, int first_expert) {
+  // |silu(g) * u| <= |g| * |u|: the reference MoE with silu replaced by |g| on absolute values.
+  const int top_k = weights.cols;
+  rr::Matrix out(x.rows, x.cols);
+  const rr::Matrix ax = abs_of(x);
+  for (int t = 0; t < x.rows; ++t) {
+    rr::Matrix xt(1, x.cols);
+    std::copy(ax.row(t), ax.row(t) + x.cols, xt.data.begin());
+    for (int j = 0; j < top_k; ++j) {
+      const int e = ids[std::size_t(t) * top_k + j] - first_expert;
+      if (e < 0 || e >= int(ex.w1.size())) continue;
+      const rr::Matrix g = rr::linear(xt, ex.a1[e]), u = rr::linear(xt, ex.a3[e]);
+      rr::Matrix h(1, g.cols);
+      for (int c = 0; c < g.cols; ++c) h(0, c) = g(0, c) * u(0, c) + g(0, c) + u(0, c);
+      const rr::Matrix y = rr::linear(h, ex.a2[e]);
+      for (int c = 0; c < x.cols; ++c) out(t, c) += std::abs(weights(t, j)) * y(0, c);
+    }
+  }
+  return out;
+}
+
+template <class C>
+void run_moe_case(int tokens, int n_experts, int first_expert, int pool, int top_k, int hidden, int inter,
+                  std::uint32_t seed, const std::vector<int>* forced_ids = nullptr) {
+  using T = typename C::scalar;
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  auto x = random_tensor<C>(tokens, hidden, seed);
+  const std::vector<int> ids = forced_ids ? *forced_ids : random_ids(tokens, top_k, pool, seed + 1);
+  auto ids_v = ids_view<C>(ids, tokens, top_k);
+  auto weights = random_tensor<C>(tokens, top_k, seed + 2, 0, 1);
+  auto w1 = random_values(std::size_t(n_experts) * inter * hidden, seed + 3);
+  auto w3 = random_values(std::size_t(n_experts) * inter * hidden, seed + 4);
+  auto w2 = random_values(std::size_t(n_experts) * hidden * inter, seed + 5);
+  Kokkos::View<T***, Kokkos::LayoutRight, Mem> w1v("w1", n_experts, inter, hidden), w3v("w3", n_experts, inter, hidden),
+      w2v("w2", n_experts, hidden, inter);
+  Experts ex;
+  {
+    auto h1 = Kokkos::create_mirror_view(w1v);
+    auto h3 = Kokkos::create_mirror_view(w3v);
+    auto h2 = Kokkos::create_mirror_view(w2v);
+    for (std::size_t i = 0; i < w1.size(); ++i) {
+      h1.data()[i] = T(w1[i]);
+      w1[i] = double(h1.data()[i]);
+      h3.data()[i] = T(w3[i]);
+      w3[i] = double(h3.data()[i]);
+      h2.data()[i] = T(w2[i]);
+      w2[i] = double(h2.data()[i]);
+    }
+    Kokkos::deep_copy(w1v, h1);
+    Kokkos::deep_copy(w3v, h3);
+    Kokkos::deep_copy(w2v, h2);
+    for (int e = 0; e < n_experts; ++e) {
+      ex.w1.push_back(slice(w1, e, inter, hidden));
+      ex.w3.push_back(slice(w3, e, inter, hidden));
+      ex.w2.push_back(slice(w2, e, hidden, inter));
+      ex.a1.push_back(abs_of(ex.w1.back()));
+      ex.a3.push_back(abs_of(ex.w3.back()));
+      ex.a2.push_back(abs_of(ex.w2.back()));
+    }
+  }
+
+  // Buckets: exactly the reference's stable counting sort.
+  const auto buckets = rk::bucket_by_expert(exec, ids_v, n_experts, first_expert);
+  const rr::Buckets want_b = rr::bucket(ids, top_k, n_experts, first_expert);
+  REQUIRE(buckets.rows() == want_b.offsets.back());
+  const auto host_ints = [](const auto& v) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+    return std::vector<int>(h.data(), h.data() + h.extent(0));
+  };
+  CHECK(host_ints(buckets.offsets) == want_b.offsets);
+  CHECK(host_ints(buckets.slot_token) == want_b.slot_token);
+  CHECK(host_ints(buckets.slot_of) == want_b.slot_of);
+
+  const rr::Matrix want = rr::moe(x.matrix, ids, weights.matrix, ex.w1, ex.w3, ex.w2, first_expert);
+  const rr::Matrix scale = abs_moe(x.matrix, ids, weights.matrix, ex, first_expert);
+  const double f = moe_tol_factor<T>(hidden, inter, top_k);
+
+  const auto packed = rk::pack_experts(exec, w1v, w3v, w2v);
+  auto y_sorted = rk::RowTensor<T, Mem>("y_sorted", buckets.rows(), hidden);
+  rk::expert_ffn(exec, x.view, buckets, packed, y_sorted);
+  auto out = rk::RowTensor<T, Mem>("out", tokens, hidden);
+  rk::moe_combine(exec, y_sorted, buckets, weights.view, out);
+  check_close(rr::to_matrix(out), want, [&](int i, int j) { return f * scale(i, j) + 1e-300; }, "moe");
+
+  // moe_tp: shards of the intermediate dimension give partial sums that add up to the same result.
+  for (int n : {2, 3}) {
+    if (inter % n) continue;
+    CAPTURE(n);
+    auto sum = rk::RowTensor<T, Mem>("sum", tokens, hidden);
+    for (int r = 0; r < n; ++r) {
+      const auto s = rk::intermediate_shard(inter, n, r).pair();
+      const auto part = rk::pack_experts(exec, Kokkos::subview(w1v, Kokkos::ALL(), s, Kokkos::ALL()),
+                                         Kokkos::subview(w3v, Kokkos::ALL(), s, Kokkos::ALL()),
+                                         Kokkos::subview(w2v, Kokkos::ALL(), Kokkos::ALL(), s));
+      CHECK(part.intermediate() == inter / n);
+      rk::expert_ffn(exec, x.view, buckets, part, y_sorted);
+      rk::moe_combine(exec, y_sorted, buckets, weights.view, sum, true);
+    }
+    check_close(rr::to_matrix(sum), want, [&](int i, int j) { return f * scale(i, j) + 1e-300; },
+                "moe_tp partial sums");
+  }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("routed experts match the token-by-token reference", C, moe_sweep) {
+  std::uint32_t seed = 2000;
+  for (int tokens : {0, 1, 7, 40})
+    for (int top_k : {1, 2, 3})
+      for (auto [hidden, inter] : {std::pair{8, 6}, std::pair{33, 20}}) {
+        CAPTURE(tokens);
+        CAPTURE(top_k);
+        CAPTURE(hidden);
+        CAPTURE(inter);
+        run_moe_case<C>(tokens, 4, 0, 4, top_k, hidden, inter, seed += 7);    // all experts in use
+        run_moe_case<C>(tokens, 8, 0, 3, top_k, hidden, inter, seed += 7);    // experts 3..7 get nothing
+        run_moe_case<C>(tokens, 4, 4, 8, top_k, hidden, inter, seed += 7);    // EP rank 1 of 2: ids 4..7
+      }
+}
+TEST_CASE_TEMPLATE_APPLY(moe_sweep, Cases);
+
+TEST_CASE_TEMPLATE_DEFINE("one expert receives every token; -1 ids are skipped", C, moe_skewed) {
+  const int tokens = 70, top_k = 2;
+  std::vector<int> ids;
+  for (int t = 0; t < tokens; ++t) {
+    ids.push_back(2);
+    ids.push_back(t % 5 == 0 ? -1 : 2 + 1 + t % 2);
+  }
+  run_moe_case<C>(tokens, 5, 0, 5, top_k, 24, 12, 77, &ids);
+  std::vector<int> all_one(tokens, 0);  // top_k = 1, every token on expert 0 of 1
+  run_moe_case<C>(tokens, 1, 0, 1, 1, 16, 8, 78, &all_one);
+}
+TEST_CASE_TEMPLATE_APPLY(moe_skewed, Cases);
+
+TEST_CASE_TEMPLATE_DEFINE("shared expert: swiglu_ffn equals the reference and accumulates", C, shared_expert) {
+  using T = typename C::scalar;
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  for (int rows : {0, 1, 13, 64}) {
+    CAPTURE(rows);
+    const int hidden = 40, inter = 24;
+    auto x = random_tensor<C>(rows, hidden, 31 + rows);
+    auto w1 = random_tensor<C>(inter, hidden, 32);
+    auto w3 = random_tensor<C>(inter, hidden, 33);
+    auto w2 = random_tensor<C>(hidden, inter, 34);
+    const auto packed = rk::pack_experts(exec, w1.view, w3.view, w2.view);
+    auto y = rk::RowTensor<T, Mem>("y", rows, hidden);
+    rk::swiglu_ffn(exec, x.view, packed, y);
+    const rr::Matrix want = rr::swiglu_ffn(x.matrix, w1.matrix, w3.matrix, w2.matrix);
+    const double f = moe_tol_factor<T>(hidden, inter, 1);
+    // Scale: sum over the absolute chain, as in abs_moe.
+    const rr::Matrix g = rr::linear(abs_of(x.matrix), abs_of(w1.matrix)), u = rr::linear(abs_of(x.matrix), abs_of(w3.matrix));
+    rr::Matrix h(rows, inter);
+    for (std::size_t i = 0; i < h.data.size(); ++i) h.data[i] = g.data[i] * u.data[i] + g.data[i] + u.data[i];
+    const rr::Matrix scale = rr::linear(h, abs_of(w2.matrix));
+    check_close(rr::to_matrix(y), want, [&](int i, int j) { return f * scale(i, j) + 1e-300; }, "shared expert");
+    rk::swiglu_ffn(exec, x.view, packed, y, true);
+    rr::Matrix twice = want;
+    for (auto& v : twice.data) v *= 2;
+    check_close(rr::to_matrix(y), twice, [&](int i, int j) { return 2 * f * scale(i, j) + 1e-300; },
+                "shared expert accumulate");
+  }
+}
+TEST_CASE_TEMPLATE_APPLY(shared_expert, Cases);
+
+TEST_CASE_TEMPLATE_DEFINE("experts reject bad shapes", C, moe_errors) {
+  using T = typename C::scalar;
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  Kokkos::View<T***, Kokkos::LayoutRight, Mem> w1("w1", 4, 6, 8), w3("w3", 4, 6, 8), w2("w2", 4, 8, 6);
+  Kokkos::View<T***, Kokkos::LayoutRight, Mem> w2_bad("w2", 4, 6, 8), w3_bad("w3", 3, 6, 8);
+  CHECK_THROWS_WITH_AS(rk::pack_experts(exec, w1, w3, w2_bad), doctest::Contains("w2: must be hidden x intermediate"),
+                       rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::pack_experts(exec, w1, w3_bad, w2), doctest::Contains("same number of experts"),
+                       rk::KernelError);
+  const auto packed = rk::pack_experts(exec, w1, w3, w2);
+  auto ids = ids_view<C>({0, 1, 2, 3}, 2, 2);
+  const auto buckets = rk::bucket_by_expert(exec, ids, 4);
+  auto x = rk::RowTensor<T, Mem>("x", 2, 8);
+  auto y = rk::RowTensor<T, Mem>("y", 4, 8);
+  CHECK_NOTHROW(rk::expert_ffn(exec, x, buckets, packed, y));
+  auto x_bad = rk::RowTensor<T, Mem>("x", 2, 7);
+  CHECK_THROWS_WITH_AS(rk::expert_ffn(exec, x_bad, buckets, packed, y), doctest::Contains("hidden 8"),
+                       rk::KernelError);
+  auto y_bad = rk::RowTensor<T, Mem>("y", 3, 8);
+  CHECK_THROWS_WITH_AS(rk::expert_ffn(exec, x, buckets, packed, y_bad), doctest::Contains("y_sorted"),
+                       rk::KernelError);
+  const auto buckets8 = rk::bucket_by_expert(exec, ids, 8);
+  CHECK_THROWS_WITH_AS(rk::expert_ffn(exec, x, buckets8, packed, y), doctest::Contains("8 experts"),
+                       rk::KernelError);
+  auto w = rk::RowTensor<T, Mem>("w", 2, 3);
+  auto out = rk::RowTensor<T, Mem>("out", 2, 8);
+  CHECK_THROWS_WITH_AS(rk::moe_combine(exec, y, buckets, w, out), doctest::Contains("topk_weights"),
+                       rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::intermediate_shard(10, 4, 0), doctest::Contains("split evenly"), rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::bucket_by_expert(exec, ids, 0), doctest::Contains("n_experts"), rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::swiglu_ffn(exec, x, packed, out), doctest::Contains("one expert"), rk::KernelError);
+}
+TEST_CASE_TEMPLATE_APPLY(moe_errors, Cases);
+
+}  // namespace
