@@ -45,7 +45,7 @@ void check_membership(const ProcessGroups& pg) {
   for (GroupKind kind : kAllGroupKinds) {
     CAPTURE(to_string(kind));
     const MpiCommunicator& c = pg.comm(kind);
-    REQUIRE(c.size() == l.group_size(kind));
+    CHECK(c.size() == l.group_size(kind));  // not REQUIRE: every rank must reach the all_gather
     CHECK(c.rank() == l.group_rank(kind, me));
     std::vector<int> mine{me}, members(static_cast<std::size_t>(c.size()));
     all_gather(c, mine, members);

@@ -1,0 +1,13 @@
+// Placements: token-row tensors whose layout state (Partial, Replicated, RowShard over a named
+// group; DpLocal or DpGlobal) is part of their type, the legal transitions between them as
+// functions, and AnyRows, the runtime twin. Illegal transitions do not compile (or throw, at run
+// time) with a sentence naming the legal call.
+#pragma once
+
+#include "relayout/placement/any_rows.hpp"
+#include "relayout/placement/dp_slots.hpp"
+#include "relayout/placement/rows.hpp"
+#include "relayout/placement/rules.hpp"
+#include "relayout/placement/split.hpp"
+#include "relayout/placement/tags.hpp"
+#include "relayout/placement/transitions.hpp"

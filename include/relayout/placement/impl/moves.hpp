@@ -1,0 +1,247 @@
+// The data movement behind every placement transition, on untyped RowsData. The typed functions
+// (transitions.hpp) and the runtime twin (any_rows.hpp) check legality and then call these. None
+// of them writes into its input: every result is a new buffer or a view of one, except
+// all_reduce_rows_in_place, which the caller reaches only by handing its rows over (an rvalue).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include <Kokkos_Core.hpp>
+
+#include "relayout/comm.hpp"
+#include "relayout/placement/dp_slots.hpp"
+#include "relayout/placement/rows.hpp"
+#include "relayout/placement/split.hpp"
+
+namespace relayout::impl {
+
+template <class T, class Space>
+RowsView<T, Space> alloc_rows(const char* label, std::int64_t n, std::int64_t hidden) {
+  return RowsView<T, Space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
+                            static_cast<std::size_t>(n), static_cast<std::size_t>(hidden));
+}
+
+// Rows [begin, begin + count) of a LayoutRight rows view: still contiguous, no copy.
+template <class V>
+V row_slice(const V& v, std::int64_t begin, std::int64_t count) {
+  return Kokkos::subview(v, Kokkos::make_pair(begin, begin + count), Kokkos::ALL);
+}
+
+inline std::int64_t hidden_of(std::size_t h) { return static_cast<std::int64_t>(h); }
+
+// Element counts of the tensor_split chunks of n rows over `parts` members.
+inline IntCounts split_counts(std::int64_t n, int parts, std::int64_t hidden) {
+  IntCounts c(static_cast<std::size_t>(parts));
+  for (int i = 0; i < parts; ++i)
+    c[static_cast<std::size_t>(i)] = static_cast<int>(tensor_split_range(n, parts, i).count * hidden);
+  return c;
+}
+
+template <Communicator C, class T, class Space>
+RowsData<T, Space> all_reduce_rows(const C& comm, const RowsData<T, Space>& in) {
+  auto out = alloc_rows<T, Space>("relayout::all_reduce", static_cast<std::int64_t>(in.view.extent(0)),
+                                  hidden_of(in.view.extent(1)));
+  all_reduce(comm, in.view, out);
+  return {out, in.full_rows, in.slots};
+}
+
+template <Communicator C, class T, class Space>
+RowsData<T, Space> all_reduce_rows_in_place(const C& comm, RowsData<T, Space>&& in) {
+  all_reduce_in_place(comm, in.view);
+  return std::move(in);
+}
+
+template <Communicator C, class T, class Space>
+RowsData<T, Space> reduce_scatter_rows(const C& comm, const RowsData<T, Space>& in) {
+  const auto n = static_cast<std::int64_t>(in.view.extent(0));
+  const auto h = hidden_of(in.view.extent(1));
+  const RowRange mine = tensor_split_range(n, comm.size(), comm.rank());
+  auto out = alloc_rows<T, Space>("relayout::reduce_scatter", mine.count, h);
+  if (n % comm.size() == 0) reduce_scatter(comm, in.view, out);
+  else reduce_scatterv(comm, in.view, out, split_counts(n, comm.size(), h).span());
+  return {out, n, in.slots};
+}
+
+template <Communicator C, class T, class Space>
+RowsData<T, Space> all_gather_rows(const C& comm, const RowsData<T, Space>& in) {
+  const std::int64_t n = in.full_rows;
+  const auto h = hidden_of(in.view.extent(1));
+  const RowRange mine = tensor_split_range(n, comm.size(), comm.rank());
+  if (static_cast<std::int64_t>(in.view.extent(0)) != mine.count)
+    throw LayoutError("rows", "this rank holds " + std::to_string(in.view.extent(0)) +
+                                  " rows, but chunk " + std::to_string(comm.rank()) + " of " +
+                                  std::to_string(n) + " rows split over " + std::to_string(comm.size()) +
+                                  " members has " + std::to_string(mine.count) + " (tensor_split)");
+  auto out = alloc_rows<T, Space>("relayout::all_gather", n, h);
+  if (n % comm.size() == 0) all_gather(comm, in.view, out);
+  else all_gatherv(comm, in.view, out, split_counts(n, comm.size(), h).span());
+  return {out, -1, in.slots};
+}
+
+// Local: a view of this member's tensor_split chunk, no copy and no communication.
+template <class T, class Space>
+RowsData<T, Space> split_rows_data(int parts, int index, const RowsData<T, Space>& in) {
+  const auto n = static_cast<std::int64_t>(in.view.extent(0));
+  const RowRange mine = tensor_split_range(n, parts, index);
+  return {row_slice(in.view, mine.begin, mine.count), n, in.slots};
+}
+
+// ---- the DP bridge (SPEC §5 path A, §6). Rank r of the domain is (attn_dp_rank, attn_tp_rank)
+// = (r / attn_tp, r % attn_tp) because these calls require attn_cp == 1.
+
+template <class C>
+void require_dp_bridge_layout(const ProcessGroupsOf<C>& pg, const char* call) {
+  if (pg.layout().widths().attn_cp != 1)
+    throw LayoutError("attn_cp", std::string(call) + " needs attn_cp == 1 (the DP bridge does not "
+                                 "run under prefill context parallelism, SPEC §5); attn_cp = " +
+                                 std::to_string(pg.layout().widths().attn_cp));
+}
+
+template <class C>
+void require_slots(const ProcessGroupsOf<C>& pg, const DpSlots& slots, const char* call) {
+  if (slots.groups() != pg.layout().widths().attn_dp)
+    throw LayoutError("global_num_tokens", std::string(call) + ": the DpSlots have " +
+                                               std::to_string(slots.groups()) +
+                                               " groups but attn_dp = " +
+                                               std::to_string(pg.layout().widths().attn_dp));
+}
+
+template <class C, class T, class Space>
+void require_local_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
+                        const DpSlots& slots, const char* call) {
+  require_dp_bridge_layout(pg, call);
+  require_slots(pg, slots, call);
+  const int g = pg.coords().attn_dp_rank;
+  if (static_cast<std::int64_t>(in.view.extent(0)) != slots.count(g))
+    throw LayoutError("global_num_tokens", std::string(call) + ": this DP group's rows (" +
+                                               std::to_string(in.view.extent(0)) +
+                                               ") differ from global_num_tokens[" + std::to_string(g) +
+                                               "] = " + std::to_string(slots.count(g)));
+}
+
+template <class C, class T, class Space>
+void require_global_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in, const char* call,
+                         PaddingMode mode, const char* other) {
+  require_dp_bridge_layout(pg, call);
+  require_slots(pg, *in.slots, call);
+  if (in.slots->mode() != mode)
+    throw LayoutError("padding", std::string(call) + " needs rows gathered with " +
+                                     std::string(to_string(mode)) + " padding; these were gathered with " +
+                                     std::string(to_string(in.slots->mode())) + ": use " + other);
+}
+
+// Rows of this member's chunk copied into a new buffer of `chunk` rows, zero past the end.
+template <class V>
+V padded_copy(const V& v, std::int64_t begin, std::int64_t chunk) {
+  const auto n = static_cast<std::int64_t>(v.extent(0));
+  V out(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::padded")),
+        static_cast<std::size_t>(chunk), v.extent(1));
+  const std::int64_t have = std::max<std::int64_t>(0, std::min(chunk, n - begin));
+  if (have > 0) Kokkos::deep_copy(row_slice(out, 0, have), row_slice(v, begin, have));
+  if (have < chunk) Kokkos::deep_copy(row_slice(out, have, chunk - have), typename V::value_type{});
+  return out;
+}
+
+// Only attn_tp_rank 0 of each attention-TP group contributes: with sum_len its rows go whole into
+// an all_gatherv over tp; with max_len each member sends its 1/attn_tp chunk of the zero-padded
+// slot through one all_gather, so every row still comes from exactly one replica, never a sum.
+template <class C, class T, class Space>
+RowsData<T, Space> dp_gather_replicate_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
+                                            DpSlotsPtr slots) {
+  require_local_rows(pg, in, *slots, "dp_gather_replicate");
+  const int A = pg.layout().widths().attn_tp, t = pg.coords().attn_tp_rank, tp = pg.layout().size();
+  const auto h = hidden_of(in.view.extent(1));
+  auto out = alloc_rows<T, Space>("relayout::dp_gather_replicate", slots->total_rows(), h);
+  if (slots->mode() == PaddingMode::sum_len) {
+    IntCounts counts(static_cast<std::size_t>(tp));
+    for (int r = 0; r < tp; ++r)
+      counts[static_cast<std::size_t>(r)] = r % A == 0 ? static_cast<int>(slots->count(r / A) * h) : 0;
+    all_gatherv(pg.tp(), t == 0 ? in.view : row_slice(in.view, 0, 0), out, counts.span());
+  } else {
+    const std::int64_t chunk = slots->slot_rows() / A;
+    all_gather(pg.tp(), padded_copy(in.view, t * chunk, chunk), out);
+  }
+  return {out, -1, std::move(slots)};
+}
+
+// Each attention-TP member holds a summand: reduce-scatter over attn_tp completes this member's
+// chunk, then all-gather(v) over tp assembles every DP group's complete rows.
+template <class C, class T, class Space>
+RowsData<T, Space> dp_gather_partial_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
+                                          DpSlotsPtr slots) {
+  require_local_rows(pg, in, *slots, "dp_gather_partial");
+  const int A = pg.layout().widths().attn_tp, t = pg.coords().attn_tp_rank, tp = pg.layout().size();
+  const auto h = hidden_of(in.view.extent(1));
+  const auto n = static_cast<std::int64_t>(in.view.extent(0));
+  auto out = alloc_rows<T, Space>("relayout::dp_gather_partial", slots->total_rows(), h);
+  if (slots->mode() == PaddingMode::sum_len) {
+    auto part = alloc_rows<T, Space>("relayout::dp_gather_partial.chunk", tensor_split_range(n, A, t).count, h);
+    reduce_scatterv(pg.attn_tp(), in.view, part, split_counts(n, A, h).span());
+    IntCounts counts(static_cast<std::size_t>(tp));
+    for (int r = 0; r < tp; ++r)
+      counts[static_cast<std::size_t>(r)] =
+          static_cast<int>(tensor_split_range(slots->count(r / A), A, r % A).count * h);
+    all_gatherv(pg.tp(), part, out, counts.span());
+  } else {
+    const std::int64_t slot = slots->slot_rows();
+    const auto padded = n == slot ? in.view : padded_copy(in.view, 0, slot);
+    auto part = alloc_rows<T, Space>("relayout::dp_gather_partial.chunk", slot / A, h);
+    reduce_scatter(pg.attn_tp(), padded, part);
+    all_gather(pg.tp(), part, out);
+  }
+  return {out, -1, std::move(slots)};
+}
+
+// Copy only: this DP group's rows out of the global buffer.
+template <class C, class T, class Space>
+RowsData<T, Space> dp_scatter_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in) {
+  require_dp_bridge_layout(pg, "dp_scatter");
+  require_slots(pg, *in.slots, "dp_scatter");
+  const int g = pg.coords().attn_dp_rank;
+  auto out = alloc_rows<T, Space>("relayout::dp_scatter", in.slots->count(g), hidden_of(in.view.extent(1)));
+  Kokkos::deep_copy(out, row_slice(in.view, in.slots->offset(g), in.slots->count(g)));
+  return {out, -1, nullptr};
+}
+
+// Sums the expert partials over tp and returns this DP group's rows: one reduce_scatterv when
+// attn_tp == 1; otherwise each member receives its tensor_split chunk and an all_gatherv over
+// attn_tp rebuilds the group's rows.
+template <class C, class T, class Space>
+RowsData<T, Space> reduce_scatterv_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in) {
+  require_global_rows(pg, in, "reduce_scatterv", PaddingMode::sum_len, "dp_reduce_scatter");
+  const DpSlots& s = *in.slots;
+  const int A = pg.layout().widths().attn_tp, t = pg.coords().attn_tp_rank, tp = pg.layout().size();
+  const int g = pg.coords().attn_dp_rank;
+  const auto h = hidden_of(in.view.extent(1));
+  IntCounts counts(static_cast<std::size_t>(tp));
+  for (int r = 0; r < tp; ++r)
+    counts[static_cast<std::size_t>(r)] = static_cast<int>(tensor_split_range(s.count(r / A), A, r % A).count * h);
+  auto out = alloc_rows<T, Space>("relayout::reduce_scatterv", s.count(g), h);
+  if (A == 1) {
+    reduce_scatterv(pg.tp(), in.view, out, counts.span());
+  } else {
+    auto part = alloc_rows<T, Space>("relayout::reduce_scatterv.chunk", tensor_split_range(s.count(g), A, t).count, h);
+    reduce_scatterv(pg.tp(), in.view, part, counts.span());
+    all_gatherv(pg.attn_tp(), part, out, split_counts(s.count(g), A, h).span());
+  }
+  return {out, -1, nullptr};
+}
+
+// max_len: equal blocks, so reduce_scatter over tp, then all_gather over attn_tp and drop padding.
+template <class C, class T, class Space>
+RowsData<T, Space> dp_reduce_scatter_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in) {
+  require_global_rows(pg, in, "dp_reduce_scatter", PaddingMode::max_len, "reduce_scatterv");
+  const DpSlots& s = *in.slots;
+  const int A = pg.layout().widths().attn_tp, g = pg.coords().attn_dp_rank;
+  const auto h = hidden_of(in.view.extent(1));
+  auto part = alloc_rows<T, Space>("relayout::dp_reduce_scatter.chunk", s.slot_rows() / A, h);
+  reduce_scatter(pg.tp(), in.view, part);
+  if (A == 1) return {row_slice(part, 0, s.count(g)), -1, nullptr};
+  auto full = alloc_rows<T, Space>("relayout::dp_reduce_scatter", s.slot_rows(), h);
+  all_gather(pg.attn_tp(), part, full);
+  return {row_slice(full, 0, s.count(g)), -1, nullptr};
+}
+
+}  // namespace relayout::impl
