@@ -5,3 +5,4 @@
 #include "relayout/mesh.hpp"
 #include "relayout/version.hpp"
 #include "relayout/comm.hpp"
+#include "relayout/kernels.hpp"

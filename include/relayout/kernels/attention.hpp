@@ -26,15 +26,19 @@ inline double default_softmax_scale(int head_dim) { return 1.0 / std::sqrt(doubl
 namespace impl {
 
 inline constexpr int kKeyBlock = 32;
+inline constexpr int kHeadGroup = 4;
 
-// One query row (heads x head_dim) against kv rows [begin, end): key blocks of kKeyBlock; per block
-// each head (one team thread each) scores the block, updates its running max and sum, rescales its
-// output accumulator (the output row itself) and adds p . V. The kv block stays in cache across heads.
+// One query row (heads x head_dim) against kv rows [begin, end), by key blocks of kKeyBlock. Heads
+// go in groups of kHeadGroup (one team thread per group), so each kv vector loaded feeds four
+// heads: scores are a register-tiled (heads x 2 keys) dot-product tile, the running max / sum are
+// updated per head, and p . V is a register-tiled (heads x 2 vectors) outer-product tile that also
+// applies the rescale of the previous blocks. The output row itself is the accumulator.
 template <class ExecSpace, class Q, class KV, class O>
 struct AttendRow {
   using T = typename O::non_const_value_type;
   using Scratch = Kokkos::View<T*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   static constexpr int L = lanes_v<ExecSpace, T>;
+  using V = typename Vec<T, L>::type;
 
   Q q;
   KV kv;
@@ -42,58 +46,117 @@ struct AttendRow {
   int heads, head_dim;
   T scale;
 
+  // s[h][j] = q_h . kv_{j0+j} for MH heads from h0 and MK keys from j.
+  template <int MH, int MK>
+  KOKKOS_FORCEINLINE_FUNCTION void score_tile(std::int64_t row, int h0, std::int64_t key, T* s, int j) const {
+    const int D = head_dim;
+    const T* qh[MH];
+    const T* kj[MK];
+    for (int a = 0; a < MH; ++a) qh[a] = &q(row, std::size_t(h0 + a) * D);
+    for (int b = 0; b < MK; ++b) kj[b] = &kv(key + b, 0);
+    V acc[MH][MK];
+    for (int a = 0; a < MH; ++a)
+      for (int b = 0; b < MK; ++b) acc[a][b] = V{};
+    int d = 0;
+    for (; d + L <= D; d += L) {
+      V kvv[MK];
+      for (int b = 0; b < MK; ++b) kvv[b] = load<V>(kj[b] + d);
+      for (int a = 0; a < MH; ++a) {
+        const V qv = load<V>(qh[a] + d);
+        for (int b = 0; b < MK; ++b) acc[a][b] += qv * kvv[b];
+      }
+    }
+    for (int a = 0; a < MH; ++a)
+      for (int b = 0; b < MK; ++b) {
+        T r = hsum<L>(acc[a][b]);
+        for (int dd = d; dd < D; ++dd) r += qh[a][dd] * kj[b][dd];
+        s[a * kKeyBlock + j + b] = r;
+      }
+  }
+
+  // o_h = corr_h * o_h + sum_j p[h][j] kv_{j0+j} for MH heads (first block: no previous o_h).
+  template <int MH>
+  KOKKOS_FORCEINLINE_FUNCTION void value_tile(std::int64_t row, int h0, std::int64_t j0, int nb,
+                                              const T* p, const T* corr, bool first) const {
+    const int D = head_dim;
+    constexpr int NV = 2;
+    T* oh[MH];
+    for (int a = 0; a < MH; ++a) oh[a] = &out(row, std::size_t(h0 + a) * D);
+    int d = 0;
+    for (; d + NV * L <= D; d += NV * L) {
+      V acc[MH][NV];
+      for (int a = 0; a < MH; ++a)
+        for (int v = 0; v < NV; ++v) acc[a][v] = first ? V{} : T(corr[a]) * load<V>(oh[a] + d + v * L);
+      for (int j = 0; j < nb; ++j) {
+        const T* vj = &kv(j0 + j, d);
+        V vv[NV];
+        for (int v = 0; v < NV; ++v) vv[v] = load<V>(vj + v * L);
+        for (int a = 0; a < MH; ++a) {
+          const T pa = p[a * kKeyBlock + j];
+          for (int v = 0; v < NV; ++v) acc[a][v] += pa * vv[v];
+        }
+      }
+      for (int a = 0; a < MH; ++a)
+        for (int v = 0; v < NV; ++v) store<V>(oh[a] + d + v * L, acc[a][v]);
+    }
+    for (; d < D; ++d)
+      for (int a = 0; a < MH; ++a) {
+        T r = first ? T(0) : T(corr[a] * oh[a][d]);
+        for (int j = 0; j < nb; ++j) r += p[a * kKeyBlock + j] * kv(j0 + j, d);
+        oh[a][d] = r;
+      }
+  }
+
+  template <int MH>
+  KOKKOS_FORCEINLINE_FUNCTION void block(std::int64_t row, int h0, std::int64_t j0, int nb, bool first,
+                                         T* m, T* l, T* s) const {
+    int j = 0;
+    for (; j + 2 <= nb; j += 2) score_tile<MH, 2>(row, h0, j0 + j, s, j);
+    for (; j < nb; ++j) score_tile<MH, 1>(row, h0, j0 + j, s, j);
+    T corr[MH];
+    for (int a = 0; a < MH; ++a) {
+      T* sa = s + a * kKeyBlock;
+      T mb = sa[0] * scale;
+      for (j = 0; j < nb; ++j) {
+        sa[j] *= scale;
+        mb = impl::max(mb, sa[j]);
+      }
+      const T m_new = first ? mb : impl::max(m[a], mb);
+      corr[a] = first ? T(0) : impl::exp(T(m[a] - m_new));
+      T sum = T(0);
+      for (j = 0; j < nb; ++j) sum += (sa[j] = impl::exp(T(sa[j] - m_new)));
+      l[a] = first ? sum : T(l[a] * corr[a] + sum);
+      m[a] = m_new;
+    }
+    value_tile<MH>(row, h0, j0, nb, s, corr, first);
+  }
+
   template <class Member>
   KOKKOS_INLINE_FUNCTION void run(const Member& team, std::int64_t row, std::int64_t begin,
                                   std::int64_t end) const {
     Scratch m(team.team_scratch(0), heads), l(team.team_scratch(0), heads),
         s(team.team_scratch(0), std::size_t(heads) * kKeyBlock);
-    const int D = head_dim;
+    const int groups = (heads + kHeadGroup - 1) / kHeadGroup;
     for (std::int64_t j0 = begin; j0 < end; j0 += kKeyBlock) {
       const int nb = end - j0 < kKeyBlock ? int(end - j0) : kKeyBlock;
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, heads), [&](const int h) {
-        const T* qh = &q(row, std::size_t(h) * D);
-        T* oh = &out(row, std::size_t(h) * D);
-        T* sh = &s(std::size_t(h) * kKeyBlock);
-        int j = 0;
-        for (; j + 4 <= nb; j += 4)
-          dot4<L>(qh, &kv(j0 + j, 0), &kv(j0 + j + 1, 0), &kv(j0 + j + 2, 0), &kv(j0 + j + 3, 0), D, sh + j);
-        for (; j < nb; ++j) sh[j] = dot<L>(qh, &kv(j0 + j, 0), D);
-        T mb = sh[0] * scale;
-        for (j = 0; j < nb; ++j) {
-          sh[j] *= scale;
-          mb = impl::max(mb, sh[j]);
-        }
-        const bool first = j0 == begin;
-        const T m_new = first ? mb : impl::max(m(h), mb);
-        const T corr = first ? T(0) : impl::exp(T(m(h) - m_new));
-        T sum = T(0);
-        for (j = 0; j < nb; ++j) sum += (sh[j] = impl::exp(T(sh[j] - m_new)));
-        l(h) = first ? sum : T(l(h) * corr + sum);
-        m(h) = m_new;
-        if (first) {
-          for (int d = 0; d < D; ++d) oh[d] = T(0);
-        } else if (corr != T(1)) {
-          for (int d = 0; d < D; ++d) oh[d] *= corr;
-        }
-        // oh += sum_j p_j v_j, four keys per pass over oh.
-        j = 0;
-        for (; j + 4 <= nb; j += 4) {
-          const T p0 = sh[j], p1 = sh[j + 1], p2 = sh[j + 2], p3 = sh[j + 3];
-          const T *v0 = &kv(j0 + j, 0), *v1 = &kv(j0 + j + 1, 0), *v2 = &kv(j0 + j + 2, 0),
-                  *v3 = &kv(j0 + j + 3, 0);
-          for (int d = 0; d < D; ++d) oh[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d];
-        }
-        for (; j < nb; ++j) {
-          const T p = sh[j];
-          const T* v = &kv(j0 + j, 0);
-          for (int d = 0; d < D; ++d) oh[d] += p * v[d];
+      const bool first = j0 == begin;
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, groups), [&](const int g) {
+        const int h0 = g * kHeadGroup;
+        T* mg = &m(h0);
+        T* lg = &l(h0);
+        T* sg = &s(std::size_t(h0) * kKeyBlock);
+        switch (heads - h0 < kHeadGroup ? heads - h0 : kHeadGroup) {
+          case 1: block<1>(row, h0, j0, nb, first, mg, lg, sg); break;
+          case 2: block<2>(row, h0, j0, nb, first, mg, lg, sg); break;
+          case 3: block<3>(row, h0, j0, nb, first, mg, lg, sg); break;
+          default: block<kHeadGroup>(row, h0, j0, nb, first, mg, lg, sg); break;
         }
       });
     }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, heads), [&](const int h) {
-      T* oh = &out(row, std::size_t(h) * D);
+      T* oh = &out(row, std::size_t(h) * head_dim);
       const T inv = T(1) / l(h);
-      for (int d = 0; d < D; ++d) oh[d] *= inv;
+      for (int d = 0; d < head_dim; ++d) oh[d] *= inv;
     });
   }
 
