@@ -6,3 +6,4 @@
 #include "relayout/version.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/kernels.hpp"
+#include "relayout/placement.hpp"
