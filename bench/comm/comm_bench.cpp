@@ -1,11 +1,12 @@
 // Each relayout collective next to the raw MPI call on the same buffers, 1 KiB to 16 MiB (powers
-// of 4), float elements. Sizes follow nccl-tests: the all-reduce/broadcast buffer, the gathered
-// (all-gather) or scattered (reduce-scatter) whole, and the per-rank all-to-all buffer. Names are
-// <collective>/<relayout|mpi>/<bytes>; ratio_table.py pairs their medians.
+// of 4), float elements in Kokkos Views. Sizes follow nccl-tests: the all-reduce/broadcast buffer,
+// the gathered (all-gather) or scattered (reduce-scatter) whole, the per-rank all-to-all buffer.
+// Names are <collective>/paired/<bytes>; ratio_table.py prints the medians over repetitions.
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <relayout/comm.hpp>
 #include <string>
 #include <vector>
@@ -35,43 +36,70 @@ double bus_factor(const std::string& name, int n) {
   return double(n - 1) / n;
 }
 
-// One benchmark body: `relayout_call` or `raw_call` over buffers made for `bytes`.
-template <class Body>
-void run(benchmark::State& state, const std::string& name, std::int64_t bytes, Body body) {
+// Times the relayout call and the raw MPI call on the same buffers in the order relayout, MPI,
+// MPI, relayout in every iteration (each call as the max over ranks), so a change in machine load hits both alike.
+// The reported time is
+// relayout's; counters carry MPI's time, the median per-iteration ratio and both bus bandwidths.
+template <class Relayout, class Raw>
+void paired(benchmark::State& state, const std::string& name, std::int64_t bytes, Relayout relayout_call,
+            Raw raw_call) {
   const int n = comm_size();
-  relayout::bench::run_timed(state, MPI_COMM_WORLD, body);
+  double raw_total = 0;
+  std::vector<double> ratios;
+  for (auto _ : state) {
+    const double a = relayout::bench::max_over_ranks(MPI_COMM_WORLD, relayout_call);
+    const double b = relayout::bench::max_over_ranks(MPI_COMM_WORLD, raw_call);
+    const double c = relayout::bench::max_over_ranks(MPI_COMM_WORLD, raw_call);
+    const double d = relayout::bench::max_over_ranks(MPI_COMM_WORLD, relayout_call);
+    raw_total += (b + c) / 2;
+    ratios.push_back((a + d) / (b + c));
+    state.SetIterationTime((a + d) / 2);
+  }
+  std::sort(ratios.begin(), ratios.end());
   relayout::bench::report_bandwidth(state, bytes, bus_factor(name, n));
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["mpi_us"] = raw_total / iters * 1e6;
+  // The median of the per-iteration ratios: one call descheduled by other load moves it little.
+  state.counters["ratio"] = ratios.empty() ? 1.0 : ratios[ratios.size() / 2];
+  state.counters["busbw_mpi_GBps"] = raw_total > 0 ? bytes * 1e-9 * bus_factor(name, n) * iters / raw_total : 0.0;
 }
 
-void all_reduce_bench(benchmark::State& state, bool use_relayout) {
+void all_reduce_bench(benchmark::State& state) {
   const auto bytes = state.range(0);
   const auto count = static_cast<std::size_t>(bytes) / sizeof(float);
   const auto w = MpiCommunicator::world();
   View send = filled(count, 1.0f), recv = filled(count, 0.0f);
-  if (use_relayout)
-    run(state, "all_reduce", bytes, [&] { relayout::all_reduce(w, send, recv); });
-  else
-    run(state, "all_reduce", bytes, [&] {
+  paired(state, "all_reduce", bytes, [&] { relayout::all_reduce(w, send, recv); },
+         [&] {
       MPI_Allreduce(send.data(), recv.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    });
+         });
 }
 
-void all_gather_bench(benchmark::State& state, bool use_relayout) {
+// Control: the raw call against itself, the noise floor of the ratio on this machine.
+void control_all_reduce_bench(benchmark::State& state) {
+  const auto bytes = state.range(0);
+  const auto count = static_cast<std::size_t>(bytes) / sizeof(float);
+  View send = filled(count, 1.0f), recv = filled(count, 0.0f);
+  const auto raw = [&] {
+    MPI_Allreduce(send.data(), recv.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  };
+  paired(state, "all_reduce", bytes, raw, raw);
+}
+
+void all_gather_bench(benchmark::State& state) {
   const auto bytes = state.range(0);
   const int n = comm_size();
   const auto block = static_cast<std::size_t>(bytes) / sizeof(float) / static_cast<std::size_t>(n);
   const auto w = MpiCommunicator::world();
   View send = filled(block, 1.0f), recv = filled(block * static_cast<std::size_t>(n), 0.0f);
-  if (use_relayout)
-    run(state, "all_gather", bytes, [&] { relayout::all_gather(w, send, recv); });
-  else
-    run(state, "all_gather", bytes, [&] {
+  paired(state, "all_gather", bytes, [&] { relayout::all_gather(w, send, recv); },
+         [&] {
       MPI_Allgather(send.data(), static_cast<int>(block), MPI_FLOAT, recv.data(), static_cast<int>(block),
                     MPI_FLOAT, MPI_COMM_WORLD);
-    });
+         });
 }
 
-void all_gatherv_bench(benchmark::State& state, bool use_relayout) {
+void all_gatherv_bench(benchmark::State& state) {
   const auto bytes = state.range(0);
   const int n = comm_size();
   const auto block = static_cast<std::size_t>(bytes) / sizeof(float) / static_cast<std::size_t>(n);
@@ -79,62 +107,54 @@ void all_gatherv_bench(benchmark::State& state, bool use_relayout) {
   View send = filled(block, 1.0f), recv = filled(block * static_cast<std::size_t>(n), 0.0f);
   std::vector<int> counts(static_cast<std::size_t>(n), static_cast<int>(block)), displs;
   for (int i = 0; i < n; ++i) displs.push_back(i * static_cast<int>(block));
-  if (use_relayout)
-    run(state, "all_gatherv", bytes, [&] { relayout::all_gatherv(w, send, recv, counts); });
-  else
-    run(state, "all_gatherv", bytes, [&] {
+  paired(state, "all_gatherv", bytes, [&] { relayout::all_gatherv(w, send, recv, counts); },
+         [&] {
       MPI_Allgatherv(send.data(), static_cast<int>(block), MPI_FLOAT, recv.data(), counts.data(),
                      displs.data(), MPI_FLOAT, MPI_COMM_WORLD);
-    });
+         });
 }
 
-void reduce_scatter_bench(benchmark::State& state, bool use_relayout) {
+void reduce_scatter_bench(benchmark::State& state) {
   const auto bytes = state.range(0);
   const int n = comm_size();
   const auto block = static_cast<std::size_t>(bytes) / sizeof(float) / static_cast<std::size_t>(n);
   const auto w = MpiCommunicator::world();
   View send = filled(block * static_cast<std::size_t>(n), 1.0f), recv = filled(block, 0.0f);
-  if (use_relayout)
-    run(state, "reduce_scatter", bytes, [&] { relayout::reduce_scatter(w, send, recv); });
-  else
-    run(state, "reduce_scatter", bytes, [&] {
+  paired(state, "reduce_scatter", bytes, [&] { relayout::reduce_scatter(w, send, recv); },
+         [&] {
       MPI_Reduce_scatter_block(send.data(), recv.data(), static_cast<int>(block), MPI_FLOAT, MPI_SUM,
                                MPI_COMM_WORLD);
-    });
+         });
 }
 
-void reduce_scatterv_bench(benchmark::State& state, bool use_relayout) {
+void reduce_scatterv_bench(benchmark::State& state) {
   const auto bytes = state.range(0);
   const int n = comm_size();
   const auto block = static_cast<std::size_t>(bytes) / sizeof(float) / static_cast<std::size_t>(n);
   const auto w = MpiCommunicator::world();
   View send = filled(block * static_cast<std::size_t>(n), 1.0f), recv = filled(block, 0.0f);
   std::vector<int> counts(static_cast<std::size_t>(n), static_cast<int>(block));
-  if (use_relayout)
-    run(state, "reduce_scatterv", bytes, [&] { relayout::reduce_scatterv(w, send, recv, counts); });
-  else
-    run(state, "reduce_scatterv", bytes, [&] {
+  paired(state, "reduce_scatterv", bytes, [&] { relayout::reduce_scatterv(w, send, recv, counts); },
+         [&] {
       MPI_Reduce_scatter(send.data(), recv.data(), counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    });
+         });
 }
 
-void all_to_all_bench(benchmark::State& state, bool use_relayout) {
+void all_to_all_bench(benchmark::State& state) {
   const auto bytes = state.range(0);
   const int n = comm_size();
   const auto count = static_cast<std::size_t>(bytes) / sizeof(float);
   const auto block = count / static_cast<std::size_t>(n);
   const auto w = MpiCommunicator::world();
   View send = filled(block * static_cast<std::size_t>(n), 1.0f), recv = filled(block * static_cast<std::size_t>(n), 0.0f);
-  if (use_relayout)
-    run(state, "all_to_all", bytes, [&] { relayout::all_to_all(w, send, recv); });
-  else
-    run(state, "all_to_all", bytes, [&] {
+  paired(state, "all_to_all", bytes, [&] { relayout::all_to_all(w, send, recv); },
+         [&] {
       MPI_Alltoall(send.data(), static_cast<int>(block), MPI_FLOAT, recv.data(), static_cast<int>(block),
                    MPI_FLOAT, MPI_COMM_WORLD);
-    });
+         });
 }
 
-void all_to_allv_bench(benchmark::State& state, bool use_relayout) {
+void all_to_allv_bench(benchmark::State& state) {
   const auto bytes = state.range(0);
   const int n = comm_size();
   const auto block = static_cast<std::size_t>(bytes) / sizeof(float) / static_cast<std::size_t>(n);
@@ -142,47 +162,41 @@ void all_to_allv_bench(benchmark::State& state, bool use_relayout) {
   View send = filled(block * static_cast<std::size_t>(n), 1.0f), recv = filled(block * static_cast<std::size_t>(n), 0.0f);
   std::vector<int> counts(static_cast<std::size_t>(n), static_cast<int>(block)), displs;
   for (int i = 0; i < n; ++i) displs.push_back(i * static_cast<int>(block));
-  if (use_relayout)
-    run(state, "all_to_allv", bytes, [&] { relayout::all_to_allv(w, send, counts, recv, counts); });
-  else
-    run(state, "all_to_allv", bytes, [&] {
+  paired(state, "all_to_allv", bytes, [&] { relayout::all_to_allv(w, send, counts, recv, counts); },
+         [&] {
       MPI_Alltoallv(send.data(), counts.data(), displs.data(), MPI_FLOAT, recv.data(), counts.data(),
                     displs.data(), MPI_FLOAT, MPI_COMM_WORLD);
-    });
+         });
 }
 
-void broadcast_bench(benchmark::State& state, bool use_relayout) {
+void broadcast_bench(benchmark::State& state) {
   const auto bytes = state.range(0);
   const auto count = static_cast<std::size_t>(bytes) / sizeof(float);
   const auto w = MpiCommunicator::world();
   View buf = filled(count, 1.0f);
-  if (use_relayout)
-    run(state, "broadcast", bytes, [&] { relayout::broadcast(w, buf, 0); });
-  else
-    run(state, "broadcast", bytes, [&] {
+  paired(state, "broadcast", bytes, [&] { relayout::broadcast(w, buf, 0); },
+         [&] {
       MPI_Bcast(buf.data(), static_cast<int>(count), MPI_FLOAT, 0, MPI_COMM_WORLD);
-    });
+         });
 }
 
-// Registered per size so that the relayout and raw runs of one size are adjacent in time.
 const bool registered = [] {
-  using Fn = void (*)(benchmark::State&, bool);
+  using Fn = void (*)(benchmark::State&);
   const std::pair<const char*, Fn> cases[] = {
       {"all_reduce", all_reduce_bench},         {"all_gather", all_gather_bench},
       {"all_gatherv", all_gatherv_bench},       {"reduce_scatter", reduce_scatter_bench},
       {"reduce_scatterv", reduce_scatterv_bench}, {"all_to_all", all_to_all_bench},
-      {"all_to_allv", all_to_allv_bench},       {"broadcast", broadcast_bench}};
+      {"all_to_allv", all_to_allv_bench},       {"broadcast", broadcast_bench},
+      {"control_mpi_vs_mpi_all_reduce", control_all_reduce_bench}};
   for (const auto& [name, fn] : cases)
     for (std::int64_t bytes = 1 << 10; bytes <= (std::int64_t{1} << 24); bytes *= 4)
-      for (bool use_relayout : {true, false})
-        benchmark::RegisterBenchmark(
-            (std::string(name) + (use_relayout ? "/relayout" : "/mpi")).c_str(),
-            [fn, use_relayout](benchmark::State& s) { fn(s, use_relayout); })
-            ->Arg(bytes)
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond)
-            ->Repetitions(5)
-            ->ReportAggregatesOnly(true);
+      benchmark::RegisterBenchmark((std::string(name) + "/paired").c_str(), fn)
+          ->Arg(bytes)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.1)
+          ->Repetitions(7)
+          ->ReportAggregatesOnly(true);
   return true;
 }();
 
