@@ -1,0 +1,171 @@
+// The distributed DeepSeek-V4-like decoder layers on the ranks of one TP domain: attention with
+// query heads split over attn_tp (wq_b column-parallel, shared KV replicated, wo_b row-parallel and
+// completed by the attention-TP all-reduce), then the bridge (bridge.hpp) into the MoE and back.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "relayout/comm.hpp"
+#include "relayout/kernels/attention.hpp"
+#include "relayout/kernels/linear.hpp"
+#include "relayout/kernels/rms_norm.hpp"
+#include "relayout/model/bridge.hpp"
+#include "relayout/model/config.hpp"
+#include "relayout/model/layer_weights.hpp"
+#include "relayout/model/workload.hpp"
+
+namespace relayout::model {
+
+template <class C, class ExecSpace = Kokkos::DefaultExecutionSpace>
+class DistributedModel {
+ public:
+  using View = typename Rows<ExecSpace>::View;
+
+  DistributedModel(const ProcessGroupsOf<C>& groups, const ModelDims& dims, const BridgeOptions& opts = {},
+                   ExecSpace exec = ExecSpace())
+      : groups_(groups), dims_(dims), opts_(opts), exec_(exec) {
+    const Widths& w = groups_.layout().widths();
+    validate(dims_, w);
+    check_inject(opts_.inject, groups_.layout().bridge_path(), w);
+    for (int layer = 0; layer < dims_.layers; ++layer)
+      shards_.push_back(LayerShard<ExecSpace>::make(exec_, dims_, layer, shard_spec()));
+  }
+
+  // What this rank holds of every layer (SPEC §5): heads over attn_tp, experts over moe_ep, the
+  // intermediate over moe_tp; the shared expert with the experts of moe_ep rank 0 when the MoE runs
+  // on replicated rows, on every rank (whole) when each rank dispatches its own rows.
+  ShardSpec shard_spec() const {
+    const Widths& w = groups_.layout().widths();
+    const RankCoords k = groups_.coords();
+    ShardSpec s;
+    s.heads = dims_.heads / w.attn_tp;
+    s.head_begin = k.attn_tp_rank * s.heads;
+    s.experts = dims_.experts / w.moe_ep;
+    s.expert_begin = k.moe_ep_rank * s.experts;
+    s.inter = dims_.moe_inter / w.moe_tp;
+    s.inter_begin = k.moe_tp_rank * s.inter;
+    const BridgePath path = groups_.layout().bridge_path();
+    const bool replicated_moe = path == BridgePath::dp_gather || path == BridgePath::tp_moe;
+    if (dims_.shared_inter > 0 && (!replicated_moe || k.moe_ep_rank == 0)) {
+      s.shared = dims_.shared_inter / w.moe_tp;
+      s.shared_begin = k.moe_tp_rank * s.shared;
+    }
+    return s;
+  }
+
+  // Every layer on this rank's attention-DP group's requests. Collective over the domain: every
+  // rank calls it, a rank whose group has no request with zero rows (an IDLE forward).
+  Rows<ExecSpace> forward(const Workload& work) {
+    const RankCoords k = groups_.coords();
+    Rows<ExecSpace> x;
+    x.owners = work.owners_of(k.attn_dp_rank);
+    const std::vector<int> cu = work.cu_seqlens_of(k.attn_dp_rank);
+    x.values = input(x.owners);
+    if (!opts_.track_owners) x.owners.clear();
+    gather_counts(std::int64_t(work.owners_of(k.attn_dp_rank).size()));
+    Kokkos::View<int*, typename ExecSpace::memory_space> cu_view("relayout::cu_seqlens", cu.size());
+    Kokkos::deep_copy(cu_view, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(cu.data(), cu.size()));
+    Bridge<C, ExecSpace> bridge(groups_, wire_, dims_, opts_, exec_, &boundaries_);
+    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, bridge, x, cu_view);
+    return x;
+  }
+
+  const TrafficLog& traffic() const { return traffic_; }
+  void clear_traffic() { traffic_.clear(); }
+  const std::vector<Boundary>& boundaries() const { return boundaries_; }
+  const std::vector<std::int64_t>& global_num_tokens() const { return counts_; }
+  PaddingMode padding() const { return mode_; }
+  const ModelDims& dims() const { return dims_; }
+
+ private:
+  View input(const std::vector<std::int64_t>& owners) const {
+    const int H = dims_.hidden;
+    const std::uint64_t seed = dims_.seed;
+    View x("relayout::input", owners.size(), std::size_t(H));
+    Kokkos::View<std::int64_t*, typename ExecSpace::memory_space> ids("relayout::owners", owners.size());
+    Kokkos::deep_copy(ids, Kokkos::View<const std::int64_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(owners.data(), owners.size()));
+    Kokkos::parallel_for(
+        "relayout::input_rows", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(owners.size())),
+        KOKKOS_LAMBDA(const std::int64_t i) {
+          for (int f = 0; f < H; ++f) x(i, f) = input_value(seed, ids(i), f, H);
+        });
+    exec_.fence();
+    return x;
+  }
+
+  // SPEC §6: every rank all-gathers its DP group's token count; all pick the padding mode from it.
+  void gather_counts(std::int64_t mine) {
+    const Widths& w = groups_.layout().widths();
+    std::vector<std::int64_t> all(static_cast<std::size_t>(w.tp));
+    wire_.all_gather(GroupKind::tp, std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all),
+                     Op::all_gather_counts);
+    counts_.assign(std::size_t(w.attn_dp), 0);
+    for (int r = 0; r < w.tp; ++r) {
+      const RankCoords k = groups_.layout().coords(r);
+      if (k.attn_tp_rank == 0) counts_[std::size_t(k.attn_dp_rank)] = all[std::size_t(r)];
+      else if (all[std::size_t(r)] != all[std::size_t(r - k.attn_tp_rank)])
+        throw LayoutError("global_num_tokens", "rank " + std::to_string(r) + " holds " + std::to_string(all[std::size_t(r)]) +
+                                                   " rows but its attention-TP group's rank 0 holds " +
+                                                   std::to_string(all[std::size_t(r - k.attn_tp_rank)]) +
+                                                   ": members of an attention-DP group must hold the same rows");
+    }
+    mode_ = opts_.padding ? *opts_.padding : groups_.layout().padding_mode(counts_);
+  }
+
+  template <class Cu>
+  Rows<ExecSpace> layer_forward(int layer, Bridge<C, ExecSpace>& bridge, const Rows<ExecSpace>& x, const Cu& cu) {
+    const LayerShard<ExecSpace>& w = shards_[std::size_t(layer)];
+    const std::size_t n = x.values.extent(0), H = std::size_t(dims_.hidden), Q = std::size_t(dims_.q_lora),
+                      D = std::size_t(dims_.head_dim), HD = std::size_t(w.spec.heads) * D;
+    View xn("relayout::xn", n, H), qa("relayout::qa", n, Q), qn("relayout::qn", n, Q), q("relayout::q", n, HD),
+        kvr("relayout::kv_raw", n, D), kv("relayout::kv", n, D), o("relayout::o", n, HD), a("relayout::attn_out", n, H);
+    kernels::rms_norm(exec_, x.values, w.attn_norm, dims_.rms_eps, xn);
+    kernels::linear(exec_, xn, w.wq_a, qa);
+    kernels::rms_norm(exec_, qa, w.q_norm, dims_.rms_eps, qn);
+    kernels::linear(exec_, qn, w.wq_b, q);
+    kernels::linear(exec_, xn, w.wkv, kvr);
+    kernels::rms_norm(exec_, kvr, w.kv_norm, dims_.rms_eps, kv);
+    kernels::AttentionParams params;
+    params.head_dim = dims_.head_dim;
+    params.scale = kernels::default_softmax_scale(dims_.head_dim);
+    params.window = dims_.window;
+    kernels::attention_prefill(exec_, q, kv, cu, o, params);
+    kernels::linear(exec_, o, w.wo_b, a);  // Partial over attn_tp
+    exec_.fence();
+    wire_.all_reduce(GroupKind::attn_tp, std::span<float>(a.data(), a.size()));  // now Replicated
+    if (opts_.record_boundaries) boundaries_.push_back({layer, "attention all_reduce", x.owners});
+
+    View residual("relayout::residual", n, H);
+    Kokkos::deep_copy(exec_, residual, x.values);
+    kernels::add_rms_norm(exec_, a, residual, w.ffn_norm, dims_.rms_eps);  // residual = x + attn
+    exec_.fence();
+    const Rows<ExecSpace> y = bridge.run(layer, w, Rows<ExecSpace>{a, x.owners}, counts_, mode_);
+    if (y.values.extent(0) != n)
+      throw LayoutError("bridge", "layer " + std::to_string(layer) + ": the bridge returned " +
+                                      std::to_string(y.values.extent(0)) + " rows for " + std::to_string(n) +
+                                      " (rows lost or duplicated)");
+    const View yv = y.values;
+    Kokkos::parallel_for(
+        "relayout::residual_add", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(n * H)),
+        KOKKOS_LAMBDA(const std::int64_t i) { residual.data()[i] += yv.data()[i]; });
+    exec_.fence();
+    return {residual, y.owners};
+  }
+
+  const ProcessGroupsOf<C>& groups_;
+  ModelDims dims_;
+  BridgeOptions opts_;
+  ExecSpace exec_;
+  std::vector<LayerShard<ExecSpace>> shards_;
+  TrafficLog traffic_;
+  moe::Wire<C> wire_{groups_, traffic_};
+  std::vector<Boundary> boundaries_;
+  std::vector<std::int64_t> counts_;
+  PaddingMode mode_ = PaddingMode::sum_len;
+};
+
+}  // namespace relayout::model

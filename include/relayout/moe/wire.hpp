@@ -1,0 +1,77 @@
+// The collectives a decoder layer issues, on the groups of one TP domain, each counted in a
+// TrafficLog. A group of one rank needs no communication, so nothing is sent (or counted) there.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "relayout/comm.hpp"
+#include "relayout/model/traffic.hpp"
+
+namespace relayout::moe {
+
+using model::Op;
+
+template <class C>
+struct Wire {
+  const ProcessGroupsOf<C>& groups;
+  model::TrafficLog& log;
+
+  int size(GroupKind g) const { return groups.comm(g).size(); }
+  int rank(GroupKind g) const { return groups.comm(g).rank(); }
+
+  template <class T>
+  void all_reduce(GroupKind g, std::span<T> buf) {
+    if (size(g) == 1) return;
+    log.add(Op::all_reduce, g, std::int64_t(buf.size_bytes()));
+    relayout::all_reduce_in_place(groups.comm(g), buf);
+  }
+  // A one-rank group's gather, scatter or exchange is a copy.
+  template <class T>
+  static void copy(std::span<const T> send, std::span<T> recv) {
+    std::copy(send.begin(), send.end(), recv.begin());
+  }
+
+  template <class T>
+  void all_gather(GroupKind g, std::span<const T> send, std::span<T> recv, Op op = Op::all_gather) {
+    if (size(g) == 1) return copy(send, recv);
+    log.add(op, g, std::int64_t(recv.size_bytes()));
+    relayout::all_gather(groups.comm(g), send, recv);
+  }
+  // counts in elements, one per member of g.
+  template <class T>
+  void all_gatherv(GroupKind g, std::span<const T> send, std::span<T> recv, const std::vector<int>& counts) {
+    if (size(g) == 1) return copy(send, recv);
+    log.add(Op::all_gatherv, g, std::int64_t(recv.size_bytes()));
+    relayout::all_gatherv(groups.comm(g), send, recv, counts);
+  }
+  template <class T>
+  void reduce_scatter(GroupKind g, std::span<const T> send, std::span<T> recv) {
+    if (size(g) == 1) return copy(send, recv);
+    log.add(Op::reduce_scatter, g, std::int64_t(send.size_bytes()));
+    relayout::reduce_scatter(groups.comm(g), send, recv);
+  }
+  template <class T>
+  void reduce_scatterv(GroupKind g, std::span<const T> send, std::span<T> recv, const std::vector<int>& counts) {
+    if (size(g) == 1) return copy(send, recv);
+    log.add(Op::reduce_scatterv, g, std::int64_t(send.size_bytes()));
+    relayout::reduce_scatterv(groups.comm(g), send, recv, counts);
+  }
+  template <class T>
+  void all_to_all(GroupKind g, std::span<const T> send, std::span<T> recv) {
+    if (size(g) == 1) return copy(send, recv);
+    log.add(Op::all_to_all, g, std::int64_t(send.size_bytes()));
+    relayout::all_to_all(groups.comm(g), send, recv);
+  }
+  template <class T>
+  void all_to_allv(GroupKind g, std::span<const T> send, const std::vector<int>& send_counts,
+                   std::span<T> recv, const std::vector<int>& recv_counts) {
+    if (size(g) == 1) return copy(send, recv);
+    log.add(Op::all_to_allv, g, std::int64_t(send.size_bytes()));
+    relayout::all_to_allv(groups.comm(g), send, send_counts, recv, recv_counts);
+  }
+};
+
+}  // namespace relayout::moe
