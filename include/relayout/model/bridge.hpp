@@ -190,10 +190,11 @@ class Bridge {
     }
     if (track) {
       const std::span<const std::int64_t> send(local_owners.data() + t * share, std::size_t(share));
+      auto books = wire_.bookkeeping();
       if (mode == PaddingMode::sum_len)
-        wire_.all_gatherv(GroupKind::tp, send, std::span<std::int64_t>(global_owners), counts_1);
+        books.all_gatherv(GroupKind::tp, send, std::span<std::int64_t>(global_owners), counts_1);
       else
-        wire_.all_gather(GroupKind::tp, send, std::span<std::int64_t>(global_owners));
+        books.all_gather(GroupKind::tp, send, std::span<std::int64_t>(global_owners));
     }
     record("dp_gather", global_owners);
 
@@ -276,7 +277,7 @@ class Bridge {
     wire_.all_gatherv(GroupKind::attn_tp, std::span<const float>(span(y)), span(out.values), counts_h);
     if (opts_.track_owners) {
       out.owners.resize(std::size_t(total));
-      wire_.all_gatherv(GroupKind::attn_tp, std::span<const std::int64_t>(x_owners),
+      wire_.bookkeeping().all_gatherv(GroupKind::attn_tp, std::span<const std::int64_t>(x_owners),
                         std::span<std::int64_t>(out.owners), chunk);
     }
     record("all_gather", out.owners);

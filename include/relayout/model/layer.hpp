@@ -162,7 +162,7 @@ class DistributedModel {
   ExecSpace exec_;
   std::vector<LayerShard<ExecSpace>> shards_;
   TrafficLog traffic_;
-  moe::Wire<C> wire_{groups_, traffic_};
+  moe::Wire<C> wire_{groups_, &traffic_};
   std::vector<Boundary> boundaries_;
   std::vector<std::int64_t> counts_;
   PaddingMode mode_ = PaddingMode::sum_len;

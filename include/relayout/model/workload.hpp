@@ -21,12 +21,11 @@ struct RowOwner {
   }
   static constexpr int request(std::int64_t id) { return int(id >> 32); }
   static constexpr int position(std::int64_t id) { return int(id & 0xffffffff); }
-  // "A3": request A (0), position 3; requests past Z are "R26" and so on; padding is "pad".
+  // Request 0 is "A", ..., 25 is "Z", then "R26" and so on.
+  static std::string request_name(int r) { return r < 26 ? std::string(1, char('A' + r)) : "R" + std::to_string(r); }
+  // "A3": request A, position 3; padding is "pad".
   static std::string label(std::int64_t id) {
-    if (id == kPad) return "pad";
-    const int r = request(id);
-    const std::string name = r < 26 ? std::string(1, char('A' + r)) : "R" + std::to_string(r);
-    return name + std::to_string(position(id));
+    return id == kPad ? "pad" : request_name(request(id)) + std::to_string(position(id));
   }
 };
 

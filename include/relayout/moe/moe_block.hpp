@@ -119,7 +119,7 @@ RowView<ExecSpace> ep_moe(Wire<C>& wire, const ExecSpace& exec, const model::Mod
                    std::span<int>(recv_expert.data(), recv_expert.size()), recv_counts);
   if (track) {
     dispatched->assign(std::size_t(received), 0);
-    wire.all_to_allv(GroupKind::moe_ep, std::span<const std::int64_t>(send_owner), send_counts,
+    wire.bookkeeping().all_to_allv(GroupKind::moe_ep, std::span<const std::int64_t>(send_owner), send_counts,
                        std::span<std::int64_t>(*dispatched), recv_counts);
   }
 

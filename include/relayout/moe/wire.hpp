@@ -17,15 +17,21 @@ using model::Op;
 template <class C>
 struct Wire {
   const ProcessGroupsOf<C>& groups;
-  model::TrafficLog& log;
+  model::TrafficLog* log;  // null: bookkeeping traffic (row owners), not counted
 
+  // The same collectives, uncounted: for the row-owner bookkeeping that travels beside the rows.
+  Wire bookkeeping() const { return {groups, nullptr}; }
+
+  void count(Op op, GroupKind g, std::int64_t n_bytes) {
+    if (log) log->add(op, g, n_bytes);
+  }
   int size(GroupKind g) const { return groups.comm(g).size(); }
   int rank(GroupKind g) const { return groups.comm(g).rank(); }
 
   template <class T>
   void all_reduce(GroupKind g, std::span<T> buf) {
     if (size(g) == 1) return;
-    log.add(Op::all_reduce, g, std::int64_t(buf.size_bytes()));
+    count(Op::all_reduce, g, std::int64_t(buf.size_bytes()));
     relayout::all_reduce_in_place(groups.comm(g), buf);
   }
   // A one-rank group's gather, scatter or exchange is a copy.
@@ -37,39 +43,39 @@ struct Wire {
   template <class T>
   void all_gather(GroupKind g, std::span<const T> send, std::span<T> recv, Op op = Op::all_gather) {
     if (size(g) == 1) return copy(send, recv);
-    log.add(op, g, std::int64_t(recv.size_bytes()));
+    count(op, g, std::int64_t(recv.size_bytes()));
     relayout::all_gather(groups.comm(g), send, recv);
   }
   // counts in elements, one per member of g.
   template <class T>
   void all_gatherv(GroupKind g, std::span<const T> send, std::span<T> recv, const std::vector<int>& counts) {
     if (size(g) == 1) return copy(send, recv);
-    log.add(Op::all_gatherv, g, std::int64_t(recv.size_bytes()));
+    count(Op::all_gatherv, g, std::int64_t(recv.size_bytes()));
     relayout::all_gatherv(groups.comm(g), send, recv, counts);
   }
   template <class T>
   void reduce_scatter(GroupKind g, std::span<const T> send, std::span<T> recv) {
     if (size(g) == 1) return copy(send, recv);
-    log.add(Op::reduce_scatter, g, std::int64_t(send.size_bytes()));
+    count(Op::reduce_scatter, g, std::int64_t(send.size_bytes()));
     relayout::reduce_scatter(groups.comm(g), send, recv);
   }
   template <class T>
   void reduce_scatterv(GroupKind g, std::span<const T> send, std::span<T> recv, const std::vector<int>& counts) {
     if (size(g) == 1) return copy(send, recv);
-    log.add(Op::reduce_scatterv, g, std::int64_t(send.size_bytes()));
+    count(Op::reduce_scatterv, g, std::int64_t(send.size_bytes()));
     relayout::reduce_scatterv(groups.comm(g), send, recv, counts);
   }
   template <class T>
   void all_to_all(GroupKind g, std::span<const T> send, std::span<T> recv) {
     if (size(g) == 1) return copy(send, recv);
-    log.add(Op::all_to_all, g, std::int64_t(send.size_bytes()));
+    count(Op::all_to_all, g, std::int64_t(send.size_bytes()));
     relayout::all_to_all(groups.comm(g), send, recv);
   }
   template <class T>
   void all_to_allv(GroupKind g, std::span<const T> send, const std::vector<int>& send_counts,
                    std::span<T> recv, const std::vector<int>& recv_counts) {
     if (size(g) == 1) return copy(send, recv);
-    log.add(Op::all_to_allv, g, std::int64_t(send.size_bytes()));
+    count(Op::all_to_allv, g, std::int64_t(send.size_bytes()));
     relayout::all_to_allv(groups.comm(g), send, send_counts, recv, recv_counts);
   }
 };

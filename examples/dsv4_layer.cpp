@@ -1,0 +1,282 @@
+// dsv4_layer: DeepSeek-V4-like decoder layers on real MPI ranks in any valid layout, taking the
+// layout steps of SPEC §5-§6, checked row by row against a single-rank reference (--check).
+// Run with mpiexec -n <tp>. The text output shows, for one attention-DP group, which rows each of
+// its ranks holds after every boundary of the first layer (the seeds' A B C D picture, real rows).
+#include <mpi.h>
+
+#include <nlohmann/json.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/layout_flags.hpp"
+#include "relayout/comm.hpp"
+#include "relayout/model.hpp"
+
+using namespace relayout;
+
+namespace {
+
+struct Options {
+  cli::LayoutFlags layout;
+  std::vector<int> requests{5, 3, 4, 2, 6, 1, 3};
+  std::vector<int> placement;
+  model::ModelDims dims;
+  std::string padding = "auto", restore = "reduce", inject = "none", format = "text";
+  bool check = false;
+  int show_group = -1;
+  double tolerance = 1e-4;
+};
+
+std::string labels(const std::vector<std::int64_t>& owners, std::size_t max = 12) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < owners.size(); ++i) {
+    if (owners.size() > max && i == max - 2) {
+      s += " ... (" + std::to_string(owners.size()) + " rows)";
+      break;
+    }
+    s += (i ? " " : "") + model::RowOwner::label(owners[i]);
+  }
+  return s + "]";
+}
+
+std::string kib(std::int64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f KiB", double(bytes) / 1024.0);
+  return b;
+}
+
+// Every rank's int64 payload on every rank (all_gatherv over the world).
+std::vector<std::vector<std::int64_t>> gather_all(const MpiCommunicator& world, const std::vector<std::int64_t>& mine) {
+  std::vector<std::int64_t> n{std::int64_t(mine.size())}, sizes(static_cast<std::size_t>(world.size()));
+  all_gather(world, n, sizes);
+  std::vector<int> counts;
+  std::int64_t total = 0;
+  for (std::int64_t s : sizes) {
+    counts.push_back(int(s));
+    total += s;
+  }
+  std::vector<std::int64_t> all(static_cast<std::size_t>(total));
+  all_gatherv(world, mine, all, counts);
+  std::vector<std::vector<std::int64_t>> out;
+  std::size_t at = 0;
+  for (int c : counts) {
+    out.emplace_back(all.begin() + std::ptrdiff_t(at), all.begin() + std::ptrdiff_t(at + std::size_t(c)));
+    at += std::size_t(c);
+  }
+  return out;
+}
+
+int run(const Options& o, const MpiCommunicator& world) {
+  const RuntimeLayout layout = const_cast<cli::LayoutFlags&>(o.layout).layout();
+  if (world.size() != layout.size())
+    throw LayoutError("--tp", "--tp " + std::to_string(layout.size()) + " needs exactly tp MPI ranks; this job has " +
+                                  std::to_string(world.size()) + " (run with mpiexec -n " +
+                                  std::to_string(layout.size()) + ")");
+  model::BridgeOptions opts;
+  if (o.padding != "auto") opts.padding = parse_padding(o.padding);
+  if (o.restore != "reduce" && o.restore != "scatter")
+    throw LayoutError("--restore", "--restore must be reduce or scatter, got '" + o.restore + "'");
+  opts.restore = o.restore == "scatter" ? model::Restore::scatter : model::Restore::reduce;
+  opts.inject = model::parse_inject(o.inject);
+  opts.record_boundaries = true;
+  const Widths& w = layout.widths();
+  const model::Workload work = model::Workload::make(o.requests, o.placement, w.attn_dp);
+  const ProcessGroups groups(layout, world);
+  model::DistributedModel<MpiCommunicator> net(groups, o.dims, opts);
+  const RankCoords me = groups.coords();
+  const bool root = world.rank() == 0;
+
+  std::string failure;
+  model::Rows<> out;
+  try {
+    out = net.forward(work);
+  } catch (const LayoutError& e) {
+    if (e.input() != "bridge") throw;
+    failure = e.what();  // every rank of the job takes the same broken path and stops here
+  }
+
+  // Verification against the single-rank reference, matched by row owner.
+  double err = 0.0;
+  std::int64_t rows = 0;
+  int owners_ok = failure.empty() ? 1 : 0;
+  if (o.check && failure.empty()) {
+    const auto ref = model::reference_forward(o.dims, work);
+    std::map<std::int64_t, int> row_of;
+    for (std::size_t i = 0; i < ref.owners.size(); ++i) row_of[ref.owners[i]] = int(i);
+    const auto expected = work.owners_of(me.attn_dp_rank);
+    owners_ok = out.owners == expected ? 1 : 0;
+    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.values);
+    for (std::size_t i = 0; i < expected.size() && owners_ok; ++i) {
+      for (int f = 0; f < o.dims.hidden; ++f)
+        err = std::max(err, std::abs(double(h(i, f)) - ref.rows(row_of.at(expected[i]), f)));
+      if (me.attn_tp_rank == 0) ++rows;
+    }
+    all_reduce_in_place(world, std::span<double>(&err, 1), ReduceOp::max);
+    all_reduce_in_place(world, std::span<std::int64_t>(&rows, 1));
+    all_reduce_in_place(world, std::span<int>(&owners_ok, 1), ReduceOp::min);
+  }
+  const bool passed = failure.empty() && owners_ok && err <= o.tolerance && (!o.check || rows == work.total_rows());
+
+  // Each rank's traffic and its first-layer boundaries, for rank 0 to print.
+  const auto& log = net.traffic();
+  std::vector<std::int64_t> traffic(log.calls.begin(), log.calls.end());
+  traffic.insert(traffic.end(), log.bytes.begin(), log.bytes.end());
+  const auto all_traffic = gather_all(world, traffic);
+  std::vector<std::int64_t> bounds;
+  std::vector<std::string> names;
+  for (const model::Boundary& b : net.boundaries()) {
+    if (b.layer != 0) continue;
+    names.push_back(b.name);
+    bounds.push_back(std::int64_t(b.owners.size()));
+    bounds.insert(bounds.end(), b.owners.begin(), b.owners.end());
+  }
+  const auto all_bounds = gather_all(world, bounds);
+  if (!root) return passed ? 0 : 1;
+
+  const BridgePath path = layout.bridge_path();
+  const std::string mode(to_string(net.padding()));
+  constexpr std::size_t K = model::TrafficLog::kOps * model::TrafficLog::kGroups;
+  if (o.format == "json") {
+    nlohmann::json j;
+    j["path"] = std::string(to_string(path));
+    j["padding"] = mode;
+    j["global_num_tokens"] = net.global_num_tokens();
+    j["check"] = o.check;
+    j["max_abs_err"] = err;
+    j["rows"] = rows;
+    j["passed"] = passed;
+    j["failure"] = failure.empty() ? nlohmann::json(nullptr) : nlohmann::json(failure);
+    j["inject"] = o.inject;
+    for (int r = 0; r < world.size(); ++r) {
+      const RankCoords k = layout.coords(r);
+      nlohmann::json rank{{"rank", r}, {"attn_dp_rank", k.attn_dp_rank}, {"attn_tp_rank", k.attn_tp_rank},
+                          {"moe_ep_rank", k.moe_ep_rank}, {"collectives", nlohmann::json::array()}};
+      const auto& t = all_traffic[std::size_t(r)];
+      for (std::size_t op = 0; op < model::TrafficLog::kOps; ++op)
+        for (std::size_t g = 0; g < model::TrafficLog::kGroups; ++g) {
+          const std::size_t s = op * model::TrafficLog::kGroups + g;
+          if (t[s] == 0) continue;
+          rank["collectives"].push_back({{"op", std::string(model::kOpNames[op])},
+                                         {"group", std::string(to_string(kAllGroupKinds[g]))},
+                                         {"calls", t[s]},
+                                         {"bytes", t[K + s]}});
+        }
+      j["ranks"].push_back(rank);
+    }
+    std::cout << j.dump(2) << "\n";
+    return passed ? 0 : 1;
+  }
+
+  std::ostringstream s;
+  const auto& d = o.dims;
+  s << "dsv4_layer: tp=" << w.tp << " attn dp x tp = " << w.attn_dp << " x " << w.attn_tp << ", moe dp x ep x tp = "
+    << w.moe_dp << " x " << w.moe_ep << " x " << w.moe_tp << ", backend " << to_string(layout.backend())
+    << " -> bridge " << to_string(path) << ", padding "
+    << (path == BridgePath::dp_gather ? mode : "unused (no DP gather on this path)") << "\n";
+  s << "model: hidden " << d.hidden << ", " << d.heads << " heads x " << d.head_dim << ", q_lora " << d.q_lora
+    << ", " << d.experts << " experts top-" << d.topk << " (inter " << d.moe_inter << "), shared expert inter "
+    << d.shared_inter << ", " << d.layers << " layers, seed " << d.seed << "\n";
+  s << "requests:";
+  for (int i = 0; i < work.requests(); ++i)
+    s << " " << model::RowOwner::request_name(i) << "(" << work.lengths[std::size_t(i)] << ")->g" << work.placement[std::size_t(i)];
+  s << "\nglobal_num_tokens: [";
+  for (std::size_t g = 0; g < net.global_num_tokens().size(); ++g)
+    s << (g ? " " : "") << net.global_num_tokens()[g];
+  s << "]" << (o.inject != "none" ? "   INJECTED BUG: " + o.inject : "") << "\n\n";
+
+  int group = o.show_group;
+  if (group < 0) {  // the first DP group with at least two rows
+    group = 0;
+    for (int g = 0; g < w.attn_dp; ++g)
+      if (net.global_num_tokens()[std::size_t(g)] >= 2) {
+        group = g;
+        break;
+      }
+  }
+  const std::vector<int> members = layout.groups(GroupKind::attn_tp).at(std::size_t(group));
+  s << "Rows held by the ranks of attention-DP group " << group << " after each boundary of layer 0:\n";
+  std::vector<std::size_t> at(members.size(), 0);
+  for (const std::string& name : names) {
+    char head[40];
+    std::snprintf(head, sizeof head, "  %-22s", name.c_str());
+    s << head;
+    for (std::size_t m = 0; m < members.size(); ++m) {
+      const auto& b = all_bounds[std::size_t(members[m])];
+      const std::size_t n = std::size_t(b[at[m]]);
+      const std::vector<std::int64_t> owners(b.begin() + std::ptrdiff_t(at[m] + 1), b.begin() + std::ptrdiff_t(at[m] + 1 + n));
+      at[m] += n + 1;
+      s << " r" << members[m] << " " << labels(owners, members.size() > 2 ? 6 : 12);
+    }
+    s << "\n";
+  }
+  s << "\nCollectives of rank 0 (all layers): ";
+  const auto& t0 = all_traffic[0];
+  bool any = false;
+  for (std::size_t op = 0; op < model::TrafficLog::kOps; ++op)
+    for (std::size_t g = 0; g < model::TrafficLog::kGroups; ++g) {
+      const std::size_t i = op * model::TrafficLog::kGroups + g;
+      if (t0[i] == 0) continue;
+      s << (any ? "; " : "") << model::kOpNames[op] << "@" << to_string(kAllGroupKinds[g]) << " x" << t0[i] << " "
+        << kib(t0[K + i]);
+      any = true;
+    }
+  s << "\n";
+  if (!failure.empty()) s << "\nFAILED: " << failure << "\n";
+  if (o.check && failure.empty()) {
+    char line[256];
+    std::snprintf(line, sizeof line, "\ncheck: %lld rows compared with the single-rank reference, max_abs_err %.3g (tolerance %.1g): %s\n",
+                  static_cast<long long>(rows), err, o.tolerance,
+                  passed ? "OK" : (owners_ok ? "MISMATCH" : "MISMATCH (rows held by the wrong ranks)"));
+    s << line;
+  }
+  std::cout << s.str();
+  return passed ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  Kokkos::initialize(argc, argv);
+  int rc = 0;
+  {
+    Options o;
+    CLI::App app{"dsv4_layer: DeepSeek-V4-like layers on MPI ranks, verified against a single-rank reference"};
+    o.layout.add_to(app);
+    app.add_option("--requests", o.requests, "prompt lengths, e.g. 5,3,4 (request i -> DP group i mod attn_dp)")->delimiter(',');
+    app.add_option("--placement", o.placement, "the DP group of each request, e.g. 0,0,2")->delimiter(',');
+    app.add_option("--hidden", o.dims.hidden, "hidden size");
+    app.add_option("--heads", o.dims.heads, "query heads (split over attn_tp)");
+    app.add_option("--head-dim", o.dims.head_dim, "head dimension (also the shared KV width)");
+    app.add_option("--q-lora", o.dims.q_lora, "wq_a output (query low-rank) dimension");
+    app.add_option("--experts", o.dims.experts, "routed experts (split over moe_ep)");
+    app.add_option("--topk", o.dims.topk, "experts per token");
+    app.add_option("--moe-inter", o.dims.moe_inter, "expert intermediate size (split over moe_tp)");
+    app.add_option("--shared-inter", o.dims.shared_inter, "shared expert intermediate size (0: none)");
+    app.add_option("--layers", o.dims.layers, "stacked decoder layers");
+    app.add_option("--window", o.dims.window, "sliding attention window (0: full causal)");
+    app.add_option("--seed", o.dims.seed, "seed of the counter-based weights and inputs");
+    app.add_option("--padding", o.padding, "auto (SPEC §6 rule), max_len or sum_len");
+    app.add_option("--restore", o.restore, "path A restore: reduce (reduce_scatterv sums) or scatter (MoE all-reduces, dp_scatter copies)");
+    app.add_flag("--check", o.check, "compare every row with the single-rank reference; exit 1 on mismatch");
+    app.add_option("--tolerance", o.tolerance, "max abs error accepted by --check");
+    app.add_option("--format", o.format, "text or json")->check(CLI::IsMember({"text", "json"}));
+    app.add_option("--show-group", o.show_group, "attention-DP group whose rows the text output follows");
+    app.add_option("--inject", o.inject, "wire a known bug on purpose: double_reduce, skip_reduce, gather_partial, no_split");
+    std::ostringstream quiet;
+    const bool root = MpiCommunicator::world().rank() == 0;
+    rc = cli::run_main(app, argc, argv, root ? std::cout : quiet, root ? std::cerr : quiet,
+                       [&] { return run(o, MpiCommunicator::world()); });
+  }
+  Kokkos::finalize();
+  MPI_Finalize();
+  return rc;
+}
