@@ -40,9 +40,12 @@ test: build
 test-large: build
 	cd $(BUILD) && ctest --output-on-failure -L large
 
+# The main job: the distributed layer on 8 MPI ranks, path B (DeepEP) and path A (DP gather), each
+# verified row by row against the single-rank reference.
 demo: build
-	$(BIN)/relayout explain --tp 32 --dp 16 --enable-dp-attention --moe-a2a-backend deepep --rank 10
-	$(BIN)/relayout explain --tp 8 --dp 4 --enable-dp-attention --moe-a2a-backend deepep
+	$(MPIEXEC) -n 8 $(BIN)/dsv4_layer --tp 8 --dp 4 --enable-dp-attention --moe-a2a-backend deepep --check
+	@echo
+	$(MPIEXEC) -n 8 $(BIN)/dsv4_layer --tp 8 --dp 4 --enable-dp-attention --check
 
 bench: build
 	BIN=$(BIN) MPIEXEC=$(MPIEXEC) bench/run.sh
