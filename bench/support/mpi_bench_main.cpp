@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
     benchmark::RunSpecifiedBenchmarks();
   } else {
     SilentReporter silent;
-    benchmark::RunSpecifiedBenchmarks(&silent, &silent);
+    benchmark::RunSpecifiedBenchmarks(&silent);
   }
   benchmark::Shutdown();
   Kokkos::finalize();
