@@ -14,7 +14,7 @@ void all_gather(const C& comm, const S& send, R&& recv) {
   const auto out = impl::write_span(recv, "recv");
   const auto n = static_cast<std::size_t>(comm.size());
   impl::require_size(out.size(), in.size() * n, "recv",
-                     "all_gather: recv.size() == send.size() * group size " + std::to_string(n));
+                     "all_gather: recv.size() == send.size() * group size");
   impl::require_fits_int(in.size(), "send");
   impl::require_disjoint(in, out, "all_gather");
   comm.all_gather(in, out);

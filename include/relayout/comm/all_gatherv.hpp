@@ -15,7 +15,7 @@ void all_gatherv(const C& comm, const S& send, R&& recv, const K& counts) {
   const auto c = impl::checked_counts(counts, comm.size(), "counts");
   const auto me = static_cast<std::size_t>(comm.rank());
   impl::require_size(in.size(), static_cast<std::size_t>(c.counts[me]), "send",
-                     "all_gatherv: send.size() == counts[rank " + std::to_string(me) + "]");
+                     "all_gatherv: send.size() == counts[rank]");
   impl::require_size(out.size(), c.total, "recv", "all_gatherv: recv.size() == sum(counts)");
   impl::require_disjoint(in, out, "all_gatherv");
   comm.all_gatherv(in, out, c.counts.span(), c.displs.span());

@@ -15,7 +15,7 @@ void reduce_scatter(const C& comm, const S& send, R&& recv, ReduceOp op = Reduce
   const auto out = impl::write_span(recv, "recv");
   const auto n = static_cast<std::size_t>(comm.size());
   impl::require_size(in.size(), out.size() * n, "send",
-                     "reduce_scatter: send.size() == recv.size() * group size " + std::to_string(n));
+                     "reduce_scatter: send.size() == recv.size() * group size");
   impl::require_fits_int(out.size(), "recv");
   impl::require_disjoint(in, out, "reduce_scatter");
   comm.reduce_scatter(in, out, op);

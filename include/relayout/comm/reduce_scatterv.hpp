@@ -18,7 +18,7 @@ void reduce_scatterv(const C& comm, const S& send, R&& recv, const K& counts,
   const auto me = static_cast<std::size_t>(comm.rank());
   impl::require_size(in.size(), c.total, "send", "reduce_scatterv: send.size() == sum(counts)");
   impl::require_size(out.size(), static_cast<std::size_t>(c.counts[me]), "recv",
-                     "reduce_scatterv: recv.size() == counts[rank " + std::to_string(me) + "]");
+                     "reduce_scatterv: recv.size() == counts[rank]");
   impl::require_disjoint(in, out, "reduce_scatterv");
   comm.reduce_scatterv(in, out, c.counts.span(), op);
 }
