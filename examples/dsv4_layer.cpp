@@ -19,6 +19,7 @@
 #include "cli/layout_flags.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/model.hpp"
+#include "relayout/trace.hpp"
 
 using namespace relayout;
 
@@ -30,6 +31,7 @@ struct Options {
   std::vector<int> placement;
   model::ModelDims dims;
   std::string padding = "auto", restore = "reduce", inject = "none", format = "text";
+  std::string trace;  // directory for the per-rank row-ownership trace (empty: no trace)
   bool check = false;
   int show_group = -1;
   double tolerance = 1e-4;
@@ -90,7 +92,10 @@ int run(const Options& o, const MpiCommunicator& world) {
   const Widths& w = layout.widths();
   const model::Workload work = model::Workload::make(o.requests, o.placement, w.attn_dp);
   const ProcessGroups groups(layout, world);
-  model::DistributedModel<MpiCommunicator> net(groups, o.dims, opts);
+  model::DistributedModel<MpiCommunicator, Kokkos::DefaultExecutionSpace, trace::JsonlSink> net(groups, o.dims, opts);
+  trace::JsonlSink sink;  // stays closed (inactive) without --trace
+  if (!o.trace.empty()) sink.open(o.trace, world.rank(), world.size(), "dsv4_layer");
+  net.trace_to(sink);
   const RankCoords me = groups.coords();
   const bool root = world.rank() == 0;
 
@@ -102,6 +107,7 @@ int run(const Options& o, const MpiCommunicator& world) {
     if (e.input() != "bridge") throw;
     failure = e.what();  // every rank of the job takes the same broken path and stops here
   }
+  sink.close();  // the trace is complete
 
   // Verification against the single-rank reference, matched by row owner.
   double err = 0.0;
@@ -270,6 +276,7 @@ int main(int argc, char** argv) {
     app.add_option("--tolerance", o.tolerance, "max abs error accepted by --check");
     app.add_option("--format", o.format, "text or json")->check(CLI::IsMember({"text", "json"}));
     app.add_option("--show-group", o.show_group, "attention-DP group whose rows the text output follows");
+    app.add_option("--trace", o.trace, "write a row-ownership trace, DIR/rank<R>.jsonl per rank (compare with `relayout trace diff`)");
     app.add_option("--inject", o.inject, "wire a known bug on purpose: double_reduce, skip_reduce, gather_partial, no_split");
     std::ostringstream quiet;
     const bool root = MpiCommunicator::world().rank() == 0;

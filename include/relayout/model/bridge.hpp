@@ -2,7 +2,9 @@
 // from the layout engine, and who sums the expert/TP partials is decided once per layer
 // (SumDecision) and read by both the MoE and the restore step. Rows enter Replicated over attn_tp
 // (DP-local) and leave the same way; with owners tracked, every row that enters leaves exactly
-// once, or the bridge throws (row conservation).
+// once, or the bridge throws (row conservation). Every boundary is recorded once, through
+// BoundaryRecorder: the owners list (BridgeOptions::record_boundaries) and, for a trace sink, the
+// full trace record with value checksums (relayout/trace).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -18,6 +20,7 @@
 #include "relayout/model/traffic.hpp"
 #include "relayout/model/workload.hpp"
 #include "relayout/moe/moe_block.hpp"
+#include "relayout/trace/record.hpp"
 
 namespace relayout::model {
 
@@ -90,6 +93,108 @@ inline void check_inject(Inject inject, BridgePath path, const Widths& w) {
   }
 }
 
+// What one boundary is, beside its owners: the meaning of the values (trace::Record::state), how
+// their holders relate, how many times each row must appear over all ranks, and the group of the
+// collective that produced it (none for a local step).
+struct BoundaryPoint {
+  const char* name = "";
+  const char* state = "";
+  trace::Sharing sharing = trace::Sharing::replicated;
+  int copies = 1;
+  std::optional<GroupKind> group;
+  bool owners_list = true;  // also kept in the owners-only Boundary list (the example's picture)
+};
+
+// The one place a boundary is recorded. With a sink whose `enabled` is false (trace::NullSink) the
+// trace branch is compiled out, checksums included.
+template <class C, class ExecSpace, class Sink = trace::NullSink>
+  requires trace::TraceSink<Sink>
+class BoundaryRecorder {
+ public:
+  BoundaryRecorder(const ProcessGroupsOf<C>& groups, const BridgeOptions& opts, std::vector<Boundary>* boundaries,
+                   Sink* sink, const std::vector<std::int64_t>* counts)
+      : groups_(groups), opts_(opts), boundaries_(boundaries), sink_(sink), counts_(counts) {}
+
+  void attach(Sink* sink) { sink_ = sink; }
+  bool tracing() const {
+    if constexpr (Sink::enabled) return sink_ != nullptr && sink_->active();
+    return false;
+  }
+
+  // Rows [first, first + owners.size()) of `values` are the rows of `owners` (pads included).
+  template <class V>
+  void operator()(int layer, const BoundaryPoint& p, const std::vector<std::int64_t>& owners, const V& values,
+                  std::int64_t first = 0) const {
+    if (p.owners_list && boundaries_ && opts_.record_boundaries) boundaries_->push_back({layer, p.name, owners});
+    if constexpr (Sink::enabled) {
+      if (!tracing()) return;
+      trace::Record r = base(layer, p);
+      r.row_count = std::int64_t(owners.size());
+      const int H = r.hidden = int(values.extent(1));
+      const std::size_t have = values.extent(0);  // 0 for owners_only
+      typename V::host_mirror_type h;
+      if (have > 0) h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), values);
+      for (std::size_t i = 0; i < owners.size(); ++i) {
+        if (owners[i] == RowOwner::kPad) {
+          ++r.pad_rows;
+          continue;
+        }
+        trace::Row row{RowOwner::request(owners[i]), RowOwner::position(owners[i]), step, false, {}};
+        if (have > std::size_t(first) + i) {
+          row.has_sum = true;
+          row.sum = trace::row_sum(&h(first + std::int64_t(i), 0), H);
+        }
+        r.rows.push_back(row);
+      }
+      sink_->write(r);
+    }
+  }
+  // A boundary whose values this rank cannot see (the rows dispatched to its experts).
+  void owners_only(int layer, const BoundaryPoint& p, const std::vector<std::int64_t>& owners) const {
+    (*this)(layer, p, owners, typename Rows<ExecSpace>::View());
+  }
+  // A checked invariant failed at this boundary: the trace shows it before the error is thrown.
+  void fail(int layer, const BoundaryPoint& p, const std::string& error) const {
+    if constexpr (Sink::enabled) {
+      if (!tracing()) return;
+      trace::Record r = base(layer, p);
+      r.error = error;
+      sink_->write(r);
+    }
+  }
+
+  int step = 0;  // speculative step of the rows recorded now
+  std::vector<std::int64_t> scaled_counts;  // global_num_tokens as scaled by the caller, if any
+
+ private:
+  trace::Record base(int layer, const BoundaryPoint& p) const {
+    const RankCoords k = groups_.coords();
+    trace::Record r;
+    r.layer = layer;
+    r.boundary = p.name;
+    r.state = p.state;
+    r.sharing = p.sharing;
+    r.copies = p.copies;
+    r.global_rank = groups_.rank();
+    r.attn_dp_rank = k.attn_dp_rank;
+    r.attn_tp_rank = k.attn_tp_rank;
+    r.moe_ep_rank = k.moe_ep_rank;
+    if (p.group) {
+      r.group = std::string(to_string(*p.group));
+      r.handle = groups_.handle_id(*p.group);
+    }
+    if (counts_) r.global_num_tokens = *counts_;
+    r.scaled_global_num_tokens = scaled_counts;
+    return r;
+  }
+
+  const ProcessGroupsOf<C>& groups_;
+  BridgeOptions opts_;
+  std::vector<Boundary>* boundaries_;
+  Sink* sink_;
+  const std::vector<std::int64_t>* counts_;
+};
+
 // tensor_split semantics: n rows over k parts, earlier parts one row larger.
 inline std::pair<std::int64_t, std::int64_t> split_range(std::int64_t n, int k, int i) {
   const std::int64_t q = n / k, r = n % k;
@@ -97,19 +202,21 @@ inline std::pair<std::int64_t, std::int64_t> split_range(std::int64_t n, int k, 
   return {begin, begin + q + (i < r ? 1 : 0)};
 }
 
-template <class C, class ExecSpace>
+template <class C, class ExecSpace, class Sink = trace::NullSink>
 class Bridge {
  public:
   using View = typename Rows<ExecSpace>::View;
+  using Recorder = BoundaryRecorder<C, ExecSpace, Sink>;
 
   Bridge(const ProcessGroupsOf<C>& groups, moe::Wire<C>& wire, const ModelDims& dims,
-         const BridgeOptions& opts, ExecSpace exec, std::vector<Boundary>* boundaries)
-      : groups_(groups), wire_(wire), dims_(dims), opts_(opts), exec_(exec), boundaries_(boundaries) {}
+         const BridgeOptions& opts, ExecSpace exec, const Recorder& record)
+      : groups_(groups), wire_(wire), dims_(dims), opts_(opts), exec_(exec), record_(record) {}
 
   // counts: raw token rows of every attention-DP group this step; mode: the padding mode all ranks picked.
   Rows<ExecSpace> run(int layer, const LayerShard<ExecSpace>& w, const Rows<ExecSpace>& in,
                       const std::vector<std::int64_t>& counts, PaddingMode mode) {
     layer_ = layer;
+    record({"bridge input", "moe_in", trace::Sharing::replicated, attn_group(), {}, false}, in.owners, in.values);
     Rows<ExecSpace> out;
     switch (groups_.layout().bridge_path()) {
       case BridgePath::dp_gather: out = dp_gather(w, in, counts, mode); break;
@@ -117,7 +224,14 @@ class Bridge {
       case BridgePath::a2a_split:
       case BridgePath::direct: out = a2a(w, in); break;
     }
-    if (opts_.track_owners) check_conservation(in.owners, out.owners);
+    // Row conservation. A broken invariant can be local (an idle rank sees nothing wrong), so the
+    // ranks agree before anyone throws: every rank throws together, none waits in a collective.
+    if (opts_.track_owners || opts_.inject != Inject::none) {
+      const bool ok = out.count() == in.count() && (!opts_.track_owners || in.owners == out.owners);
+      int first_bad = ok ? groups_.layout().size() : groups_.rank();
+      wire_.bookkeeping().all_reduce(GroupKind::tp, std::span<int>(&first_bad, 1), ReduceOp::min);
+      if (first_bad < groups_.layout().size()) throw conservation_error(in, out, first_bad);
+    }
     return out;
   }
 
@@ -126,9 +240,13 @@ class Bridge {
   static std::span<T> span(const Kokkos::View<T**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& v) {
     return {v.data(), v.size()};
   }
-  void record(const char* name, std::vector<std::int64_t> owners) {
-    if (boundaries_ && opts_.record_boundaries) boundaries_->push_back({layer_, name, std::move(owners)});
+  template <class V>
+  void record(const BoundaryPoint& p, const std::vector<std::int64_t>& owners, const V& values, std::int64_t first = 0) {
+    record_(layer_, p, owners, values, first);
   }
+  // Ranks of one attention-DP group: each holds every row of its group (attn_cp = 1).
+  int attn_group() const { return groups_.layout().widths().tp / groups_.layout().widths().attn_dp; }
+  int moe_holders() const { return groups_.layout().widths().tp / groups_.layout().widths().moe_dp; }
   static std::vector<std::int64_t> slice(const std::vector<std::int64_t>& v, std::int64_t b, std::int64_t e) {
     if (v.empty()) return {};
     return {v.begin() + b, v.begin() + e};
@@ -196,14 +314,14 @@ class Bridge {
       else
         books.all_gather(GroupKind::tp, send, std::span<std::int64_t>(global_owners));
     }
-    record("dp_gather", global_owners);
+    record({"dp_gather", "moe_in", trace::Sharing::replicated, wd.tp, GroupKind::tp}, global_owners, global);
 
     // MoE on the global rows: this rank's moe_dp slice, its experts and intermediate shard.
     const auto [b, e] = split_range(G, wd.moe_dp, k.moe_dp_rank);
     View partial("relayout::moe_partial", std::size_t(G), std::size_t(H));
     moe::moe_partial(exec_, dims_, w, global, b, e, partial);
     exec_.fence();
-    record("experts", slice(global_owners, b, e));
+    record({"experts", "moe_partial", trace::Sharing::partial, moe_holders(), {}}, slice(global_owners, b, e), partial, b);
     const SumDecision sum = decide_sum(BridgePath::dp_gather, opts_);
     for (int i = 0; i < sum.moe_all_reduces; ++i) wire_.all_reduce(GroupKind::tp, span(partial));
 
@@ -215,15 +333,18 @@ class Bridge {
         wire_.reduce_scatterv(GroupKind::tp, std::span<const float>(span(partial)), span(part), counts_h);
       else
         wire_.reduce_scatter(GroupKind::tp, std::span<const float>(span(partial)), span(part));
-      record(mode == PaddingMode::sum_len ? "reduce_scatterv" : "dp_reduce_scatter",
-             slice(global_owners, at + t * share, at + (t + 1) * share));
+      record({mode == PaddingMode::sum_len ? "reduce_scatterv" : "dp_reduce_scatter", "moe_out",
+              trace::Sharing::replicated, 1, GroupKind::tp},
+             slice(global_owners, at + t * share, at + (t + 1) * share), part);
       View full("relayout::restored", std::size_t(mine), std::size_t(H));
       wire_.all_gather(GroupKind::attn_tp, std::span<const float>(span(part)), span(full));
       out.values = copy_rows(full, 0, n, n);
-      record("all_gather", slice(global_owners, at, at + n));
+      record({"all_gather", "moe_out", trace::Sharing::replicated, attn_group(), GroupKind::attn_tp},
+             slice(global_owners, at, at + n), out.values);
     } else {
       out.values = copy_rows(partial, at, at + n, n);
-      record("dp_scatter", slice(global_owners, at, at + n));
+      record({"dp_scatter", "moe_out", trace::Sharing::replicated, attn_group(), {}}, slice(global_owners, at, at + n),
+             out.values);
     }
     out.owners = slice(global_owners, at, at + n);
     return out;
@@ -237,10 +358,10 @@ class Bridge {
     View partial("relayout::moe_partial", std::size_t(n), std::size_t(dims_.hidden));
     moe::moe_partial(exec_, dims_, w, in.values, b, e, partial);
     exec_.fence();
-    record("experts", slice(in.owners, b, e));
+    record({"experts", "moe_partial", trace::Sharing::partial, moe_holders(), {}}, slice(in.owners, b, e), partial, b);
     const SumDecision sum = decide_sum(BridgePath::tp_moe, opts_);
     for (int i = 0; i < sum.moe_all_reduces; ++i) wire_.all_reduce(GroupKind::tp, span(partial));
-    record("all_reduce", in.owners);
+    record({"all_reduce", "moe_out", trace::Sharing::replicated, wd.tp, GroupKind::tp}, in.owners, partial);
     return {partial, in.owners};
   }
 
@@ -258,13 +379,14 @@ class Bridge {
     const auto [b, e] = no_split ? std::pair<std::int64_t, std::int64_t>{0, n} : split_range(n, T, t);
     const View x = copy_rows(in.values, b, e, e - b);
     const std::vector<std::int64_t> x_owners = slice(in.owners, b, e);
-    record("split_rows", x_owners);
+    record({"split_rows", "moe_in", trace::Sharing::replicated, 1, {}}, x_owners, x);
 
     std::vector<std::int64_t> dispatched;
     const View y = moe::ep_moe(wire_, exec_, dims_, w, x, x_owners, opts_.track_owners ? &dispatched : nullptr);
     exec_.fence();
-    record("dispatch+experts", dispatched);
-    record("combine", x_owners);
+    record_.owners_only(layer_, {"dispatch+experts", "dispatched", trace::Sharing::replicated, dims_.topk, GroupKind::moe_ep},
+                        dispatched);
+    record({"combine", "moe_out", trace::Sharing::replicated, 1, GroupKind::moe_ep}, x_owners, y);
 
     std::int64_t total = 0;
     std::vector<int> counts_h(chunk);
@@ -280,7 +402,7 @@ class Bridge {
       wire_.bookkeeping().all_gatherv(GroupKind::attn_tp, std::span<const std::int64_t>(x_owners),
                         std::span<std::int64_t>(out.owners), chunk);
     }
-    record("all_gather", out.owners);
+    record({"all_gather", "moe_out", trace::Sharing::replicated, attn_group(), GroupKind::attn_tp}, out.owners, out.values);
     return out;
   }
 
@@ -288,12 +410,14 @@ class Bridge {
     if (in == out) return;
     std::size_t i = 0;
     while (i < in.size() && i < out.size() && in[i] == out[i]) ++i;
-    throw LayoutError(
-        "bridge", "row conservation broken in layer " + std::to_string(layer_) + " on rank " +
+    const std::string what =
+        "row conservation broken in layer " + std::to_string(layer_) + " on rank " +
                       std::to_string(groups_.rank()) + ": " + std::to_string(in.size()) +
                       " rows entered the bridge and " + std::to_string(out.size()) + " left; first difference at row " +
                       std::to_string(i) + ": expected " + (i < in.size() ? RowOwner::label(in[i]) : "none") +
-                      ", found " + (i < out.size() ? RowOwner::label(out[i]) : "none"));
+                      ", found " + (i < out.size() ? RowOwner::label(out[i]) : "none");
+    record_.fail(layer_, {"row conservation", "moe_out", trace::Sharing::replicated, attn_group(), {}, false}, what);
+    throw LayoutError("bridge", what);
   }
 
   const ProcessGroupsOf<C>& groups_;
@@ -301,7 +425,7 @@ class Bridge {
   ModelDims dims_;
   BridgeOptions opts_;
   ExecSpace exec_;
-  std::vector<Boundary>* boundaries_;
+  const Recorder& record_;
   int layer_ = 0;
 };
 

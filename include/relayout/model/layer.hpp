@@ -1,6 +1,8 @@
 // The distributed DeepSeek-V4-like decoder layers on the ranks of one TP domain: attention with
 // query heads split over attn_tp (wq_b column-parallel, shared KV replicated, wo_b row-parallel and
 // completed by the attention-TP all-reduce), then the bridge (bridge.hpp) into the MoE and back.
+// A trace sink (relayout/trace; none by default) receives a record after every boundary, including
+// the attention all-reduce and each layer's output.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -20,10 +22,12 @@
 
 namespace relayout::model {
 
-template <class C, class ExecSpace = Kokkos::DefaultExecutionSpace>
+template <class C, class ExecSpace = Kokkos::DefaultExecutionSpace, class Sink = trace::NullSink>
+  requires trace::TraceSink<Sink>
 class DistributedModel {
  public:
   using View = typename Rows<ExecSpace>::View;
+  using Recorder = BoundaryRecorder<C, ExecSpace, Sink>;
 
   DistributedModel(const ProcessGroupsOf<C>& groups, const ModelDims& dims, const BridgeOptions& opts = {},
                    ExecSpace exec = ExecSpace())
@@ -57,6 +61,19 @@ class DistributedModel {
     return s;
   }
 
+  // Send a trace record to `sink` after every boundary of the next forward passes. The trace names
+  // rows by owner, so owners must be tracked.
+  void trace_to(Sink& sink) {
+    if (!opts_.track_owners)
+      throw LayoutError("trace", "tracing needs BridgeOptions::track_owners: the trace names every row by its owner");
+    recorder_.attach(&sink);
+  }
+  // Speculative step and scaled global_num_tokens stamped on the records of the next forward.
+  void trace_step(int step, std::vector<std::int64_t> scaled_counts = {}) {
+    recorder_.step = step;
+    recorder_.scaled_counts = std::move(scaled_counts);
+  }
+
   // Every layer on this rank's attention-DP group's requests. Collective over the domain: every
   // rank calls it, a rank whose group has no request with zero rows (an IDLE forward).
   Rows<ExecSpace> forward(const Workload& work) {
@@ -69,7 +86,7 @@ class DistributedModel {
     gather_counts(std::int64_t(work.owners_of(k.attn_dp_rank).size()));
     Kokkos::View<int*, typename ExecSpace::memory_space> cu_view("relayout::cu_seqlens", cu.size());
     Kokkos::deep_copy(cu_view, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(cu.data(), cu.size()));
-    Bridge<C, ExecSpace> bridge(groups_, wire_, dims_, opts_, exec_, &boundaries_);
+    Bridge<C, ExecSpace, Sink> bridge(groups_, wire_, dims_, opts_, exec_, recorder_);
     for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, bridge, x, cu_view);
     return x;
   }
@@ -117,7 +134,7 @@ class DistributedModel {
   }
 
   template <class Cu>
-  Rows<ExecSpace> layer_forward(int layer, Bridge<C, ExecSpace>& bridge, const Rows<ExecSpace>& x, const Cu& cu) {
+  Rows<ExecSpace> layer_forward(int layer, Bridge<C, ExecSpace, Sink>& bridge, const Rows<ExecSpace>& x, const Cu& cu) {
     const LayerShard<ExecSpace>& w = shards_[std::size_t(layer)];
     const std::size_t n = x.values.extent(0), H = std::size_t(dims_.hidden), Q = std::size_t(dims_.q_lora),
                       D = std::size_t(dims_.head_dim), HD = std::size_t(w.spec.heads) * D;
@@ -137,7 +154,9 @@ class DistributedModel {
     kernels::linear(exec_, o, w.wo_b, a);  // Partial over attn_tp
     exec_.fence();
     wire_.all_reduce(GroupKind::attn_tp, std::span<float>(a.data(), a.size()));  // now Replicated
-    if (opts_.record_boundaries) boundaries_.push_back({layer, "attention all_reduce", x.owners});
+    const int group_ranks = groups_.layout().widths().tp / groups_.layout().widths().attn_dp;
+    recorder_(layer, {"attention all_reduce", "attn_out", trace::Sharing::replicated, group_ranks, GroupKind::attn_tp},
+              x.owners, a);
 
     View residual("relayout::residual", n, H);
     Kokkos::deep_copy(exec_, residual, x.values);
@@ -153,6 +172,7 @@ class DistributedModel {
         "relayout::residual_add", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(n * H)),
         KOKKOS_LAMBDA(const std::int64_t i) { residual.data()[i] += yv.data()[i]; });
     exec_.fence();
+    recorder_(layer, {"layer output", "layer_out", trace::Sharing::replicated, group_ranks, {}, false}, y.owners, residual);
     return {residual, y.owners};
   }
 
@@ -165,6 +185,7 @@ class DistributedModel {
   moe::Wire<C> wire_{groups_, &traffic_};
   std::vector<Boundary> boundaries_;
   std::vector<std::int64_t> counts_;
+  Recorder recorder_{groups_, opts_, &boundaries_, nullptr, &counts_};
   PaddingMode mode_ = PaddingMode::sum_len;
 };
 

@@ -1,0 +1,7 @@
+// Row-ownership tracing (SPEC §8): records of who holds which row after every layout boundary, with
+// value checksums, sent to a sink (none by default; JSON Lines per rank), and compared across
+// layouts by `relayout trace diff`.
+#pragma once
+
+#include "relayout/trace/jsonl.hpp"
+#include "relayout/trace/record.hpp"

@@ -1,0 +1,129 @@
+// JsonlSink: one JSON Lines file per rank (DIR/rank<R>.jsonl) of trace records, written without a
+// JSON library so the core stays dependency-free. Format (read back by `relayout trace diff`):
+//   line 1: {"relayout_trace":1,"rank":R,"world_size":N,"program":"..."}
+//   then one record per line (fields of trace::Record; "rows": [[request,position,step,sum,wsum,l2],...],
+//   checksum entries null where not recorded or not finite),
+//   last line: {"end":true,"records":K} — a file without it was cut short.
+#pragma once
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include "relayout/trace/record.hpp"
+
+namespace relayout::trace {
+
+inline std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char b[8];
+          std::snprintf(b, sizeof b, "\\u%04x", c);
+          out += b;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// Shortest text that reads back to the same double; JSON has no NaN/inf, so those become null.
+inline std::string json_number(double x) {
+  if (!std::isfinite(x)) return "null";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.17g", x);
+  return b;
+}
+
+template <class T>
+std::string json_array(const std::vector<T>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+inline std::string to_jsonl(const Record& r) {
+  std::string s = "{\"layer\":" + std::to_string(r.layer) + ",\"boundary\":" + json_string(r.boundary) +
+                  ",\"state\":" + json_string(r.state) + ",\"sharing\":\"" + to_string(r.sharing) +
+                  "\",\"copies\":" + std::to_string(r.copies) + ",\"global_rank\":" + std::to_string(r.global_rank) +
+                  ",\"attn_dp_rank\":" + std::to_string(r.attn_dp_rank) + ",\"attn_tp_rank\":" +
+                  std::to_string(r.attn_tp_rank) + ",\"moe_ep_rank\":" + std::to_string(r.moe_ep_rank) +
+                  ",\"group\":" + (r.group.empty() ? "null" : json_string(r.group)) +
+                  ",\"handle\":" + (r.handle < 0 ? "null" : std::to_string(r.handle)) +
+                  ",\"row_count\":" + std::to_string(r.row_count) + ",\"pad_rows\":" + std::to_string(r.pad_rows) +
+                  ",\"hidden\":" + std::to_string(r.hidden) + ",\"global_num_tokens\":" + json_array(r.global_num_tokens);
+  if (!r.scaled_global_num_tokens.empty())
+    s += ",\"scaled_global_num_tokens\":" + json_array(r.scaled_global_num_tokens);
+  if (!r.error.empty()) s += ",\"error\":" + json_string(r.error);
+  s += ",\"rows\":[";
+  for (std::size_t i = 0; i < r.rows.size(); ++i) {
+    const Row& w = r.rows[i];
+    s += (i ? ",[" : "[") + std::to_string(w.request) + "," + std::to_string(w.position) + "," + std::to_string(w.step);
+    if (w.has_sum)
+      s += "," + json_number(w.sum.sum) + "," + json_number(w.sum.wsum) + "," + json_number(w.sum.l2) + "]";
+    else
+      s += ",null,null,null]";
+  }
+  return s + "]}";
+}
+
+inline std::string trace_file(const std::string& dir, int rank) {
+  return (std::filesystem::path(dir) / ("rank" + std::to_string(rank) + ".jsonl")).string();
+}
+
+class JsonlSink {
+ public:
+  static constexpr bool enabled = true;
+
+  JsonlSink() = default;
+  JsonlSink(const std::string& dir, int rank, int world_size, const std::string& program = "") {
+    open(dir, rank, world_size, program);
+  }
+  JsonlSink(const JsonlSink&) = delete;
+  JsonlSink& operator=(const JsonlSink&) = delete;
+  ~JsonlSink() { close(); }
+
+  // Creates DIR if needed and truncates this rank's file.
+  void open(const std::string& dir, int rank, int world_size, const std::string& program = "") {
+    close();
+    std::filesystem::create_directories(dir);
+    path_ = trace_file(dir, rank);
+    out_.open(path_, std::ios::out | std::ios::trunc);
+    if (!out_) throw std::runtime_error("trace: cannot write " + path_);
+    out_ << "{\"relayout_trace\":1,\"rank\":" << rank << ",\"world_size\":" << world_size
+         << ",\"program\":" << json_string(program) << "}\n";
+    records_ = 0;
+  }
+  bool active() const { return out_.is_open(); }
+  void write(const Record& r) {
+    if (!active()) return;
+    out_ << to_jsonl(r) << "\n";
+    ++records_;
+  }
+  // Writes the end line; only a closed file is complete.
+  void close() {
+    if (!active()) return;
+    out_ << "{\"end\":true,\"records\":" << records_ << "}\n";
+    out_.close();
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::ofstream out_;
+  std::string path_;
+  std::int64_t records_ = 0;
+};
+
+static_assert(TraceSink<JsonlSink>);
+
+}  // namespace relayout::trace

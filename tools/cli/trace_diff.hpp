@@ -1,0 +1,403 @@
+// `relayout trace diff BASELINE CANDIDATE`: reads two row-ownership traces (directories of
+// rank<R>.jsonl, written by trace::JsonlSink) and reports the first boundary where the candidate
+// layout's rows diverge from the trusted baseline's (SPEC §8). Exit 0 agree, 1 diverge, 2 unreadable.
+//
+// Matching rule. Rows are matched by owner (request, position, speculative step), never by rank or
+// index, because the two runs may use different layouts (1 rank vs TP8/DP4). Boundaries are visited
+// layer by layer in the candidate's execution order. A candidate boundary is compared with the
+// baseline boundary of the same layer and the same name when the baseline has one whose values mean
+// the same (same `state`); otherwise with the baseline's last boundary of that layer in the same
+// state (attn_out, moe_in, moe_partial, moe_out, layer_out): e.g. a dp_gather candidate's
+// "reduce_scatterv" (moe_out) is compared with a single-rank baseline's "all_reduce" (moe_out), its
+// "dp_gather" (moe_in) with the baseline's "bridge input". A boundary with no such counterpart
+// (e.g. "dispatch+experts") still gets the row-conservation check. At each candidate boundary:
+//   1. count: every row of the layer must appear exactly `copies` times over all ranks (the layout's
+//      own expectation, recorded by the library: 1 after split_rows, attn group size when replicated...),
+//      and no row the baseline does not know may appear;
+//   2. values: replicated rows — every holder's checksum must agree with the baseline row's;
+//      partial rows (experts) — the holders' sum/wsum add up to the baseline row's (l2 is not compared);
+//      tolerance: trace::checksums_agree (--rtol, --atol);
+//   3. a checked invariant that failed there (record with "error", e.g. row conservation).
+// The first boundary with a problem is reported with its first row in (request, position, step)
+// order. The baseline's attention all_reduce and layer output (attn_out, layer_out) must exist in the
+// candidate, so a candidate that stops early diverges. An injected bug therefore shows at the first
+// boundary whose rows it changes, which is the boundary where it is wired.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "relayout/model/workload.hpp"
+#include "relayout/trace/record.hpp"
+
+namespace relayout::cli {
+
+// Unreadable trace input (exit code 2): the message names the file and line.
+struct TraceInputError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct RankTrace {
+  int rank = 0;
+  std::string file;
+  std::vector<trace::Record> records;
+};
+
+struct TraceRun {
+  std::string dir;
+  int world_size = 0;
+  std::string program;
+  std::vector<RankTrace> ranks;
+};
+
+inline trace::Record record_from_json(const nlohmann::json& j) {
+  trace::Record r;
+  r.layer = j.at("layer").get<int>();
+  r.boundary = j.at("boundary").get<std::string>();
+  r.state = j.at("state").get<std::string>();
+  r.sharing = j.at("sharing").get<std::string>() == "partial" ? trace::Sharing::partial : trace::Sharing::replicated;
+  r.copies = j.at("copies").get<int>();
+  r.global_rank = j.at("global_rank").get<int>();
+  r.attn_dp_rank = j.at("attn_dp_rank").get<int>();
+  r.attn_tp_rank = j.at("attn_tp_rank").get<int>();
+  r.moe_ep_rank = j.at("moe_ep_rank").get<int>();
+  r.group = j.at("group").is_null() ? "" : j.at("group").get<std::string>();
+  r.handle = j.at("handle").is_null() ? -1 : j.at("handle").get<int>();
+  r.row_count = j.at("row_count").get<std::int64_t>();
+  r.pad_rows = j.at("pad_rows").get<std::int64_t>();
+  r.hidden = j.at("hidden").get<int>();
+  r.global_num_tokens = j.at("global_num_tokens").get<std::vector<std::int64_t>>();
+  if (j.contains("scaled_global_num_tokens"))
+    r.scaled_global_num_tokens = j.at("scaled_global_num_tokens").get<std::vector<std::int64_t>>();
+  if (j.contains("error")) r.error = j.at("error").get<std::string>();
+  const auto num = [](const nlohmann::json& v) { return v.is_null() ? std::nan("") : v.get<double>(); };
+  for (const auto& row : j.at("rows")) {
+    if (!row.is_array() || row.size() != 6) throw std::runtime_error("a row must be [request,position,step,sum,wsum,l2]");
+    trace::Row w{row[0].get<int>(), row[1].get<int>(), row[2].get<int>(), !row[3].is_null(), {}};
+    if (w.has_sum) w.sum = {num(row[3]), num(row[4]), num(row[5])};
+    r.rows.push_back(w);
+  }
+  return r;
+}
+
+inline RankTrace read_rank_trace(const std::string& file, int rank, int* world_size, std::string* program) {
+  std::ifstream in(file);
+  if (!in) throw TraceInputError(file + ": cannot open (missing rank file?)");
+  RankTrace t{rank, file, {}};
+  std::string line;
+  int n = 0;
+  bool ended = false;
+  while (std::getline(in, line)) {
+    ++n;
+    const std::string at = file + ":" + std::to_string(n) + ": ";
+    if (ended) throw TraceInputError(at + "text after the end line");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw TraceInputError(at + "invalid JSON (truncated line?): " + e.what());
+    }
+    try {
+      if (n == 1) {
+        if (!j.is_object() || !j.contains("relayout_trace"))
+          throw TraceInputError(at + "not a relayout trace (the first line must be the trace header)");
+        if (j.at("rank").get<int>() != rank)
+          throw TraceInputError(at + "header says rank " + std::to_string(j.at("rank").get<int>()));
+        if (world_size) *world_size = j.at("world_size").get<int>();
+        if (program) *program = j.value("program", "");
+      } else if (j.contains("end")) {
+        ended = true;
+        if (j.at("records").get<std::size_t>() != t.records.size())
+          throw TraceInputError(at + "end line counts " + std::to_string(j.at("records").get<std::size_t>()) +
+                                " records, the file has " + std::to_string(t.records.size()));
+      } else {
+        t.records.push_back(record_from_json(j));
+      }
+    } catch (const TraceInputError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw TraceInputError(at + "bad trace record: " + e.what());
+    }
+  }
+  if (n == 0) throw TraceInputError(file + ": empty file");
+  if (!ended) throw TraceInputError(file + ":" + std::to_string(n) + ": the trace ends without its end line (truncated?)");
+  return t;
+}
+
+// All rank files of one run: rank0.jsonl names the world size, every rank below it must be there.
+inline TraceRun read_trace(const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir)) throw TraceInputError(dir + ": not a trace directory (missing?)");
+  TraceRun run;
+  run.dir = dir;
+  const std::string first = (fs::path(dir) / "rank0.jsonl").string();
+  if (!fs::exists(first)) throw TraceInputError(dir + ": no rank0.jsonl (not a trace directory?)");
+  run.ranks.push_back(read_rank_trace(first, 0, &run.world_size, &run.program));
+  if (run.world_size < 1) throw TraceInputError(first + ":1: world_size must be >= 1");
+  for (int r = 1; r < run.world_size; ++r)
+    run.ranks.push_back(read_rank_trace((fs::path(dir) / ("rank" + std::to_string(r) + ".jsonl")).string(), r, nullptr, nullptr));
+  return run;
+}
+
+// One boundary of one layer, over all ranks of a run.
+using RowKey = std::tuple<int, int, int>;  // request, position, step
+struct Holding {
+  int rank = 0;
+  bool has_sum = false;
+  trace::RowSum sum;
+};
+struct BoundaryAgg {
+  std::string name, state;
+  trace::Sharing sharing = trace::Sharing::replicated;
+  int copies = 0, hidden = 0;
+  std::map<RowKey, std::vector<Holding>> rows;
+  std::map<int, const trace::Record*> records;  // by rank
+  std::vector<const trace::Record*> errors;
+};
+struct LayerAgg {
+  std::vector<std::string> order;  // execution order
+  std::map<std::string, BoundaryAgg> by_name;
+  std::set<RowKey> all_rows;
+};
+
+inline std::map<int, LayerAgg> aggregate(const TraceRun& run) {
+  std::map<int, LayerAgg> layers;
+  for (const RankTrace& t : run.ranks) {
+    std::map<int, std::ptrdiff_t> last;  // this rank's previous boundary per layer, as an index in order
+    for (const trace::Record& r : t.records) {
+      LayerAgg& L = layers[r.layer];
+      auto it = std::find(L.order.begin(), L.order.end(), r.boundary);
+      auto& prev = last.try_emplace(r.layer, -1).first->second;
+      if (it == L.order.end()) it = L.order.insert(L.order.begin() + (prev + 1), r.boundary);
+      prev = it - L.order.begin();
+      BoundaryAgg& b = L.by_name[r.boundary];
+      b.name = r.boundary;
+      b.state = r.state;
+      b.sharing = r.sharing;
+      b.copies = std::max(b.copies, r.copies);
+      b.hidden = std::max(b.hidden, r.hidden);
+      b.records.try_emplace(r.global_rank, &r);
+      if (!r.error.empty()) b.errors.push_back(&r);
+      for (const trace::Row& w : r.rows) {
+        const RowKey k{w.request, w.position, w.step};
+        b.rows[k].push_back({r.global_rank, w.has_sum, w.sum});
+        L.all_rows.insert(k);
+      }
+    }
+  }
+  return layers;
+}
+
+struct DiffOptions {
+  trace::Tolerance tolerance;
+};
+
+namespace detail {
+
+inline std::string fmt(const trace::RowSum& s, bool l2 = true) {
+  char b[128];
+  if (l2)
+    std::snprintf(b, sizeof b, "sum=%.6g wsum=%.6g l2=%.6g", s.sum, s.wsum, s.l2);
+  else
+    std::snprintf(b, sizeof b, "sum=%.6g wsum=%.6g", s.sum, s.wsum);
+  return b;
+}
+
+inline std::string row_name(const RowKey& k) {
+  return "request " + model::RowOwner::request_name(std::get<0>(k)) + " (id " + std::to_string(std::get<0>(k)) +
+         "), position " + std::to_string(std::get<1>(k)) + ", step " + std::to_string(std::get<2>(k));
+}
+
+inline std::string rank_info(const BoundaryAgg& b, int rank) {
+  const auto it = b.records.find(rank);
+  if (it == b.records.end()) return "rank " + std::to_string(rank);
+  const trace::Record& r = *it->second;
+  std::string s = "rank " + std::to_string(rank) + " (attn_dp " + std::to_string(r.attn_dp_rank) + ", attn_tp " +
+                  std::to_string(r.attn_tp_rank) + ", moe_ep " + std::to_string(r.moe_ep_rank) + ", " +
+                  (r.group.empty() ? std::string("local step") : "group " + r.group + " handle " + std::to_string(r.handle)) +
+                  ", " + std::to_string(r.row_count) + " rows, global_num_tokens [";
+  for (std::size_t i = 0; i < r.global_num_tokens.size(); ++i) s += (i ? " " : "") + std::to_string(r.global_num_tokens[i]);
+  return s + "])";
+}
+
+// The row as the baseline has it: a holder's checksum, or the partial holders' total. A total's l2
+// is the holders' l2 summed: not the total's l2, but a bound on it (triangle inequality), used only
+// as the tolerance scale.
+inline std::optional<trace::RowSum> expected_sum(const BoundaryAgg& b, const RowKey& k) {
+  const auto it = b.rows.find(k);
+  if (it == b.rows.end() || it->second.empty() || !it->second.front().has_sum) return std::nullopt;
+  if (b.sharing == trace::Sharing::replicated) return it->second.front().sum;
+  trace::RowSum t;
+  for (const Holding& h : it->second) {
+    t.sum += h.sum.sum;
+    t.wsum += h.sum.wsum;
+    t.l2 += h.sum.l2;
+  }
+  return t;
+}
+
+}  // namespace detail
+
+inline int trace_diff(const TraceRun& base_run, const TraceRun& cand_run, const DiffOptions& opt, std::ostream& out) {
+  const auto base = aggregate(base_run);
+  const auto cand = aggregate(cand_run);
+  out << "trace diff: baseline " << base_run.dir << " (" << base_run.world_size << " rank" << (base_run.world_size > 1 ? "s" : "")
+      << "), candidate " << cand_run.dir << " (" << cand_run.world_size << " rank" << (cand_run.world_size > 1 ? "s" : "") << ")\n";
+  std::vector<std::string> agreed, not_compared;
+  std::int64_t compared = 0, checks = 0;
+  const auto diverge = [&](int layer, const std::string& boundary, const std::string& detail) {
+    out << "first divergence: layer " << layer << ", boundary \"" << boundary << "\"" << detail;
+    if (!agreed.empty()) {
+      out << "  agreed before it:";
+      for (const auto& a : agreed) out << " " << a << ";";
+      out << "\n";
+    }
+    return 1;
+  };
+
+  std::set<int> layers;
+  for (const auto& [l, _] : base) layers.insert(l);
+  for (const auto& [l, _] : cand) layers.insert(l);
+  for (int layer : layers) {
+    const auto bl = base.find(layer);
+    const auto cl = cand.find(layer);
+    if (cl == cand.end())
+      return diverge(layer, bl->second.order.front(), " (the candidate has no record of layer " + std::to_string(layer) +
+                                                          "; it stopped early)\n");
+    if (bl == base.end())
+      return diverge(layer, cl->second.order.front(), " (the baseline has no layer " + std::to_string(layer) + ")\n");
+    const LayerAgg& B = bl->second;
+    const LayerAgg& C = cl->second;
+    std::set<std::string> matched;  // baseline boundaries compared
+    for (const std::string& name : C.order) {
+      const BoundaryAgg& c = C.by_name.at(name);
+      const BoundaryAgg* b = nullptr;
+      if (auto it = B.by_name.find(name); it != B.by_name.end() && it->second.state == c.state) b = &it->second;
+      for (auto it = B.order.rbegin(); !b && it != B.order.rend(); ++it)
+        if (B.by_name.at(*it).state == c.state) b = &B.by_name.at(*it);
+      if (b) matched.insert(b->state);
+      const std::string against = b ? (b->name == name ? "" : ", compared with baseline \"" + b->name + "\"") : "";
+      const std::string head = " (state " + c.state + against + ")\n";
+
+      if (!c.errors.empty()) {
+        std::string ranks;
+        for (const trace::Record* r : c.errors) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r->global_rank);
+        return diverge(layer, name, head + "  checked invariant failed on rank(s) " + ranks + ": " + c.errors.front()->error + "\n");
+      }
+      std::set<RowKey> keys = B.all_rows;
+      for (const auto& [k, _] : c.rows) keys.insert(k);
+      std::optional<RowKey> first;
+      std::string first_detail;
+      std::int64_t bad = 0;
+      for (const RowKey& k : keys) {
+        const auto it = c.rows.find(k);
+        const std::vector<Holding> none;
+        const std::vector<Holding>& held = it == c.rows.end() ? none : it->second;
+        std::string holders;
+        for (const Holding& h : held) holders += "\n    " + detail::rank_info(c, h.rank);
+        if (holders.empty()) holders = " none";
+        std::string problem;
+        if (!B.all_rows.count(k)) {
+          problem = "  held by:" + holders + "\n  expected: no such row (the baseline never holds it)\n  found:    count " +
+                    std::to_string(held.size()) + "\n";
+        } else if (int(held.size()) != c.copies) {
+          problem = "  held by:" + holders + "\n  expected: count " + std::to_string(c.copies) +
+                    " (each row held that many times over all ranks here)\n  found:    count " + std::to_string(held.size()) + "\n";
+        } else if (b) {
+          const std::optional<trace::RowSum> want = detail::expected_sum(*b, k);
+          if (want && !held.empty() && held.front().has_sum) {
+            ++checks;
+            const bool l2 = b->sharing == trace::Sharing::replicated && c.sharing == trace::Sharing::replicated;
+            std::string found;
+            bool ok = true;
+            if (c.sharing == trace::Sharing::partial) {
+              trace::RowSum t;
+              for (const Holding& h : held) {
+                t.sum += h.sum.sum;
+                t.wsum += h.sum.wsum;
+                t.l2 += h.sum.l2;  // tolerance scale only (see expected_sum)
+              }
+              ok = trace::checksums_agree(*want, t, c.hidden, opt.tolerance, false);
+              found = "total of " + std::to_string(held.size()) + " partial rows: " + detail::fmt(t, false);
+            } else {
+              for (const Holding& h : held) {
+                const bool agree = trace::checksums_agree(*want, h.sum, c.hidden, opt.tolerance, l2);
+                ok = ok && agree;
+                found += "\n    rank " + std::to_string(h.rank) + ": " + detail::fmt(h.sum, l2) + (agree ? "" : "   <- differs");
+              }
+            }
+            if (!ok)
+              problem = "  held by:" + holders + "\n  expected: count " + std::to_string(c.copies) + ", " +
+                        detail::fmt(*want, l2) + " (baseline \"" + b->name + "\"" +
+                        (b->sharing == trace::Sharing::partial ? ", partial rows added" : "") + ")\n  found:    count " +
+                        std::to_string(held.size()) + ", " + found + "\n";
+          }
+        }
+        if (!problem.empty()) {
+          ++bad;
+          if (!first) {
+            first = k;
+            first_detail = problem;
+          }
+        }
+      }
+      if (first) {
+        char tol[96];
+        std::snprintf(tol, sizeof tol, "(tolerance rtol %g, atol %g)", opt.tolerance.rtol, opt.tolerance.atol);
+        return diverge(layer, name, head + "  row: " + detail::row_name(*first) + "\n" + first_detail + "  " +
+                                        std::to_string(bad) + " of " + std::to_string(keys.size()) +
+                                        " rows differ at this boundary " + tol + "\n");
+      }
+      if (b) {
+        ++compared;
+        agreed.push_back("layer " + std::to_string(layer) + " " + name);
+      } else {
+        not_compared.push_back("layer " + std::to_string(layer) + " " + name);
+      }
+    }
+    // The candidate must reach the states every layout has: attention output and layer output.
+    for (const std::string& name : B.order) {
+      const BoundaryAgg& b = B.by_name.at(name);
+      if ((b.state == "attn_out" || b.state == "layer_out") && !matched.count(b.state))
+        return diverge(layer, name, " (state " + b.state + ")\n  expected: " + std::to_string(b.rows.size()) +
+                                        " rows (baseline)\n  found:    no such boundary in the candidate (it stopped before it)\n");
+    }
+  }
+  out << "traces agree: " << compared << " boundaries over " << layers.size() << " layer" << (layers.size() == 1 ? "" : "s")
+      << " compared, " << checks << " row checksums\n";
+  if (!not_compared.empty()) {
+    out << "  not compared (no baseline counterpart; row counts checked):";
+    for (const auto& n : not_compared) out << " " << n << ";";
+    out << "\n";
+  }
+  return 0;
+}
+
+// The subcommand's body: exit 0 agree, 1 diverge, 2 unreadable input.
+inline int trace_diff(const std::string& baseline, const std::string& candidate, const DiffOptions& opt,
+                      std::ostream& out, std::ostream& err) {
+  try {
+    const TraceRun b = read_trace(baseline);
+    const TraceRun c = read_trace(candidate);
+    return trace_diff(b, c, opt, out);
+  } catch (const TraceInputError& e) {
+    err << "error: " << e.what() << "\n";
+    return 2;
+  }
+}
+
+}  // namespace relayout::cli
