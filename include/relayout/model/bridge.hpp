@@ -230,7 +230,7 @@ class Bridge {
       const bool ok = out.count() == in.count() && (!opts_.track_owners || in.owners == out.owners);
       int first_bad = ok ? groups_.layout().size() : groups_.rank();
       wire_.bookkeeping().all_reduce(GroupKind::tp, std::span<int>(&first_bad, 1), ReduceOp::min);
-      if (first_bad < groups_.layout().size()) throw conservation_error(in, out, first_bad);
+      if (first_bad < groups_.layout().size()) fail_conservation(in, out, first_bad);
     }
     return out;
   }
@@ -406,16 +406,22 @@ class Bridge {
     return out;
   }
 
-  void check_conservation(const std::vector<std::int64_t>& in, const std::vector<std::int64_t>& out) const {
-    if (in == out) return;
-    std::size_t i = 0;
-    while (i < in.size() && i < out.size() && in[i] == out[i]) ++i;
-    const std::string what =
-        "row conservation broken in layer " + std::to_string(layer_) + " on rank " +
-                      std::to_string(groups_.rank()) + ": " + std::to_string(in.size()) +
-                      " rows entered the bridge and " + std::to_string(out.size()) + " left; first difference at row " +
-                      std::to_string(i) + ": expected " + (i < in.size() ? RowOwner::label(in[i]) : "none") +
-                      ", found " + (i < out.size() ? RowOwner::label(out[i]) : "none");
+  // Throws on every rank once the ranks agreed that `first_bad` is the first rank that lost rows.
+  [[noreturn]] void fail_conservation(const Rows<ExecSpace>& in, const Rows<ExecSpace>& out, int first_bad) const {
+    std::string what = "row conservation broken in layer " + std::to_string(layer_) + " on rank " +
+                       std::to_string(first_bad);
+    if (first_bad != groups_.rank()) {
+      what += " of the domain (this rank's rows are intact)";
+    } else {
+      const auto& a = in.owners;
+      const auto& b = out.owners;
+      std::size_t i = 0;
+      while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+      what += ": " + std::to_string(in.count()) + " rows entered the bridge and " + std::to_string(out.count()) + " left";
+      if (opts_.track_owners)
+        what += "; first difference at row " + std::to_string(i) + ": expected " +
+                (i < a.size() ? RowOwner::label(a[i]) : "none") + ", found " + (i < b.size() ? RowOwner::label(b[i]) : "none");
+    }
     record_.fail(layer_, {"row conservation", "moe_out", trace::Sharing::replicated, attn_group(), {}, false}, what);
     throw LayoutError("bridge", what);
   }

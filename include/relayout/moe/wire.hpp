@@ -29,10 +29,10 @@ struct Wire {
   int rank(GroupKind g) const { return groups.comm(g).rank(); }
 
   template <class T>
-  void all_reduce(GroupKind g, std::span<T> buf) {
+  void all_reduce(GroupKind g, std::span<T> buf, ReduceOp op = ReduceOp::sum) {
     if (size(g) == 1) return;
     count(Op::all_reduce, g, std::int64_t(buf.size_bytes()));
-    relayout::all_reduce_in_place(groups.comm(g), buf);
+    relayout::all_reduce_in_place(groups.comm(g), buf, op);
   }
   // A one-rank group's gather, scatter or exchange is a copy.
   template <class T>
