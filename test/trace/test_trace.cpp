@@ -1,0 +1,213 @@
+// Row-ownership trace: the checksum's float-noise tolerance, the JSON Lines round trip, and the exit
+// codes of `relayout trace diff` on hand-made traces (agree, diverge, truncated, missing).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "cli/commands.hpp"
+#include "cli/trace_diff.hpp"
+#include "relayout/trace.hpp"
+
+using namespace relayout;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<float> row(int H, float scale = 1.0f) {
+  std::vector<float> v(static_cast<std::size_t>(H));
+  for (int f = 0; f < H; ++f) v[std::size_t(f)] = scale * std::sin(0.7f * float(f) + 0.3f);
+  return v;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("relayout_trace_test_" + std::to_string(::getpid())) / name;
+  fs::remove_all(d);
+  return d;
+}
+
+trace::Record record(int layer, const std::string& boundary, const std::string& state, int copies, int rank,
+                     const std::vector<std::vector<float>>& values) {
+  trace::Record r;
+  r.layer = layer;
+  r.boundary = boundary;
+  r.state = state;
+  r.copies = copies;
+  r.global_rank = rank;
+  r.attn_tp_rank = rank;
+  r.group = "attn_tp";
+  r.handle = 1;
+  r.hidden = int(values.front().size());
+  r.row_count = std::int64_t(values.size());
+  r.global_num_tokens = {std::int64_t(values.size())};
+  for (std::size_t i = 0; i < values.size(); ++i)
+    r.rows.push_back({0, int(i), 0, true, trace::row_sum(values[i].data(), r.hidden)});
+  return r;
+}
+
+// A run of `ranks` ranks, each holding every row (replicated, copies = ranks), at two boundaries.
+void write_run(const fs::path& dir, int ranks, float scale_at_second = 1.0f, int bad_rank = -1) {
+  const std::vector<std::vector<float>> rows{row(16), row(16, 0.5f), row(16, 2.0f)};
+  std::vector<std::vector<float>> changed = rows;
+  for (auto& v : changed)
+    for (float& x : v) x *= scale_at_second;
+  for (int r = 0; r < ranks; ++r) {
+    trace::JsonlSink sink(dir.string(), r, ranks, "test");
+    sink.write(record(0, "attention all_reduce", "attn_out", ranks, r, rows));
+    sink.write(record(0, "layer output", "layer_out", ranks, r, bad_rank < 0 || bad_rank == r ? changed : rows));
+  }
+}
+
+int diff(const fs::path& b, const fs::path& c, std::string* out_text = nullptr, std::string* err_text = nullptr) {
+  std::ostringstream out, err;
+  const std::string bs = b.string(), cs = c.string();
+  const char* argv[] = {"relayout", "trace", "diff", bs.c_str(), cs.c_str()};
+  const int rc = cli::relayout_command(5, argv, out, err);
+  if (out_text) *out_text = out.str();
+  if (err_text) *err_text = err.str();
+  return rc;
+}
+
+}  // namespace
+
+TEST_CASE("checksums agree within float noise and differ on layout bugs") {
+  const int H = 64;
+  const std::vector<float> v = row(H);
+  const trace::RowSum a = trace::row_sum(v.data(), H);
+  std::vector<float> noisy = v;
+  for (int f = 0; f < H; ++f) noisy[std::size_t(f)] *= 1.0f + ((f % 2) ? 3e-6f : -3e-6f);  // reordering noise
+  CHECK(trace::checksums_agree(a, trace::row_sum(noisy.data(), H), H));
+
+  const std::vector<float> doubled = row(H, 2.0f);  // double reduction
+  CHECK_FALSE(trace::checksums_agree(a, trace::row_sum(doubled.data(), H), H));
+  const std::vector<float> slightly = row(H, 1.01f);  // 1 % off: above rtol 1e-3
+  CHECK_FALSE(trace::checksums_agree(a, trace::row_sum(slightly.data(), H), H));
+
+  std::vector<float> swapped = v;  // same sum and l2, features moved: wsum catches it
+  std::swap(swapped[0], swapped[5]);
+  CHECK_FALSE(trace::checksums_agree(a, trace::row_sum(swapped.data(), H), H));
+
+  trace::RowSum nan = a;
+  nan.sum = std::nan("");
+  CHECK_FALSE(trace::checksums_agree(a, nan, H));
+
+  // Partial rows: sum and wsum add up; l2 does not, so it is left out.
+  std::vector<float> half = row(H, 0.5f);
+  trace::RowSum p = trace::row_sum(half.data(), H), total = p;
+  total.sum += p.sum;
+  total.wsum += p.wsum;
+  CHECK(trace::checksums_agree(a, total, H, {}, false));
+  CHECK_FALSE(trace::checksums_agree(a, total, H, {}, true));
+}
+
+TEST_CASE("NullSink is compiled out; JsonlSink round-trips a record") {
+  static_assert(!trace::NullSink::enabled && trace::JsonlSink::enabled);
+  const fs::path dir = fresh_dir("roundtrip");
+  trace::Record r = record(3, "reduce_scatterv", "moe_out", 1, 0, {row(8), row(8, -1.5f)});
+  r.sharing = trace::Sharing::partial;
+  r.pad_rows = 2;
+  r.row_count = 4;
+  r.group = "tp";
+  r.handle = 0;
+  r.global_num_tokens = {14, 10};
+  r.scaled_global_num_tokens = {28, 20};
+  r.rows[1].step = 2;
+  r.rows[1].sum.l2 = std::nan("");  // non-finite values are written as null and read back as NaN
+  r.rows.push_back({5, 7, 1, false, {}});
+  r.error = "row \"conservation\"\nbroken";
+  {
+    trace::JsonlSink sink(dir.string(), 0, 1, "test");
+    CHECK(sink.active());
+    sink.write(r);
+  }
+  const cli::TraceRun run = cli::read_trace(dir.string());
+  REQUIRE(run.world_size == 1);
+  REQUIRE(run.ranks.at(0).records.size() == 1);
+  const trace::Record& b = run.ranks[0].records[0];
+  CHECK(b.layer == 3);
+  CHECK(b.boundary == "reduce_scatterv");
+  CHECK(b.state == "moe_out");
+  CHECK(b.sharing == trace::Sharing::partial);
+  CHECK(b.group == "tp");
+  CHECK(b.handle == 0);
+  CHECK(b.row_count == 4);
+  CHECK(b.pad_rows == 2);
+  CHECK(b.hidden == 8);
+  CHECK(b.global_num_tokens == std::vector<std::int64_t>{14, 10});
+  CHECK(b.scaled_global_num_tokens == std::vector<std::int64_t>{28, 20});
+  CHECK(b.error == r.error);
+  REQUIRE(b.rows.size() == 3);
+  CHECK(b.rows[0].sum.sum == r.rows[0].sum.sum);  // %.17g: bit-exact
+  CHECK(b.rows[0].sum.wsum == r.rows[0].sum.wsum);
+  CHECK(b.rows[1].step == 2);
+  CHECK(std::isnan(b.rows[1].sum.l2));
+  CHECK_FALSE(b.rows[2].has_sum);
+  CHECK(b.rows[2].request == 5);
+  CHECK(b.rows[2].position == 7);
+}
+
+TEST_CASE("trace diff: 0 agree (across layouts), 1 diverge, 2 unreadable") {
+  const fs::path base = fresh_dir("base"), wide = fresh_dir("wide"), bad = fresh_dir("bad"),
+                 one_bad = fresh_dir("one_bad"), cut = fresh_dir("cut");
+  write_run(base, 1);
+  write_run(wide, 4);  // another layout, same rows: agree
+  std::string out, err;
+  CHECK(diff(base, wide, &out) == 0);
+  CHECK(out.find("traces agree") != std::string::npos);
+
+  write_run(bad, 2, 2.0f);  // every row doubled at the layer output
+  CHECK(diff(base, bad, &out) == 1);
+  CHECK(out.find("first divergence: layer 0, boundary \"layer output\"") != std::string::npos);
+  CHECK(out.find("row: request A (id 0), position 0, step 0") != std::string::npos);
+
+  write_run(one_bad, 2, 1.5f, 1);  // only rank 1's copy is wrong: it is named
+  CHECK(diff(base, one_bad, &out) == 1);
+  CHECK(out.find("rank 1: sum=") != std::string::npos);
+  CHECK(out.find("<- differs") != std::string::npos);
+
+  // A row held by too few ranks: count, not values.
+  {
+    const fs::path few = fresh_dir("few");
+    write_run(few, 2);
+    trace::JsonlSink sink(few.string(), 1, 2, "test");  // rank 1 rewritten with one row missing
+    trace::Record r = record(0, "attention all_reduce", "attn_out", 2, 1, {row(16), row(16, 0.5f), row(16, 2.0f)});
+    r.rows.pop_back();
+    sink.write(r);
+    sink.write(record(0, "layer output", "layer_out", 2, 1, {row(16), row(16, 0.5f), row(16, 2.0f)}));
+    sink.close();
+    CHECK(diff(base, few, &out) == 1);
+    CHECK(out.find("boundary \"attention all_reduce\"") != std::string::npos);
+    CHECK(out.find("position 2") != std::string::npos);
+    CHECK(out.find("expected: count 2") != std::string::npos);
+  }
+
+  // Truncated: the last record cut in the middle of its line.
+  write_run(cut, 2);
+  const fs::path f = cut / "rank1.jsonl";
+  std::ifstream in(f);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const std::size_t third = all.find('\n', all.find('\n') + 1);
+  std::ofstream(f, std::ios::trunc) << all.substr(0, third + 40);
+  CHECK(diff(base, cut, &out, &err) == 2);
+  CHECK(err.find("rank1.jsonl:3: invalid JSON") != std::string::npos);
+
+  // Cut at a line boundary: no end line.
+  std::ofstream(f, std::ios::trunc) << all.substr(0, third + 1);
+  CHECK(diff(base, cut, &out, &err) == 2);
+  CHECK(err.find("rank1.jsonl:2: the trace ends without its end line") != std::string::npos);
+
+  fs::remove(f);  // a rank file missing
+  CHECK(diff(base, cut, &out, &err) == 2);
+  CHECK(err.find("rank1.jsonl: cannot open") != std::string::npos);
+
+  CHECK(diff(base, base / "nowhere", &out, &err) == 2);
+  CHECK(err.find("not a trace directory") != std::string::npos);
+  fs::remove_all(base.parent_path());
+}
