@@ -1,0 +1,290 @@
+// dspark_step: speculative decode rounds (SPEC §7) on real MPI ranks. A MoE draft (a small
+// DistributedModel with full DP/MoE participation) or a dense draft (a TP MLP inside the
+// attention-TP group) proposes --tokens-per-req tokens per request, the target verifies them in one
+// forward, greedy acceptance commits. Shows raw and scaled global_num_tokens, idle participation and
+// the decisions SpecTpSync broadcast at each site. Run with mpiexec -n <tp>.
+//
+// Exit codes: 0 ok; 1 the decisions of an attention-TP group disagreed (possible only with a
+// SpecTpSync site switched off and --rank-local-rng) or another error; 2 bad input or a layout the
+// SPEC §7 start-up check rejects (unless --bypass-guard).
+#include <mpi.h>
+
+#include <nlohmann/json.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/layout_flags.hpp"
+#include "relayout/comm.hpp"
+#include "relayout/spec/decoder.hpp"
+
+using namespace relayout;
+
+namespace {
+
+struct Options {
+  cli::LayoutFlags layout;
+  spec::SpecConfig cfg;
+  std::vector<int> requests{1, 3, 0, 2};
+  int width = 6;
+  int hidden = 64;
+  std::string format = "text";
+};
+
+// Every rank's int64 payload on every rank (all_gatherv over the world).
+std::vector<std::vector<std::int64_t>> gather_all(const MpiCommunicator& world, const std::vector<std::int64_t>& mine) {
+  std::vector<std::int64_t> n{std::int64_t(mine.size())}, sizes(static_cast<std::size_t>(world.size()));
+  all_gather(world, n, sizes);
+  std::vector<int> counts;
+  std::int64_t total = 0;
+  for (std::int64_t s : sizes) {
+    counts.push_back(int(s));
+    total += s;
+  }
+  std::vector<std::int64_t> all(static_cast<std::size_t>(total));
+  all_gatherv(world, mine, all, counts);
+  std::vector<std::vector<std::int64_t>> out;
+  std::size_t at = 0;
+  for (int c : counts) {
+    out.emplace_back(all.begin() + std::ptrdiff_t(at), all.begin() + std::ptrdiff_t(at + std::size_t(c)));
+    at += std::size_t(c);
+  }
+  return out;
+}
+
+const std::vector<std::string>& site_order() {
+  static const std::vector<std::string> s{spec::kSitePlan, spec::kSiteDraftGreedy, spec::kSiteDraftSample,
+                                          spec::kSiteTarget, spec::kSiteAcceptGreedy};
+  return s;
+}
+
+// This rank's record, flattened: idle, disagreed, then per round per site [site index, n, values...],
+// then per request [id, rounds x accepted, m, committed...].
+std::vector<std::int64_t> encode(const spec::SpecDecoder<MpiCommunicator>& d) {
+  std::vector<std::int64_t> v{d.idle() ? 1 : 0, d.disagreed() ? 1 : 0, std::int64_t(d.rounds().size())};
+  for (const spec::RoundLog& log : d.rounds()) {
+    v.push_back(std::int64_t(log.decisions.size()));
+    for (const auto& [site, values] : log.decisions) {
+      std::int64_t idx = 0;
+      while (site_order()[std::size_t(idx)] != site) ++idx;
+      v.push_back(idx);
+      v.push_back(std::find(log.disagreed.begin(), log.disagreed.end(), site) != log.disagreed.end() ? 1 : 0);
+      v.push_back(std::int64_t(values.size()));
+      v.insert(v.end(), values.begin(), values.end());
+    }
+  }
+  v.push_back(std::int64_t(d.requests().size()));
+  for (const spec::RequestRecord& r : d.requests()) {
+    v.push_back(r.id);
+    v.insert(v.end(), r.accepted.begin(), r.accepted.end());
+    v.push_back(std::int64_t(r.committed.size()));
+    v.insert(v.end(), r.committed.begin(), r.committed.end());
+  }
+  return v;
+}
+
+struct RankView {
+  bool idle = false, disagreed = false;
+  std::vector<std::map<std::string, std::pair<bool, std::vector<std::int64_t>>>> rounds;
+  std::vector<spec::RequestRecord> requests;
+};
+
+RankView decode(const std::vector<std::int64_t>& v, int rounds) {
+  RankView r;
+  std::size_t at = 0;
+  r.idle = v[at++] != 0;
+  r.disagreed = v[at++] != 0;
+  const std::int64_t nr = v[at++];
+  for (std::int64_t i = 0; i < nr; ++i) {
+    auto& m = r.rounds.emplace_back();
+    const std::int64_t ns = v[at++];
+    for (std::int64_t s = 0; s < ns; ++s) {
+      const std::string site = site_order()[std::size_t(v[at++])];
+      const bool bad = v[at++] != 0;
+      const std::int64_t n = v[at++];
+      m[site] = {bad, std::vector<std::int64_t>(v.begin() + std::ptrdiff_t(at), v.begin() + std::ptrdiff_t(at) + n)};
+      at += std::size_t(n);
+    }
+  }
+  const std::int64_t nq = v[at++];
+  for (std::int64_t q = 0; q < nq; ++q) {
+    spec::RequestRecord rec;
+    rec.id = int(v[at++]);
+    for (int k = 0; k < rounds; ++k) rec.accepted.push_back(int(v[at++]));
+    const std::int64_t m = v[at++];
+    for (std::int64_t k = 0; k < m; ++k) rec.committed.push_back(int(v[at++]));
+    r.requests.push_back(rec);
+  }
+  return r;
+}
+
+template <class T>
+std::string list(const std::vector<T>& v) {
+  std::ostringstream s;
+  s << "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s << (i ? " " : "") << v[i];
+  s << "]";
+  return s.str();
+}
+
+int run(Options& o, const MpiCommunicator& world) {
+  const RuntimeLayout layout = o.layout.layout();
+  if (world.size() != layout.size())
+    throw LayoutError("--tp", "--tp " + std::to_string(layout.size()) + " needs exactly tp MPI ranks; this job has " +
+                                  std::to_string(world.size()) + " (run with mpiexec -n " + std::to_string(layout.size()) + ")");
+  o.cfg.requests_per_group = o.requests;
+  o.cfg.width = spec::TokensPerRequest{o.width};
+  if (o.width < 1 || o.width > 64) throw LayoutError("--tokens-per-req", "--tokens-per-req must be in [1, 64]");
+  o.cfg.draft_dims.hidden = o.cfg.target_dims.hidden = o.hidden;
+  const spec::SyncSites sites = spec::SyncSites::from_env();  // RELAYOUT_SPEC_TP_SYNC
+  const bool guard_fails = !layout.dspark().allowed;
+  const ProcessGroups groups(layout, world);
+  spec::SpecDecoder<MpiCommunicator> dec(groups, o.cfg, sites);  // the start-up check (exit 2)
+  dec.run();
+
+  const auto all = gather_all(world, encode(dec));
+  if (world.rank() != 0) return dec.disagreed() ? 1 : 0;
+  std::vector<RankView> ranks;
+  for (const auto& v : all) ranks.push_back(decode(v, o.cfg.rounds));
+  const Widths& w = layout.widths();
+  const spec::DpSyncMetadata& meta = dec.meta();
+  std::vector<std::int64_t> raw;
+  for (auto r : meta.raw) raw.push_back(r.value);
+  std::vector<int> idle_ranks;
+  bool disagreed = false;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r].idle) idle_ranks.push_back(int(r));
+    disagreed = disagreed || ranks[r].disagreed;
+  }
+  const spec::DraftContext ctx = dec.draft_context_used();
+  const int sync_size = layout.group_size(ctx.sync_group);
+  std::vector<std::string> synced;
+  for (const std::string& s : site_order())
+    if (sites.enabled(s)) synced.push_back(s);
+  // Requests in id order, taken from each group's rank 0 in the sync group's order.
+  std::vector<spec::RequestRecord> reqs;
+  for (int g = 0; g < w.attn_dp; ++g) {
+    const int first = layout.groups(GroupKind::attn_tp).at(std::size_t(g)).front();
+    for (const auto& rec : ranks[std::size_t(first)].requests) reqs.push_back(rec);
+  }
+
+  if (o.format == "json") {
+    nlohmann::json j;
+    j["layout"] = {{"tp", w.tp}, {"attn_dp", w.attn_dp}, {"attn_tp", w.attn_tp}, {"moe_ep", w.moe_ep},
+                   {"moe_tp", w.moe_tp}, {"draft", std::string(to_string(layout.config().draft))},
+                   {"enable_dp_attention", layout.config().enable_dp_attention}};
+    j["startup_check"] = guard_fails ? (o.cfg.bypass_guard ? "BYPASSED (developer experiment)" : "rejected") : "passed";
+    j["draft_context"] = {{"patched", ctx.patched}, {"tp_group", std::string(to_string(ctx.tp_group))},
+                          {"dp_moe_sync", ctx.dp_moe_sync}, {"sync_group", std::string(to_string(ctx.sync_group))},
+                          {"sync_group_size", sync_size}};
+    j["tokens_per_req"] = o.width;
+    j["global_num_tokens"] = {{"raw_requests", raw}, {"scaled_rows", meta.scaled_values()}};
+    j["idle_ranks"] = idle_ranks;
+    j["sync_sites_enabled"] = synced;
+    j["rank_local_rng"] = o.cfg.rank_local_rng;
+    j["disagreement"] = disagreed;
+    for (int r = 0; r < o.cfg.rounds; ++r) {
+      nlohmann::json round{{"round", r}, {"groups", nlohmann::json::array()}};
+      for (int g = 0; g < w.attn_dp; ++g) {
+        const auto members = layout.groups(GroupKind::attn_tp).at(std::size_t(g));
+        nlohmann::json grp{{"group", g}, {"idle", meta.idle(std::size_t(g))}, {"sites", nlohmann::json::object()}};
+        for (const auto& [site, val] : ranks[std::size_t(members.front())].rounds.at(std::size_t(r))) {
+          nlohmann::json per_rank = nlohmann::json::object();
+          for (int m : members) per_rank[std::to_string(m)] = ranks[std::size_t(m)].rounds.at(std::size_t(r)).at(site).second;
+          grp["sites"][site] = {{"synced", sites.enabled(site) && sync_size > 1}, {"agree", !val.first},
+                                {"values_by_rank", per_rank}};
+        }
+        round["groups"].push_back(grp);
+      }
+      j["rounds"].push_back(round);
+    }
+    for (const auto& rec : reqs)
+      j["requests"].push_back({{"id", rec.id}, {"accepted", rec.accepted}, {"committed", rec.committed}});
+    std::cout << j.dump(2) << "\n";
+    return disagreed ? 1 : 0;
+  }
+
+  std::ostringstream s;
+  s << "dspark_step: tp=" << w.tp << " attn dp x tp = " << w.attn_dp << " x " << w.attn_tp << ", moe dp x ep x tp = "
+    << w.moe_dp << " x " << w.moe_ep << " x " << w.moe_tp << ", draft " << to_string(layout.config().draft)
+    << ", DP attention " << (layout.config().enable_dp_attention ? "on" : "off") << "\n";
+  if (guard_fails)
+    s << "*** DEVELOPER EXPERIMENT: the SPEC §7 start-up check was BYPASSED (--bypass-guard); this layout is "
+         "rejected in production ***\n";
+  s << "draft context: " << (ctx.patched ? "patched to " : "") << "tp group " << to_string(ctx.tp_group)
+    << ", dp_moe_sync " << (ctx.dp_moe_sync ? "on" : "off") << "; SpecTpSync over " << to_string(ctx.sync_group)
+    << " (" << sync_size << (sync_size == 1 ? " rank: broadcasts skipped" : " ranks") << "), sites "
+    << (synced.empty() ? std::string("none (RELAYOUT_SPEC_TP_SYNC=off)") : list(synced).substr(0)) << "\n";
+  s << "global_num_tokens raw (requests):   " << list(raw) << "\n";
+  s << "global_num_tokens scaled (rows, x" << o.width << "): " << list(meta.scaled_values()) << "\n";
+  s << "idle participation (zero rows, same metadata, draft + verify forwards run): ranks " << list(idle_ranks)
+    << "\n";
+  for (int r = 0; r < o.cfg.rounds; ++r) {
+    s << "round " << r << ":\n";
+    for (int g = 0; g < w.attn_dp; ++g) {
+      const auto members = layout.groups(GroupKind::attn_tp).at(std::size_t(g));
+      const auto& m = ranks[std::size_t(members.front())].rounds.at(std::size_t(r));
+      s << "  group " << g << (meta.idle(std::size_t(g)) ? " (idle)" : "") << ":";
+      for (const std::string& site : site_order()) {
+        if (!m.count(site)) continue;
+        s << " " << site << "=" << list(m.at(site).second);
+        if (m.at(site).first) {
+          s << " DISAGREE{";
+          for (int k : members) s << " r" << k << list(ranks[std::size_t(k)].rounds.at(std::size_t(r)).at(site).second);
+          s << " }";
+        }
+      }
+      s << "\n";
+    }
+  }
+  s << "requests (accepted per round; committed tokens):\n";
+  for (const auto& rec : reqs)
+    s << "  " << model::RowOwner::request_name(rec.id) << " accepted " << list(rec.accepted) << " committed "
+      << list(rec.committed) << "\n";
+  if (disagreed)
+    s << "DISAGREEMENT: members of an attention-TP group hold different decisions (SpecTpSync off for these "
+         "sites); exit 1\n";
+  std::cout << s.str();
+  return disagreed ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  Kokkos::initialize(argc, argv);
+  int rc = 0;
+  {
+    Options o;
+    o.layout.draft = "moe";
+    CLI::App app{"dspark_step: speculative decode rounds (draft + verify, greedy acceptance) on MPI ranks; "
+                 "RELAYOUT_SPEC_TP_SYNC=all|off|SITE,SITE chooses the SpecTpSync sites"};
+    o.layout.add_to(app);
+    app.add_option("--requests-per-group", o.requests, "requests per attention-DP group, e.g. 1,3,0,2")->delimiter(',');
+    app.add_option("--tokens-per-req", o.width, "draft tokens per request per round (num_tokens_per_req)");
+    app.add_option("--rounds", o.cfg.rounds, "speculative rounds");
+    app.add_option("--vocab", o.cfg.vocab, "vocabulary size of the toy head");
+    app.add_option("--hidden", o.hidden, "hidden size of draft and target");
+    app.add_option("--target-layers", o.cfg.target_dims.layers, "target decoder layers");
+    app.add_option("--draft-layers", o.cfg.draft_dims.layers, "MoE draft decoder layers");
+    app.add_option("--seed", o.cfg.seed, "seed of the vocabulary head, prompts and sampler");
+    app.add_flag("--sample", o.cfg.sample, "draft samples (site DRAFT_SAMPLE) instead of argmax (DRAFT_GREEDY)");
+    app.add_flag("--rank-local-rng", o.cfg.rank_local_rng,
+                 "seed each rank's sampler differently (implies --sample): only SpecTpSync makes a group agree");
+    app.add_flag("--bypass-guard", o.cfg.bypass_guard,
+                 "DEVELOPER EXPERIMENT: run a layout the SPEC §7 start-up check rejects");
+    app.add_option("--format", o.format, "text or json")->check(CLI::IsMember({"text", "json"}));
+    std::ostringstream quiet;
+    const bool root = MpiCommunicator::world().rank() == 0;
+    rc = cli::run_main(app, argc, argv, root ? std::cout : quiet, root ? std::cerr : quiet,
+                       [&] { return run(o, MpiCommunicator::world()); });
+  }
+  Kokkos::finalize();
+  MPI_Finalize();
+  return rc;
+}
