@@ -272,6 +272,9 @@ int main(int argc, char** argv) {
     app.add_option("--hidden", o.hidden, "hidden size of draft and target");
     app.add_option("--target-layers", o.cfg.target_dims.layers, "target decoder layers");
     app.add_option("--draft-layers", o.cfg.draft_dims.layers, "MoE draft decoder layers");
+    app.add_option("--head-hidden-weight", o.cfg.hidden_weight,
+                   "toy vocabulary head: weight of the hidden-row projection against the bigram table "
+                   "(lower: draft and target agree more often)");
     app.add_option("--seed", o.cfg.seed, "seed of the vocabulary head, prompts and sampler");
     app.add_flag("--sample", o.cfg.sample, "draft samples (site DRAFT_SAMPLE) instead of argmax (DRAFT_GREEDY)");
     app.add_flag("--rank-local-rng", o.cfg.rank_local_rng,

@@ -42,7 +42,7 @@ struct SpecConfig {
   bool bypass_guard = false;    // developer experiment: skip the SPEC §7 start-up check
   bool check_agreement = true;  // after each site, compare the decision across the sync group
   double temperature = 1.0;
-  double hidden_weight = 0.6;   // weight of the hidden-row projection against the bigram table
+  double hidden_weight = 0.3;   // weight of the hidden-row projection against the bigram table
   std::uint64_t seed = 7;       // vocabulary head, prompts and sampler
   int dense_inter = 32;         // dense draft MLP intermediate (split over the draft's TP group)
   model::ModelDims draft_dims = [] {
