@@ -334,6 +334,7 @@ inline int trace_diff(const TraceRun& base_run, const TraceRun& cand_run, const 
               ok = trace::checksums_agree(*want, t, c.hidden, opt.tolerance, false);
               found = "total of " + std::to_string(held.size()) + " partial rows: " + detail::fmt(t, false);
             } else {
+              found = "per holder:";
               for (const Holding& h : held) {
                 const bool agree = trace::checksums_agree(*want, h.sum, c.hidden, opt.tolerance, l2);
                 ok = ok && agree;
