@@ -22,6 +22,7 @@
 #include "cli/layout_flags.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/spec/decoder.hpp"
+#include "relayout/trace.hpp"
 
 using namespace relayout;
 
@@ -34,6 +35,7 @@ struct Options {
   int width = 6;
   int hidden = 64;
   std::string format = "text";
+  std::string trace;  // directory for the row-ownership traces, DIR/draft and DIR/target (empty: none)
 };
 
 // Every rank's int64 payload on every rank (all_gatherv over the world).
@@ -65,7 +67,9 @@ const std::vector<std::string>& site_order() {
 
 // This rank's record, flattened: idle, disagreed, then per round per site [site index, n, values...],
 // then per request [id, rounds x accepted, m, committed...].
-std::vector<std::int64_t> encode(const spec::SpecDecoder<MpiCommunicator>& d) {
+using Decoder = spec::SpecDecoder<MpiCommunicator, Kokkos::DefaultExecutionSpace, trace::JsonlSink>;
+
+std::vector<std::int64_t> encode(const Decoder& d) {
   std::vector<std::int64_t> v{d.idle() ? 1 : 0, d.disagreed() ? 1 : 0, std::int64_t(d.rounds().size())};
   for (const spec::RoundLog& log : d.rounds()) {
     v.push_back(std::int64_t(log.decisions.size()));
@@ -144,8 +148,16 @@ int run(Options& o, const MpiCommunicator& world) {
   const spec::SyncSites sites = spec::SyncSites::from_env();  // RELAYOUT_SPEC_TP_SYNC
   const bool guard_fails = !layout.dspark().allowed;
   const ProcessGroups groups(layout, world);
-  spec::SpecDecoder<MpiCommunicator> dec(groups, o.cfg, sites);  // the start-up check (exit 2)
+  Decoder dec(groups, o.cfg, sites);  // the start-up check (exit 2)
+  trace::JsonlSink draft_sink, target_sink;  // stay closed (inactive) without --trace
+  if (!o.trace.empty()) {
+    if (layout.config().draft == Draft::moe) draft_sink.open(o.trace + "/draft", world.rank(), world.size(), "dspark_step draft");
+    target_sink.open(o.trace + "/target", world.rank(), world.size(), "dspark_step target");
+    dec.trace_to(draft_sink, target_sink);
+  }
   dec.run();
+  draft_sink.close();  // the traces are complete
+  target_sink.close();
 
   const auto all = gather_all(world, encode(dec));
   if (world.rank() != 0) return dec.disagreed() ? 1 : 0;
@@ -281,6 +293,9 @@ int main(int argc, char** argv) {
                  "seed each rank's sampler differently (implies --sample): only SpecTpSync makes a group agree");
     app.add_flag("--bypass-guard", o.cfg.bypass_guard,
                  "DEVELOPER EXPERIMENT: run a layout the SPEC §7 start-up check rejects");
+    app.add_option("--trace", o.trace,
+                   "write row-ownership traces of every round, DIR/draft (MoE draft) and DIR/target, one "
+                   "DIR/*/rank<R>.jsonl per rank (compare each with `relayout trace diff`)");
     app.add_option("--format", o.format, "text or json")->check(CLI::IsMember({"text", "json"}));
     std::ostringstream quiet;
     const bool root = MpiCommunicator::world().rank() == 0;

@@ -77,7 +77,8 @@ inline constexpr const char* kSiteDraftSample = "DRAFT_SAMPLE";
 inline constexpr const char* kSiteTarget = "TARGET";
 inline constexpr const char* kSiteAcceptGreedy = "ACCEPT_GREEDY";
 
-template <class C, class ExecSpace = Kokkos::DefaultExecutionSpace>
+// Sink: the row-ownership trace sink of the draft and target models (trace::NullSink: no trace).
+template <class C, class ExecSpace = Kokkos::DefaultExecutionSpace, class Sink = trace::NullSink>
 class SpecDecoder {
  public:
   using View = typename model::Rows<ExecSpace>::View;
@@ -111,6 +112,14 @@ class SpecDecoder {
     if (layout.config().draft == Draft::moe) draft_.emplace(groups_, cfg_.draft_dims, opts);
     else make_dense_draft();
     target_.emplace(groups_, cfg_.target_dims, opts);
+  }
+
+  // Trace the forwards of every round: the MoE draft's into `draft` (a dense draft has no
+  // DistributedModel and writes nothing), the target's into `target`. Each record carries the round
+  // as its speculative step and the scaled global_num_tokens.
+  void trace_to(Sink& draft, Sink& target) {
+    if (draft_) draft_->trace_to(draft);
+    target_->trace_to(target);
   }
 
   // Collective: every rank runs every round, an idle group with zero rows.
@@ -157,6 +166,8 @@ class SpecDecoder {
     std::vector<std::int32_t> plan(n, T);  // draft tokens per request this round
     site(log, kSitePlan, plan);
 
+    if (draft_) draft_->trace_step(r, batch_.meta.scaled_values());
+    target_->trace_step(r, batch_.meta.scaled_values());
     const std::vector<double> hd = draft_hidden(work);
     ++draft_forwards_;
     std::vector<std::int32_t> draft(n * std::size_t(T));
@@ -317,7 +328,7 @@ class SpecDecoder {
   SpecBatch batch_;
   std::vector<RequestRecord> records_;
   std::vector<RoundLog> logs_;
-  std::optional<model::DistributedModel<C, ExecSpace>> draft_, target_;
+  std::optional<model::DistributedModel<C, ExecSpace, Sink>> draft_, target_;
   View dense_w1_, dense_w2_;
   Kokkos::View<float*, typename ExecSpace::memory_space> dense_norm_;
   int draft_forwards_ = 0, target_forwards_ = 0;
