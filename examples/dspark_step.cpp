@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/gather_all.hpp"
 #include "cli/layout_flags.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/spec/decoder.hpp"
@@ -38,26 +39,6 @@ struct Options {
   std::string trace;  // directory for the row-ownership traces, DIR/draft and DIR/target (empty: none)
 };
 
-// Every rank's int64 payload on every rank (all_gatherv over the world).
-std::vector<std::vector<std::int64_t>> gather_all(const MpiCommunicator& world, const std::vector<std::int64_t>& mine) {
-  std::vector<std::int64_t> n{std::int64_t(mine.size())}, sizes(static_cast<std::size_t>(world.size()));
-  all_gather(world, n, sizes);
-  std::vector<int> counts;
-  std::int64_t total = 0;
-  for (std::int64_t s : sizes) {
-    counts.push_back(int(s));
-    total += s;
-  }
-  std::vector<std::int64_t> all(static_cast<std::size_t>(total));
-  all_gatherv(world, mine, all, counts);
-  std::vector<std::vector<std::int64_t>> out;
-  std::size_t at = 0;
-  for (int c : counts) {
-    out.emplace_back(all.begin() + std::ptrdiff_t(at), all.begin() + std::ptrdiff_t(at + std::size_t(c)));
-    at += std::size_t(c);
-  }
-  return out;
-}
 
 const std::vector<std::string>& site_order() {
   static const std::vector<std::string> s{spec::kSitePlan, spec::kSiteDraftGreedy, spec::kSiteDraftSample,
@@ -159,7 +140,7 @@ int run(Options& o, const MpiCommunicator& world) {
   draft_sink.close();  // the traces are complete
   target_sink.close();
 
-  const auto all = gather_all(world, encode(dec));
+  const auto all = cli::gather_all(world, encode(dec));
   if (world.rank() != 0) return dec.disagreed() ? 1 : 0;
   std::vector<RankView> ranks;
   for (const auto& v : all) ranks.push_back(decode(v, o.cfg.rounds));

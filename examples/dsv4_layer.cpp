@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/gather_all.hpp"
 #include "cli/layout_flags.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/model.hpp"
@@ -55,26 +56,6 @@ std::string kib(std::int64_t bytes) {
   return b;
 }
 
-// Every rank's int64 payload on every rank (all_gatherv over the world).
-std::vector<std::vector<std::int64_t>> gather_all(const MpiCommunicator& world, const std::vector<std::int64_t>& mine) {
-  std::vector<std::int64_t> n{std::int64_t(mine.size())}, sizes(static_cast<std::size_t>(world.size()));
-  all_gather(world, n, sizes);
-  std::vector<int> counts;
-  std::int64_t total = 0;
-  for (std::int64_t s : sizes) {
-    counts.push_back(int(s));
-    total += s;
-  }
-  std::vector<std::int64_t> all(static_cast<std::size_t>(total));
-  all_gatherv(world, mine, all, counts);
-  std::vector<std::vector<std::int64_t>> out;
-  std::size_t at = 0;
-  for (int c : counts) {
-    out.emplace_back(all.begin() + std::ptrdiff_t(at), all.begin() + std::ptrdiff_t(at + std::size_t(c)));
-    at += std::size_t(c);
-  }
-  return out;
-}
 
 int run(const Options& o, const MpiCommunicator& world) {
   const RuntimeLayout layout = const_cast<cli::LayoutFlags&>(o.layout).layout();
@@ -135,7 +116,7 @@ int run(const Options& o, const MpiCommunicator& world) {
   const auto& log = net.traffic();
   std::vector<std::int64_t> traffic(log.calls.begin(), log.calls.end());
   traffic.insert(traffic.end(), log.bytes.begin(), log.bytes.end());
-  const auto all_traffic = gather_all(world, traffic);
+  const auto all_traffic = cli::gather_all(world, traffic);
   std::vector<std::int64_t> bounds;
   std::vector<std::string> names;
   for (const model::Boundary& b : net.boundaries()) {
@@ -144,7 +125,7 @@ int run(const Options& o, const MpiCommunicator& world) {
     bounds.push_back(std::int64_t(b.owners.size()));
     bounds.insert(bounds.end(), b.owners.begin(), b.owners.end());
   }
-  const auto all_bounds = gather_all(world, bounds);
+  const auto all_bounds = cli::gather_all(world, bounds);
   if (!root) return passed ? 0 : 1;
 
   const BridgePath path = layout.bridge_path();
