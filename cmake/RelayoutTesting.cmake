@@ -12,6 +12,8 @@
 include_guard(GLOBAL)
 
 set(RELAYOUT_TEST_DEFAULT_RANKS 1 2 4 8 CACHE STRING "Rank counts for MPI tests")
+set(RELAYOUT_TEST_COLLECTIVE_TIMEOUT 120 CACHE STRING
+    "RELAYOUT_COLLECTIVE_TIMEOUT (seconds) for MPI tests: the watchdog's deadline")
 
 function(relayout_add_test name)
   cmake_parse_arguments(T "" "" "SOURCES;LIBS;LABELS" ${ARGN})
@@ -39,8 +41,11 @@ function(relayout_add_mpi_test name)
     add_test(NAME ${name}_np${n}
              COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${MPIEXEC_PREFLAGS}
                      $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS})
+    # A rank left waiting in a collective (a REQUIRE that failed on another rank, a skipped call)
+    # ends the job with the watchdog's message long before the test's own timeout.
     set_tests_properties(${name}_np${n} PROPERTIES LABELS "${labels}" TIMEOUT ${T_TIMEOUT}
-                         PROCESSORS ${n} RESOURCE_LOCK mpi)
+                         PROCESSORS ${n} RESOURCE_LOCK mpi
+                         ENVIRONMENT "RELAYOUT_COLLECTIVE_TIMEOUT=${RELAYOUT_TEST_COLLECTIVE_TIMEOUT}")
   endforeach()
 endfunction()
 

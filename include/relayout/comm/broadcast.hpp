@@ -6,11 +6,17 @@
 namespace relayout {
 
 template <Communicator C, WritableBuffer B>
-void broadcast(const C& comm, B&& buf, int root) {
-  const auto io = impl::write_span(buf, "buf");
-  impl::require_root(root, comm.size());
-  impl::require_fits_int(io.size(), "buf");
-  comm.broadcast(io, root);
+void broadcast(const C& comm, B&& buf, int root,
+               std::source_location site = std::source_location::current()) {
+  impl::run_collective(comm, CollectiveKind::broadcast, impl::dtype_of<B>(), site, [&](auto& scope) {
+    const auto io = impl::write_span(buf, "buf");
+    impl::require_root(root, comm.size());
+    impl::require_fits_int(io.size(), "buf");
+    scope.call.count = static_cast<std::int64_t>(io.size());
+    scope.call.root = root;
+    scope.agree();
+    comm.broadcast(io, root);
+  });
 }
 
 }  // namespace relayout

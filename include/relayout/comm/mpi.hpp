@@ -1,13 +1,19 @@
 // MpiCommunicator: RAII over an MPI_Comm. adopt() wraps an engine's communicator without owning it;
 // dup() and split() return owning communicators that free theirs on destruction. Every MPI call is
 // checked (MPI_ERRORS_RETURN is set on every communicator it wraps) and throws CommError on failure.
+// agree() is the collective agreement check (agreement.hpp) the free collectives run first.
 #pragma once
 
 #include <mpi.h>
 
+#include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 
+#include "relayout/comm/agreement.hpp"
+#include "relayout/comm/impl/mpi_agreement.hpp"
 #include "relayout/comm/impl/mpi_types.hpp"
 #include "relayout/comm/scalar.hpp"
 
@@ -21,7 +27,8 @@ class MpiCommunicator {
 
   MpiCommunicator(MpiCommunicator&& other) noexcept
       : comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
-        owned_(std::exchange(other.owned_, false)), size_(other.size_), rank_(other.rank_) {}
+        owned_(std::exchange(other.owned_, false)), size_(other.size_), rank_(other.rank_),
+        name_(std::move(other.name_)), agreement_(std::move(other.agreement_)) {}
   MpiCommunicator& operator=(MpiCommunicator&& other) noexcept {
     if (this != &other) {
       release();
@@ -29,6 +36,8 @@ class MpiCommunicator {
       owned_ = std::exchange(other.owned_, false);
       size_ = other.size_;
       rank_ = other.rank_;
+      name_ = std::move(other.name_);
+      agreement_ = std::move(other.agreement_);
     }
     return *this;
   }
@@ -40,6 +49,25 @@ class MpiCommunicator {
   bool owns() const { return owned_; }
   int size() const { return size_; }
   int rank() const { return rank_; }
+
+  // The name diagnostics use (ProcessGroups names its groups "attn_tp#5", ...). Local; MPI's own
+  // name of the communicator (MPI_Comm_get_name) is used until one is set.
+  void set_name(std::string_view name) { name_ = name; }
+  std::string name() const {
+    if (!name_.empty()) return name_;
+    char buf[MPI_MAX_OBJECT_NAME] = {};
+    int len = 0;
+    if (comm_ != MPI_COMM_NULL && MPI_Comm_get_name(comm_, buf, &len) == MPI_SUCCESS && len > 0)
+      return std::string(buf, static_cast<std::size_t>(len));
+    return "unnamed";
+  }
+
+  // Collective agreement (agreement.hpp): a no-op unless checks or a deadline are on.
+  void agree(const CollectiveCall& call) const {
+    if (size_ == 1 || !agreement_settings().active()) return;
+    if (!agreement_) agreement_ = std::make_unique<impl::MpiAgreement>();
+    agreement_->agree(comm_, rank_, size_, name(), call);
+  }
 
   MpiCommunicator dup() const {
     MPI_Comm out = MPI_COMM_NULL;
@@ -136,6 +164,7 @@ class MpiCommunicator {
     }
   }
   void release() noexcept {
+    agreement_.reset();  // its duplicate goes before the communicator it copies
     int finalized = 0;
     if (owned_ && comm_ != MPI_COMM_NULL && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized)
       MPI_Comm_free(&comm_);
@@ -155,6 +184,8 @@ class MpiCommunicator {
   bool owned_ = false;
   int size_ = 1;
   int rank_ = 0;
+  std::string name_;
+  mutable std::unique_ptr<impl::MpiAgreement> agreement_;
 };
 
 }  // namespace relayout

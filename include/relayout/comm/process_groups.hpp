@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "relayout/comm/communicator.hpp"
@@ -74,6 +75,7 @@ class ProcessGroupsOf {
       }
       handle_of_[k] = h;
     }
+    name_handles();
   }
 
   const RuntimeLayout& layout() const { return layout_; }
@@ -125,6 +127,24 @@ class ProcessGroupsOf {
           layout_.group_members(a, r).front() != layout_.group_members(b, r).front())
         return false;
     return true;
+  }
+  // Names for diagnostics (the collective agreement check): the kinds a handle serves and this
+  // rank's group index, e.g. "attn_tp=moe_tp#5"; the shared one-rank handle is "single".
+  void name_handles() {
+    if constexpr (requires(C& c) { c.set_name(std::string_view{}); }) {
+      for (std::size_t h = 0; h < handles_.size(); ++h) {
+        std::string kinds;
+        int index = 0;
+        bool single = false;
+        for (GroupKind kind : kAllGroupKinds) {
+          if (handle_of_[this->index(kind)] != static_cast<int>(h)) continue;
+          if (layout_.group_size(kind) == 1 && layout_.size() > 1) single = true;
+          if (kinds.empty()) index = layout_.group_index(kind, rank_);
+          kinds += (kinds.empty() ? "" : "=") + std::string(to_string(kind));
+        }
+        handles_[h].set_name(single ? "single" : kinds + "#" + std::to_string(index));
+      }
+    }
   }
   C split(GroupKind kind) const {
     return handles_.front().split(layout_.group_index(kind, rank_), layout_.group_rank(kind, rank_));
