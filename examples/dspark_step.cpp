@@ -253,6 +253,7 @@ int main(int argc, char** argv) {
   Kokkos::initialize(argc, argv);
   int rc = 0;
   {
+    JobGuard job;  // a rank that fails alone ends the job instead of leaving the others waiting
     Options o;
     o.layout.draft = "moe";
     CLI::App app{"dspark_step: speculative decode rounds (draft + verify, greedy acceptance) on MPI ranks; "
@@ -280,8 +281,10 @@ int main(int argc, char** argv) {
     app.add_option("--format", o.format, "text or json")->check(CLI::IsMember({"text", "json"}));
     std::ostringstream quiet;
     const bool root = MpiCommunicator::world().rank() == 0;
+    std::string error;
     rc = cli::run_main(app, argc, argv, root ? std::cout : quiet, root ? std::cerr : quiet,
-                       [&] { return run(o, MpiCommunicator::world()); });
+                       [&] { return run(o, MpiCommunicator::world()); }, &error);
+    rc = job.finish(rc, error);
   }
   Kokkos::finalize();
   MPI_Finalize();

@@ -235,6 +235,7 @@ int main(int argc, char** argv) {
   Kokkos::initialize(argc, argv);
   int rc = 0;
   {
+    JobGuard job;  // a rank that fails alone ends the job instead of leaving the others waiting
     Options o;
     CLI::App app{"dsv4_layer: DeepSeek-V4-like layers on MPI ranks, verified against a single-rank reference"};
     o.layout.add_to(app);
@@ -261,8 +262,10 @@ int main(int argc, char** argv) {
     app.add_option("--inject", o.inject, "wire a known bug on purpose: double_reduce, skip_reduce, gather_partial, no_split");
     std::ostringstream quiet;
     const bool root = MpiCommunicator::world().rank() == 0;
+    std::string error;
     rc = cli::run_main(app, argc, argv, root ? std::cout : quiet, root ? std::cerr : quiet,
-                       [&] { return run(o, MpiCommunicator::world()); });
+                       [&] { return run(o, MpiCommunicator::world()); }, &error);
+    rc = job.finish(rc, error);
   }
   Kokkos::finalize();
   MPI_Finalize();

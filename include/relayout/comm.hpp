@@ -3,6 +3,7 @@
 // groups of one TP domain. The only place in relayout that calls MPI.
 #pragma once
 
+#include "relayout/comm/agreement.hpp"
 #include "relayout/comm/all_gather.hpp"
 #include "relayout/comm/all_gatherv.hpp"
 #include "relayout/comm/all_reduce.hpp"
@@ -13,6 +14,7 @@
 #include "relayout/comm/buffer.hpp"
 #include "relayout/comm/communicator.hpp"
 #include "relayout/comm/error.hpp"
+#include "relayout/comm/job.hpp"
 #include "relayout/comm/mpi.hpp"
 #include "relayout/comm/nccl.hpp"
 #include "relayout/comm/process_groups.hpp"

@@ -35,10 +35,11 @@ struct LayoutFlags {
 };
 
 // Parses, runs `body` and maps failures to exit codes: 0 ok, 2 bad input (CLI or layout), 1 any
-// other error. Messages go to `out`/`err`, so the same code serves main() and the fuzzer.
+// other error. Messages go to `out`/`err`, so the same code serves main() and the fuzzer; `error`,
+// when given, receives the error text (for JobGuard::finish on the ranks whose `err` is silent).
 template <class F>
 int run_main(CLI::App& app, int argc, const char* const* argv, std::ostream& out, std::ostream& err,
-             F&& body) {
+             F&& body, std::string* error = nullptr) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -55,9 +56,11 @@ int run_main(CLI::App& app, int argc, const char* const* argv, std::ostream& out
     return body();
   } catch (const LayoutError& e) {
     err << "error: " << e.what() << "\n";
+    if (error) *error = e.what();
     return 2;
   } catch (const std::exception& e) {
     err << "error: " << e.what() << "\n";
+    if (error) *error = e.what();
     return 1;
   }
 }

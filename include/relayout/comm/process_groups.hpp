@@ -140,7 +140,8 @@ class ProcessGroupsOf {
           if (handle_of_[this->index(kind)] != static_cast<int>(h)) continue;
           if (layout_.group_size(kind) == 1 && layout_.size() > 1) single = true;
           if (kinds.empty()) index = layout_.group_index(kind, rank_);
-          kinds += (kinds.empty() ? "" : "=") + std::string(to_string(kind));
+          if (!kinds.empty()) kinds += '=';
+          kinds += to_string(kind);
         }
         handles_[h].set_name(single ? "single" : kinds + "#" + std::to_string(index));
       }

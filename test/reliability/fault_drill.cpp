@@ -1,0 +1,113 @@
+// Fault drills under mpiexec, for the command tests in this folder. Each mode breaks a job in one
+// known way; the tests check that the job ends, in bounded time, with a message that says what
+// happened and a non-zero exit code.
+//
+//   fault_drill skip        the last rank skips a collective and waits elsewhere: the others'
+//                           watchdog (RELAYOUT_COLLECTIVE_TIMEOUT) names it and aborts the job
+//   fault_drill throw       rank 1 throws in the middle of a decoder layer (from its trace sink,
+//                           at the split_rows boundary): JobGuard ends the job with its message
+//   fault_drill all-throw   every rank throws the same LayoutError: a clean exit 2, one message
+//   fault_drill mismatch    the last rank calls all_gather where the others call all_reduce: every
+//                           rank throws CollectiveMismatch, the job exits 2 with the diagnostic
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <cstdio>
+#include <relayout/relayout.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "relayout/model/layer.hpp"
+
+using namespace relayout;
+
+namespace {
+
+// Throws on one rank at one boundary of the layer.
+struct FailingSink {
+  static constexpr bool enabled = true;
+  int rank = 0, fail_rank = 1;
+  std::string at = "split_rows";
+  bool active() const { return true; }
+  void write(const trace::Record& r) {
+    if (rank == fail_rank && r.boundary == at)
+      throw std::runtime_error("injected failure on rank " + std::to_string(rank) + " at boundary \"" + at +
+                               "\" of layer " + std::to_string(r.layer));
+  }
+};
+
+int skip(const MpiCommunicator& world) {
+  MpiCommunicator c = world.dup();
+  c.set_name("drill");
+  std::vector<float> v{1.0f};
+  all_reduce_in_place(c, v);  // every rank: opens the check channel
+  if (c.rank() == c.size() - 1) {
+    // This rank never joins the next all_reduce; it waits where the others never come.
+    MPI_Barrier(MPI_COMM_WORLD);
+    return 0;
+  }
+  all_reduce_in_place(c, v);
+  std::printf("unreachable: the all_reduce completed without the last rank\n");
+  return 1;
+}
+
+int throw_in_layer(const MpiCommunicator& world) {
+  // Path B (DeepEP): attention all-reduce, split_rows, dispatch, experts, combine, all_gather.
+  const RuntimeLayout layout(LayoutConfig{.tp = world.size(), .dp = world.size() / 2, .enable_dp_attention = true,
+                                          .moe_a2a_backend = Backend::deepep});
+  const ProcessGroups groups(layout, world);
+  model::ModelDims dims;
+  dims.hidden = 16;
+  dims.heads = 2;
+  dims.head_dim = 8;
+  dims.q_lora = 8;
+  dims.experts = 4;
+  dims.topk = 2;
+  dims.moe_inter = 8;
+  dims.shared_inter = 0;
+  dims.layers = 2;
+  model::BridgeOptions opts;
+  opts.record_boundaries = true;
+  model::DistributedModel<MpiCommunicator, Kokkos::DefaultExecutionSpace, FailingSink> net(groups, dims, opts);
+  FailingSink sink;
+  sink.rank = world.rank();
+  net.trace_to(sink);
+  std::vector<int> lengths(static_cast<std::size_t>(layout.widths().attn_dp), 3);
+  const auto work = model::Workload::make(lengths, {}, layout.widths().attn_dp);
+  net.forward(work);
+  std::printf("rank %d: forward finished\n", world.rank());
+  return 0;
+}
+
+int mismatch(const MpiCommunicator& world) {
+  std::vector<float> send(2, 1.0f), recv(2 * static_cast<std::size_t>(world.size()));
+  if (world.rank() == world.size() - 1) all_gather(world, send, recv);
+  else all_reduce(world, send, std::span<float>(recv.data(), 2));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  Kokkos::initialize(argc, argv);
+  int rc = 0;
+  {
+    JobGuard job;
+    const std::string mode = argc > 1 ? argv[1] : "";
+    rc = job.run([&] {
+      const MpiCommunicator world = MpiCommunicator::world();
+      if (world.size() < 2 || world.size() % 2 != 0)
+        throw LayoutError("mpiexec -n", "fault_drill needs an even number of ranks, at least 2");
+      if (mode == "skip") return skip(world);
+      if (mode == "throw") return throw_in_layer(world);
+      if (mode == "all-throw") throw LayoutError("--tp", "every rank rejects this layout the same way");
+      if (mode == "mismatch") return mismatch(world);
+      throw LayoutError("mode", "unknown mode '" + mode + "': skip, throw, all-throw or mismatch");
+    });
+  }
+  Kokkos::finalize();
+  MPI_Finalize();
+  return rc;
+}
