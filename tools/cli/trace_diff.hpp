@@ -28,9 +28,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -64,39 +66,93 @@ struct TraceRun {
   std::vector<RankTrace> ranks;
 };
 
+namespace detail {
+
+// Field readers of record_from_json: the value must be of the field's type as JSON has it, so that a
+// damaged file is rejected rather than read as something else (a float or a bool truncated to an int,
+// an unknown word read as the default). Integers are exact and non-negative (the writer writes no
+// negative one; a handle or group that is absent is null).
+inline std::int64_t nonneg_int(const nlohmann::json& v, std::int64_t max, const char* what) {
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() <= static_cast<std::uint64_t>(max))
+    return static_cast<std::int64_t>(v.get<std::uint64_t>());
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0 && v.get<std::int64_t>() <= max) return v.get<std::int64_t>();
+  throw std::runtime_error(std::string(what) + " must be an integer in [0, " + std::to_string(max) + "], not " +
+                           (v.is_number() ? v.dump() : std::string(v.type_name())));
+}
+inline int int_field(const nlohmann::json& j, const char* key) {
+  return static_cast<int>(nonneg_int(j.at(key), std::numeric_limits<int>::max(), key));
+}
+inline std::int64_t int64_field(const nlohmann::json& j, const char* key) {
+  return nonneg_int(j.at(key), std::numeric_limits<std::int64_t>::max(), key);
+}
+inline std::vector<std::int64_t> counts_field(const nlohmann::json& j, const char* key) {
+  const nlohmann::json& a = j.at(key);
+  if (!a.is_array()) throw std::runtime_error(std::string(key) + " must be an array");
+  std::vector<std::int64_t> v;
+  for (const nlohmann::json& e : a) v.push_back(nonneg_int(e, std::numeric_limits<std::int64_t>::max(), key));
+  return v;
+}
+// A checksum entry: a number, or "nan", "inf", "-inf" (JSON has none of them); null, as older
+// writers put for any of them, reads as NaN.
+inline double checksum_entry(const nlohmann::json& v) {
+  if (v.is_number()) return v.get<double>();
+  if (v.is_null()) return std::numeric_limits<double>::quiet_NaN();
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+    if (s == "inf") return std::numeric_limits<double>::infinity();
+    if (s == "-inf") return -std::numeric_limits<double>::infinity();
+  }
+  throw std::runtime_error("a checksum must be a number, \"nan\", \"inf\" or \"-inf\"");
+}
+
+}  // namespace detail
+
+// One record line (trace::to_jsonl). Throws on a missing field or one of the wrong type.
 inline trace::Record record_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw std::runtime_error("a record must be a JSON object");
   trace::Record r;
-  r.layer = j.at("layer").get<int>();
+  r.layer = detail::int_field(j, "layer");
   r.boundary = j.at("boundary").get<std::string>();
   r.state = j.at("state").get<std::string>();
-  r.sharing = j.at("sharing").get<std::string>() == "partial" ? trace::Sharing::partial : trace::Sharing::replicated;
-  r.copies = j.at("copies").get<int>();
-  r.global_rank = j.at("global_rank").get<int>();
-  r.attn_dp_rank = j.at("attn_dp_rank").get<int>();
-  r.attn_tp_rank = j.at("attn_tp_rank").get<int>();
-  r.moe_ep_rank = j.at("moe_ep_rank").get<int>();
+  const std::string sharing = j.at("sharing").get<std::string>();
+  if (sharing != "partial" && sharing != "replicated")
+    throw std::runtime_error("sharing must be \"partial\" or \"replicated\", not \"" + sharing + "\"");
+  r.sharing = sharing == "partial" ? trace::Sharing::partial : trace::Sharing::replicated;
+  r.copies = detail::int_field(j, "copies");
+  r.global_rank = detail::int_field(j, "global_rank");
+  r.attn_dp_rank = detail::int_field(j, "attn_dp_rank");
+  r.attn_tp_rank = detail::int_field(j, "attn_tp_rank");
+  r.moe_ep_rank = detail::int_field(j, "moe_ep_rank");
   r.group = j.at("group").is_null() ? "" : j.at("group").get<std::string>();
-  r.handle = j.at("handle").is_null() ? -1 : j.at("handle").get<int>();
-  r.row_count = j.at("row_count").get<std::int64_t>();
-  r.pad_rows = j.at("pad_rows").get<std::int64_t>();
-  r.hidden = j.at("hidden").get<int>();
-  r.global_num_tokens = j.at("global_num_tokens").get<std::vector<std::int64_t>>();
-  if (j.contains("scaled_global_num_tokens"))
-    r.scaled_global_num_tokens = j.at("scaled_global_num_tokens").get<std::vector<std::int64_t>>();
+  r.handle = j.at("handle").is_null() ? -1 : detail::int_field(j, "handle");
+  r.row_count = detail::int64_field(j, "row_count");
+  r.pad_rows = detail::int64_field(j, "pad_rows");
+  r.hidden = detail::int_field(j, "hidden");
+  r.global_num_tokens = detail::counts_field(j, "global_num_tokens");
+  if (j.contains("scaled_global_num_tokens")) r.scaled_global_num_tokens = detail::counts_field(j, "scaled_global_num_tokens");
   if (j.contains("error")) r.error = j.at("error").get<std::string>();
-  const auto num = [](const nlohmann::json& v) { return v.is_null() ? std::nan("") : v.get<double>(); };
-  for (const auto& row : j.at("rows")) {
+  const nlohmann::json& rows = j.at("rows");
+  if (!rows.is_array()) throw std::runtime_error("rows must be an array");
+  for (const nlohmann::json& row : rows) {
     if (!row.is_array() || row.size() != 6) throw std::runtime_error("a row must be [request,position,step,sum,wsum,l2]");
-    trace::Row w{row[0].get<int>(), row[1].get<int>(), row[2].get<int>(), !row[3].is_null(), {}};
-    if (w.has_sum) w.sum = {num(row[3]), num(row[4]), num(row[5])};
+    trace::Row w{static_cast<int>(detail::nonneg_int(row[0], std::numeric_limits<int>::max(), "a row's request")),
+                 static_cast<int>(detail::nonneg_int(row[1], std::numeric_limits<int>::max(), "a row's position")),
+                 static_cast<int>(detail::nonneg_int(row[2], std::numeric_limits<int>::max(), "a row's step")), false, {}};
+    // Three nulls: not recorded. Any other entry: recorded, and a null one was not finite.
+    w.has_sum = !(row[3].is_null() && row[4].is_null() && row[5].is_null());
+    const trace::RowSum sum{detail::checksum_entry(row[3]), detail::checksum_entry(row[4]), detail::checksum_entry(row[5])};
+    if (w.has_sum) w.sum = sum;
     r.rows.push_back(w);
   }
   return r;
 }
 
-inline RankTrace read_rank_trace(const std::string& file, int rank, int* world_size, std::string* program) {
-  std::ifstream in(file);
-  if (!in) throw TraceInputError(file + ": cannot open (missing rank file?)");
+// One rank's trace from a stream; `file` names it in error messages. Throws TraceInputError
+// ("FILE:LINE: why") unless the text is a complete trace: the header line (of this rank), records,
+// and the end line counting them, last.
+inline RankTrace read_rank_trace(std::istream& in, const std::string& file, int rank, int* world_size,
+                                 std::string* program) {
   RankTrace t{rank, file, {}};
   std::string line;
   int n = 0;
@@ -115,22 +171,31 @@ inline RankTrace read_rank_trace(const std::string& file, int rank, int* world_s
       if (n == 1) {
         if (!j.is_object() || !j.contains("relayout_trace"))
           throw TraceInputError(at + "not a relayout trace (the first line must be the trace header)");
-        if (j.at("rank").get<int>() != rank)
-          throw TraceInputError(at + "header says rank " + std::to_string(j.at("rank").get<int>()));
-        if (world_size) *world_size = j.at("world_size").get<int>();
+        const int version = detail::int_field(j, "relayout_trace");
+        if (version != 1) throw TraceInputError(at + "trace format " + std::to_string(version) + ", this reader reads 1");
+        const int header_rank = detail::int_field(j, "rank"), size = detail::int_field(j, "world_size");
+        if (header_rank != rank) throw TraceInputError(at + "header says rank " + std::to_string(header_rank));
+        if (size < 1 || rank >= size)
+          throw TraceInputError(at + "world_size " + std::to_string(size) + " does not hold rank " + std::to_string(rank));
+        if (world_size) *world_size = size;
         if (program) *program = j.value("program", "");
-      } else if (j.contains("end")) {
+      } else if (j.is_object() && j.contains("end")) {
         ended = true;
-        if (j.at("records").get<std::size_t>() != t.records.size())
-          throw TraceInputError(at + "end line counts " + std::to_string(j.at("records").get<std::size_t>()) +
-                                " records, the file has " + std::to_string(t.records.size()));
+        if (j.at("end") != true) throw TraceInputError(at + "the end line must say \"end\":true");
+        const std::int64_t k = detail::int64_field(j, "records");
+        if (static_cast<std::uint64_t>(k) != t.records.size())
+          throw TraceInputError(at + "end line counts " + std::to_string(k) + " records, the file has " +
+                                std::to_string(t.records.size()));
       } else {
         t.records.push_back(record_from_json(j));
+        if (t.records.back().global_rank != rank)
+          throw TraceInputError(at + "a record of rank " + std::to_string(t.records.back().global_rank) +
+                                " in the file of rank " + std::to_string(rank));
       }
     } catch (const TraceInputError&) {
       throw;
     } catch (const std::exception& e) {
-      throw TraceInputError(at + "bad trace record: " + e.what());
+      throw TraceInputError(at + (n == 1 ? "bad trace header: " : "bad trace record: ") + e.what());
     }
   }
   if (n == 0) throw TraceInputError(file + ": empty file");
@@ -138,7 +203,14 @@ inline RankTrace read_rank_trace(const std::string& file, int rank, int* world_s
   return t;
 }
 
-// All rank files of one run: rank0.jsonl names the world size, every rank below it must be there.
+inline RankTrace read_rank_trace(const std::string& file, int rank, int* world_size, std::string* program) {
+  std::ifstream in(file);
+  if (!in) throw TraceInputError(file + ": cannot open (missing rank file?)");
+  return read_rank_trace(in, file, rank, world_size, program);
+}
+
+// All rank files of one run: rank0.jsonl names the world size, every rank below it must be there,
+// and every file's header must name the same world size and program (no file of another run).
 inline TraceRun read_trace(const std::string& dir) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) throw TraceInputError(dir + ": not a trace directory (missing?)");
@@ -148,8 +220,16 @@ inline TraceRun read_trace(const std::string& dir) {
   if (!fs::exists(first)) throw TraceInputError(dir + ": no rank0.jsonl (not a trace directory?)");
   run.ranks.push_back(read_rank_trace(first, 0, &run.world_size, &run.program));
   if (run.world_size < 1) throw TraceInputError(first + ":1: world_size must be >= 1");
-  for (int r = 1; r < run.world_size; ++r)
-    run.ranks.push_back(read_rank_trace((fs::path(dir) / ("rank" + std::to_string(r) + ".jsonl")).string(), r, nullptr, nullptr));
+  for (int r = 1; r < run.world_size; ++r) {
+    const std::string file = (fs::path(dir) / ("rank" + std::to_string(r) + ".jsonl")).string();
+    int size = 0;
+    std::string program;
+    run.ranks.push_back(read_rank_trace(file, r, &size, &program));
+    if (size != run.world_size || program != run.program)
+      throw TraceInputError(file + ":1: header says world_size " + std::to_string(size) + ", program \"" + program +
+                            "\"; rank0.jsonl says " + std::to_string(run.world_size) + ", \"" + run.program +
+                            "\" (a file of another run?)");
+  }
   return run;
 }
 

@@ -2,15 +2,20 @@
 // JSON library so the core stays dependency-free. Format (read back by `relayout trace diff`):
 //   line 1: {"relayout_trace":1,"rank":R,"world_size":N,"program":"..."}
 //   then one record per line (fields of trace::Record; "rows": [[request,position,step,sum,wsum,l2],...],
-//   checksum entries null where not recorded or not finite),
+//   the three checksum entries null where not recorded, "nan"/"inf"/"-inf" where not finite),
 //   last line: {"end":true,"records":K} — a file without it was cut short.
+// The reader (tools/cli/trace_diff.hpp, fuzzed by test/fuzz/fuzz_trace.cpp) takes nothing else: every
+// integer field exact and non-negative, every record of the file's rank, one header and one end line.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "relayout/trace/record.hpp"
 
@@ -37,9 +42,11 @@ inline std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-// Shortest text that reads back to the same double; JSON has no NaN/inf, so those become null.
+// Text that reads back to the same double. JSON has no NaN or inf: those are the strings "nan",
+// "inf", "-inf" (not null, which in a row would read as "no checksum recorded").
 inline std::string json_number(double x) {
-  if (!std::isfinite(x)) return "null";
+  if (std::isnan(x)) return "\"nan\"";
+  if (std::isinf(x)) return x > 0 ? "\"inf\"" : "\"-inf\"";
   char b[32];
   std::snprintf(b, sizeof b, "%.17g", x);
   return b;
@@ -77,6 +84,15 @@ inline std::string to_jsonl(const Record& r) {
   return s + "]}";
 }
 
+// The first and the last line of a rank's file.
+inline std::string header_line(int rank, int world_size, const std::string& program) {
+  return "{\"relayout_trace\":1,\"rank\":" + std::to_string(rank) + ",\"world_size\":" + std::to_string(world_size) +
+         ",\"program\":" + json_string(program) + "}";
+}
+inline std::string end_line(std::int64_t records) {
+  return "{\"end\":true,\"records\":" + std::to_string(records) + "}";
+}
+
 inline std::string trace_file(const std::string& dir, int rank) {
   return (std::filesystem::path(dir) / ("rank" + std::to_string(rank) + ".jsonl")).string();
 }
@@ -100,8 +116,7 @@ class JsonlSink {
     path_ = trace_file(dir, rank);
     out_.open(path_, std::ios::out | std::ios::trunc);
     if (!out_) throw std::runtime_error("trace: cannot write " + path_);
-    out_ << "{\"relayout_trace\":1,\"rank\":" << rank << ",\"world_size\":" << world_size
-         << ",\"program\":" << json_string(program) << "}\n";
+    out_ << header_line(rank, world_size, program) << "\n";
     records_ = 0;
   }
   bool active() const { return out_.is_open(); }
@@ -113,7 +128,7 @@ class JsonlSink {
   // Writes the end line; only a closed file is complete.
   void close() {
     if (!active()) return;
-    out_ << "{\"end\":true,\"records\":" << records_ << "}\n";
+    out_ << end_line(records_) << "\n";
     out_.close();
   }
   const std::string& path() const { return path_; }
