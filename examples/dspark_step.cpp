@@ -21,6 +21,7 @@
 
 #include "cli/gather_all.hpp"
 #include "cli/layout_flags.hpp"
+#include "cli/trace_flag.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/spec/decoder.hpp"
 #include "relayout/trace.hpp"
@@ -124,7 +125,7 @@ int run(Options& o, const MpiCommunicator& world) {
                                   std::to_string(world.size()) + " (run with mpiexec -n " + std::to_string(layout.size()) + ")");
   o.cfg.requests_per_group = o.requests;
   o.cfg.width = spec::TokensPerRequest{o.width};
-  if (o.width < 1 || o.width > 64) throw LayoutError("--tokens-per-req", "--tokens-per-req must be in [1, 64]");
+  if (o.width < 1 || o.width > 64) throw LayoutError("--tokens-per-req", "--tokens-per-req must be in [1, 64], got " + std::to_string(o.width));
   o.cfg.draft_dims.hidden = o.cfg.target_dims.hidden = o.hidden;
   const spec::SyncSites sites = spec::SyncSites::from_env();  // RELAYOUT_SPEC_TP_SYNC
   const bool guard_fails = !layout.dspark().allowed;
@@ -132,8 +133,9 @@ int run(Options& o, const MpiCommunicator& world) {
   Decoder dec(groups, o.cfg, sites);  // the start-up check (exit 2)
   trace::JsonlSink draft_sink, target_sink;  // stay closed (inactive) without --trace
   if (!o.trace.empty()) {
-    if (layout.config().draft == Draft::moe) draft_sink.open(o.trace + "/draft", world.rank(), world.size(), "dspark_step draft");
-    target_sink.open(o.trace + "/target", world.rank(), world.size(), "dspark_step target");
+    if (layout.config().draft == Draft::moe)
+      cli::open_trace(draft_sink, o.trace + "/draft", world.rank(), world.size(), "dspark_step draft");
+    cli::open_trace(target_sink, o.trace + "/target", world.rank(), world.size(), "dspark_step target");
     dec.trace_to(draft_sink, target_sink);
   }
   dec.run();

@@ -18,6 +18,7 @@
 
 #include "cli/gather_all.hpp"
 #include "cli/layout_flags.hpp"
+#include "cli/trace_flag.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/model.hpp"
 #include "relayout/trace.hpp"
@@ -71,11 +72,17 @@ int run(const Options& o, const MpiCommunicator& world) {
   opts.inject = model::parse_inject(o.inject);
   opts.record_boundaries = true;
   const Widths& w = layout.widths();
+  if (o.show_group < -1 || o.show_group >= w.attn_dp)
+    throw LayoutError("--show-group", "--show-group " + std::to_string(o.show_group) +
+                                          ": an attention-DP group must be in [0, attn_dp = " + std::to_string(w.attn_dp) +
+                                          ") (or -1: the first group with two rows)");
+  if (!(o.tolerance >= 0))
+    throw LayoutError("--tolerance", "--tolerance " + std::to_string(o.tolerance) + ": a tolerance must be >= 0");
   const model::Workload work = model::Workload::make(o.requests, o.placement, w.attn_dp);
   const ProcessGroups groups(layout, world);
   model::DistributedModel<MpiCommunicator, Kokkos::DefaultExecutionSpace, trace::JsonlSink> net(groups, o.dims, opts);
   trace::JsonlSink sink;  // stays closed (inactive) without --trace
-  if (!o.trace.empty()) sink.open(o.trace, world.rank(), world.size(), "dsv4_layer");
+  if (!o.trace.empty()) cli::open_trace(sink, o.trace, world.rank(), world.size(), "dsv4_layer");
   net.trace_to(sink);
   const RankCoords me = groups.coords();
   const bool root = world.rank() == 0;
