@@ -330,9 +330,31 @@ inline std::optional<trace::RowSum> expected_sum(const BoundaryAgg& b, const Row
   return t;
 }
 
+// The model width a run's records were taken at (0: no records).
+inline int run_hidden(const TraceRun& run) {
+  for (const RankTrace& rank : run.ranks)
+    for (const trace::Record& r : rank.records)
+      if (r.hidden > 0) return r.hidden;
+  return 0;
+}
+
 }  // namespace detail
 
+// Traces of different programs (dsv4_layer, the DSpark draft, the DSpark target) or of different
+// model widths come from different models: any "divergence" between them would say nothing about
+// the layout, so they are refused (exit 2) instead of compared.
+inline void require_comparable(const TraceRun& base, const TraceRun& cand) {
+  if (!base.program.empty() && !cand.program.empty() && base.program != cand.program)
+    throw TraceInputError(cand.dir + ": a trace of \"" + cand.program + "\" cannot be compared with a baseline of \"" +
+                          base.program + "\" (" + base.dir + "): they run different models");
+  const int hb = detail::run_hidden(base), hc = detail::run_hidden(cand);
+  if (hb > 0 && hc > 0 && hb != hc)
+    throw TraceInputError(cand.dir + ": its records have hidden " + std::to_string(hc) + ", the baseline's (" + base.dir +
+                          ") hidden " + std::to_string(hb) + ": traces of different model sizes cannot be compared");
+}
+
 inline int trace_diff(const TraceRun& base_run, const TraceRun& cand_run, const DiffOptions& opt, std::ostream& out) {
+  require_comparable(base_run, cand_run);
   const auto base = aggregate(base_run);
   const auto cand = aggregate(cand_run);
   out << "trace diff: baseline " << base_run.dir << " (" << base_run.world_size << " rank" << (base_run.world_size > 1 ? "s" : "")
