@@ -223,6 +223,12 @@ TEST_CASE("agreement: process groups name their communicators in the diagnostics
   RuntimeLayout layout(LayoutConfig{.tp = n, .dp = 2, .enable_dp_attention = true});
   const MpiCommunicator world = MpiCommunicator::world();
   ProcessGroups groups(layout, world);
+  const int g0 = world.rank() / (n / 2);
+  // Each handle is named after the kinds it serves (moe_tp = tp here) and this rank's group index.
+  CHECK(groups.tp().name() == "tp=moe_tp#0");
+  CHECK(groups.attn_tp().name() == "attn_tp#" + std::to_string(g0));
+  CHECK(groups.attn_cp().name() == "single");  // one-rank groups share one handle
+  CHECK(groups.moe_ep().name() == "single");
   const MpiCommunicator& at = groups.attn_tp();
   std::vector<float> buf(at.rank() == 0 ? 1 : 2, 0.0f);
   const std::string msg = mismatch_message([&] { all_reduce_in_place(at, buf); });
