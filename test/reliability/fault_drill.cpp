@@ -57,16 +57,8 @@ int throw_in_layer(const MpiCommunicator& world) {
   const RuntimeLayout layout(LayoutConfig{.tp = world.size(), .dp = world.size() / 2, .enable_dp_attention = true,
                                           .moe_a2a_backend = Backend::deepep});
   const ProcessGroups groups(layout, world);
-  model::ModelDims dims;
-  dims.hidden = 16;
-  dims.heads = 2;
-  dims.head_dim = 8;
-  dims.q_lora = 8;
-  dims.experts = 4;
-  dims.topk = 2;
-  dims.moe_inter = 8;
-  dims.shared_inter = 0;
-  dims.layers = 2;
+  const model::ModelDims dims{.hidden = 16, .heads = 2, .head_dim = 8, .q_lora = 8, .experts = 4, .topk = 2,
+                              .moe_inter = 8, .shared_inter = 0, .layers = 2};
   model::BridgeOptions opts;
   opts.record_boundaries = true;
   model::DistributedModel<MpiCommunicator, Kokkos::DefaultExecutionSpace, FailingSink> net(groups, dims, opts);
