@@ -12,7 +12,7 @@
 //                                    a deadline turns the check on
 //   RELAYOUT_EXIT_GRACE=S            seconds a failed rank waits for the others at exit (job.hpp)
 // The exchange is per backend: MpiCommunicator implements it; SingleRankCommunicator needs none;
-// NcclCommunicator has no host-side channel and is not checked.
+// NcclCommunicator runs it on the host, over a duplicate of its MPI bootstrap communicator.
 #pragma once
 
 #include <algorithm>

@@ -2,7 +2,9 @@
 // GPU memory. Built only when RELAYOUT_HAVE_NCCL is defined (CMake target relayout::nccl). Every
 // call is enqueued on the communicator's stream and the stream is synchronised before returning,
 // so it has the same blocking semantics as the MPI backend. NCCL, CUDA and MPI return codes are
-// all checked and throw CommError naming the call, file and line.
+// all checked and throw CommError naming the call, file and line. The collective agreement check
+// (agreement.hpp) runs on the host, over a duplicate of the MPI bootstrap communicator that this
+// communicator keeps (and splits alongside), before each call is enqueued.
 #pragma once
 
 #if defined(RELAYOUT_HAVE_NCCL)
@@ -11,7 +13,9 @@
 #include <nccl.h>
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -71,12 +75,14 @@ class NcclCommunicator {
     RELAYOUT_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, bootstrap.native()));
     ncclComm_t comm = nullptr;
     RELAYOUT_NCCL_CHECK(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()));
-    return NcclCommunicator(comm);
+    NcclCommunicator out(comm);
+    out.host_ = std::make_unique<MpiCommunicator>(bootstrap.dup());
+    return out;
   }
 
   NcclCommunicator(NcclCommunicator&& o) noexcept
       : comm_(std::exchange(o.comm_, nullptr)), stream_(std::exchange(o.stream_, nullptr)),
-        size_(o.size_), rank_(o.rank_) {}
+        size_(o.size_), rank_(o.rank_), host_(std::move(o.host_)) {}
   NcclCommunicator& operator=(NcclCommunicator&& o) noexcept {
     if (this != &o) {
       release();
@@ -84,6 +90,7 @@ class NcclCommunicator {
       stream_ = std::exchange(o.stream_, nullptr);
       size_ = o.size_;
       rank_ = o.rank_;
+      host_ = std::move(o.host_);
     }
     return *this;
   }
@@ -100,7 +107,18 @@ class NcclCommunicator {
   NcclCommunicator split(int color, int key) const {
     ncclComm_t out = nullptr;
     RELAYOUT_NCCL_CHECK(ncclCommSplit(comm_, color, key, &out, nullptr));
-    return NcclCommunicator(out);
+    NcclCommunicator c(out);
+    if (host_) c.host_ = std::make_unique<MpiCommunicator>(host_->split(color, key));
+    return c;
+  }
+
+  // The agreement check over the host communicator (none for a communicator made from a raw
+  // ncclComm_t without one).
+  void agree(const CollectiveCall& call) const {
+    if (host_) host_->agree(call);
+  }
+  void set_name(std::string_view name) {
+    if (host_) host_->set_name(name);
   }
 
   template <CommScalar T>
@@ -261,6 +279,7 @@ class NcclCommunicator {
   cudaStream_t stream_ = nullptr;
   int size_ = 1;
   int rank_ = 0;
+  std::unique_ptr<MpiCommunicator> host_;  // the bootstrap's duplicate, for the agreement check
 };
 
 }  // namespace relayout
