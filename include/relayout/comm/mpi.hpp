@@ -72,14 +72,14 @@ class MpiCommunicator {
   MpiCommunicator dup() const {
     MPI_Comm out = MPI_COMM_NULL;
     RELAYOUT_MPI_CHECK(MPI_Comm_dup(comm_, &out));
-    return MpiCommunicator(out, true);
+    return MpiCommunicator(out, true).with_agreement_channel();
   }
   // Collective over this communicator: ranks with the same color form one new communicator,
   // ordered by key (then by rank here).
   MpiCommunicator split(int color, int key) const {
     MPI_Comm out = MPI_COMM_NULL;
     RELAYOUT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &out));
-    return MpiCommunicator(out, true);
+    return MpiCommunicator(out, true).with_agreement_channel();
   }
 
   template <CommScalar T>
@@ -162,6 +162,15 @@ class MpiCommunicator {
       release();
       throw;
     }
+  }
+  // A new communicator's members are all in the call that made it: open the agreement check's
+  // channel there (an adopted one opens it at its first checked collective instead).
+  MpiCommunicator&& with_agreement_channel() && {
+    if (size_ > 1 && agreement_settings().active()) {
+      agreement_ = std::make_unique<impl::MpiAgreement>();
+      agreement_->open_now(comm_);
+    }
+    return std::move(*this);
   }
   void release() noexcept {
     agreement_.reset();  // its duplicate goes before the communicator it copies

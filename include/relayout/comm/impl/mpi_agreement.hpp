@@ -119,6 +119,12 @@ class MpiAgreement {
       throw CollectiveMismatch(v);
   }
 
+  // Makes the private duplicate now: for a communicator just made by a split or dup, whose members
+  // are all here, so the watchdog can name missing members from the first call on.
+  void open_now(MPI_Comm comm) {
+    if (shadow_ == MPI_COMM_NULL) RELAYOUT_MPI_CHECK(MPI_Comm_dup(comm, &shadow_));
+  }
+
   static GroupText group_text(MPI_Comm comm, const std::string& name) {
     GroupText g;
     g.name = name;
