@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "mpi_world.hpp"
+
 using namespace relayout;
 
 namespace {
@@ -32,10 +34,8 @@ std::vector<double> values(const std::vector<T>& v) {
   return out;
 }
 
-const MpiCommunicator& world() {
-  static const MpiCommunicator w = MpiCommunicator::world();
-  return w;
-}
+// Owned by the shared test main, which frees it before MPI_Finalize.
+using relayout::test::world;
 
 // All values below are small integers or quarters, exact in every element type (even bf16).
 #define ELEMENT_TYPES float, double, std::int32_t, std::int64_t, relayout::bf16, relayout::fp16

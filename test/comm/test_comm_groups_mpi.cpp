@@ -8,14 +8,14 @@
 #include <relayout/comm.hpp>
 #include <vector>
 
+#include "mpi_world.hpp"
+
 using namespace relayout;
 
 namespace {
 
-const MpiCommunicator& world() {
-  static const MpiCommunicator w = MpiCommunicator::world();
-  return w;
-}
+// Owned by the shared test main, which frees it before MPI_Finalize.
+using relayout::test::world;
 
 std::vector<std::pair<int, int>> factor_pairs(int n) {
   std::vector<std::pair<int, int>> out;

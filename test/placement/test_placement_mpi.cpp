@@ -10,6 +10,8 @@
 #include <relayout/placement.hpp>
 #include <vector>
 
+#include "mpi_world.hpp"
+
 using namespace relayout;
 
 namespace {
@@ -18,10 +20,8 @@ using Space = Kokkos::DefaultExecutionSpace;
 using View = Kokkos::View<double**, Kokkos::LayoutRight, Space::memory_space>;
 constexpr int kHidden = 3;
 
-const MpiCommunicator& world() {
-  static const MpiCommunicator w = MpiCommunicator::world();
-  return w;
-}
+// Owned by the shared test main, which frees it before MPI_Finalize.
+using relayout::test::world;
 
 template <class F>
 View make_rows(std::int64_t n, F value) {

@@ -13,15 +13,15 @@
 #include <relayout/comm/single.hpp>
 #include <relayout/spec/decoder.hpp>
 
+#include "mpi_world.hpp"
+
 using namespace relayout;
 using namespace relayout::spec;
 
 namespace {
 
-const MpiCommunicator& world() {
-  static const MpiCommunicator w = MpiCommunicator::world();
-  return w;
-}
+// Owned by the shared test main, which frees it before MPI_Finalize.
+using relayout::test::world;
 
 model::ModelDims small_dims(int layers, std::uint64_t seed) {
   model::ModelDims d;

@@ -8,11 +8,16 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "mpi_world.hpp"
+
 namespace {
+
+std::optional<relayout::MpiCommunicator> the_world;  // relayout::test::world(), reset before MPI_Finalize
 
 int world_rank() {
   int r = 0;
@@ -60,6 +65,11 @@ struct MpiAgreement : doctest::IReporter {
 
 REGISTER_LISTENER("mpi_agreement", 1, MpiAgreement);
 
+const relayout::MpiCommunicator& relayout::test::world() {
+  if (!the_world) the_world.emplace(relayout::MpiCommunicator::world());
+  return *the_world;
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   Kokkos::initialize(argc, argv);
@@ -80,6 +90,7 @@ int main(int argc, char** argv) {
       MPI_Barrier(MPI_COMM_WORLD);
     }
   }
+  the_world.reset();  // frees its agreement channel while MPI is up
   Kokkos::finalize();
   MPI_Finalize();
   return any_failed;
