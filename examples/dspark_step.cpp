@@ -21,6 +21,7 @@
 
 #include "cli/gather_all.hpp"
 #include "cli/layout_flags.hpp"
+#include "cli/mpi_main.hpp"
 #include "cli/trace_flag.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/spec/decoder.hpp"
@@ -281,12 +282,7 @@ int main(int argc, char** argv) {
                    "write row-ownership traces of every round, DIR/draft (MoE draft) and DIR/target, one "
                    "DIR/*/rank<R>.jsonl per rank (compare each with `relayout trace diff`)");
     app.add_option("--format", o.format, "text or json")->check(CLI::IsMember({"text", "json"}));
-    std::ostringstream quiet;
-    const bool root = MpiCommunicator::world().rank() == 0;
-    std::string error;
-    rc = cli::run_main(app, argc, argv, root ? std::cout : quiet, root ? std::cerr : quiet,
-                       [&] { return run(o, MpiCommunicator::world()); }, &error);
-    rc = job.finish(rc, error);
+    rc = cli::run_mpi_main(app, argc, argv, job, [&] { return run(o, MpiCommunicator::world()); });
   }
   Kokkos::finalize();
   MPI_Finalize();

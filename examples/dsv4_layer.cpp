@@ -18,6 +18,7 @@
 
 #include "cli/gather_all.hpp"
 #include "cli/layout_flags.hpp"
+#include "cli/mpi_main.hpp"
 #include "cli/trace_flag.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/model.hpp"
@@ -267,12 +268,7 @@ int main(int argc, char** argv) {
     app.add_option("--show-group", o.show_group, "attention-DP group whose rows the text output follows");
     app.add_option("--trace", o.trace, "write a row-ownership trace, DIR/rank<R>.jsonl per rank (compare with `relayout trace diff`)");
     app.add_option("--inject", o.inject, "wire a known bug on purpose: double_reduce, skip_reduce, gather_partial, no_split");
-    std::ostringstream quiet;
-    const bool root = MpiCommunicator::world().rank() == 0;
-    std::string error;
-    rc = cli::run_main(app, argc, argv, root ? std::cout : quiet, root ? std::cerr : quiet,
-                       [&] { return run(o, MpiCommunicator::world()); }, &error);
-    rc = job.finish(rc, error);
+    rc = cli::run_mpi_main(app, argc, argv, job, [&] { return run(o, MpiCommunicator::world()); });
   }
   Kokkos::finalize();
   MPI_Finalize();
