@@ -153,7 +153,7 @@ struct Signature {
 template <std::size_t N>
 void copy_text(char (&dst)[N], std::string_view s) {
   const std::size_t n = std::min(s.size(), N - 1);
-  std::memcpy(dst, s.data(), n);
+  if (n > 0) std::memcpy(dst, s.data(), n);  // an empty view may have a null data()
   dst[n] = '\0';
 }
 
