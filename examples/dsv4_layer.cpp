@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -99,8 +100,10 @@ int run(const Options& o, const MpiCommunicator& world) {
   sink.close();  // the trace is complete
 
   // Verification against the single-rank reference, matched by row owner.
+  // A NaN or inf value fails the check by itself (std::max would drop a NaN): it is counted and
+  // makes max_abs_err infinite.
   double err = 0.0;
-  std::int64_t rows = 0;
+  std::int64_t rows = 0, non_finite = 0;
   int owners_ok = failure.empty() ? 1 : 0;
   if (o.check && failure.empty()) {
     const auto ref = model::reference_forward(o.dims, work);
@@ -110,15 +113,21 @@ int run(const Options& o, const MpiCommunicator& world) {
     owners_ok = out.owners == expected ? 1 : 0;
     const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.values);
     for (std::size_t i = 0; i < expected.size() && owners_ok; ++i) {
-      for (int f = 0; f < o.dims.hidden; ++f)
-        err = std::max(err, std::abs(double(h(i, f)) - ref.rows(row_of.at(expected[i]), f)));
+      for (int f = 0; f < o.dims.hidden; ++f) {
+        const double v = double(h(i, f));
+        if (!std::isfinite(v)) ++non_finite;
+        err = std::isfinite(v) ? std::max(err, std::abs(v - ref.rows(row_of.at(expected[i]), f)))
+                               : std::numeric_limits<double>::infinity();
+      }
       if (me.attn_tp_rank == 0) ++rows;
     }
     all_reduce_in_place(world, std::span<double>(&err, 1), ReduceOp::max);
     all_reduce_in_place(world, std::span<std::int64_t>(&rows, 1));
+    all_reduce_in_place(world, std::span<std::int64_t>(&non_finite, 1));
     all_reduce_in_place(world, std::span<int>(&owners_ok, 1), ReduceOp::min);
   }
-  const bool passed = failure.empty() && owners_ok && err <= o.tolerance && (!o.check || rows == work.total_rows());
+  const bool passed = failure.empty() && owners_ok && non_finite == 0 && err <= o.tolerance &&
+                      (!o.check || rows == work.total_rows());
 
   // Each rank's traffic and its first-layer boundaries, for rank 0 to print.
   const auto& log = net.traffic();
@@ -145,7 +154,8 @@ int run(const Options& o, const MpiCommunicator& world) {
     j["padding"] = mode;
     j["global_num_tokens"] = net.global_num_tokens();
     j["check"] = o.check;
-    j["max_abs_err"] = err;
+    j["max_abs_err"] = err;  // null when infinite (JSON has no inf): see non_finite
+    j["non_finite"] = non_finite;
     j["rows"] = rows;
     j["passed"] = passed;
     j["failure"] = failure.empty() ? nlohmann::json(nullptr) : nlohmann::json(failure);
@@ -229,7 +239,10 @@ int run(const Options& o, const MpiCommunicator& world) {
     char line[256];
     std::snprintf(line, sizeof line, "\ncheck: %lld rows compared with the single-rank reference, max_abs_err %.3g (tolerance %.1g): %s\n",
                   static_cast<long long>(rows), err, o.tolerance,
-                  passed ? "OK" : (owners_ok ? "MISMATCH" : "MISMATCH (rows held by the wrong ranks)"));
+                  passed ? "OK"
+                  : !owners_ok ? "MISMATCH (rows held by the wrong ranks)"
+                  : non_finite ? "MISMATCH (non-finite values: NaN or inf)"
+                               : "MISMATCH");
     s << line;
   }
   std::cout << s.str();

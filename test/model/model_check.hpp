@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <relayout/comm.hpp>
 #include <relayout/model.hpp>
@@ -13,9 +14,10 @@
 namespace relayout::test {
 
 struct Comparison {
-  double max_abs_err = 0.0;
-  std::int64_t rows = 0;     // rows compared on this rank
-  bool owners_match = true;  // this rank holds exactly its DP group's rows, in order
+  double max_abs_err = 0.0;     // +inf as soon as one value is not finite, so no tolerance accepts it
+  std::int64_t non_finite = 0;  // NaN / inf values among the rows compared (std::max would drop a NaN)
+  std::int64_t rows = 0;        // rows compared on this rank
+  bool owners_match = true;     // this rank holds exactly its DP group's rows, in order
 };
 
 inline Comparison compare_with_reference(const model::ModelDims& dims, const model::Workload& work,
@@ -29,8 +31,12 @@ inline Comparison compare_with_reference(const model::ModelDims& dims, const mod
   const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got.values);
   for (std::int64_t i = 0; i < got.count() && i < std::int64_t(expected.size()); ++i) {
     const int r = row_of.at(expected[std::size_t(i)]);
-    for (int f = 0; f < dims.hidden; ++f)
-      c.max_abs_err = std::max(c.max_abs_err, std::abs(double(h(i, f)) - ref.rows(r, f)));
+    for (int f = 0; f < dims.hidden; ++f) {
+      const double v = double(h(i, f));
+      if (!std::isfinite(v)) ++c.non_finite;
+      c.max_abs_err = std::isfinite(v) ? std::max(c.max_abs_err, std::abs(v - ref.rows(r, f)))
+                                       : std::numeric_limits<double>::infinity();
+    }
     ++c.rows;
   }
   return c;

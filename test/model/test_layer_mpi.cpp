@@ -6,6 +6,7 @@
 #include <relayout/comm.hpp>
 #include <relayout/model.hpp>
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -61,29 +62,53 @@ std::vector<LayoutConfig> layouts(int np) {
   return out;
 }
 
+// SGLang's tensor_split, stated independently of the library: n rows in `parts` contiguous chunks,
+// chunk i holding ceil((n - i) / parts) rows, so the first n % parts chunks hold one row more.
+std::vector<std::int64_t> tensor_split_chunk(const std::vector<std::int64_t>& rows, int parts, int i) {
+  const std::int64_t n = std::int64_t(rows.size());
+  std::int64_t begin = 0;
+  for (int j = 0; j < i; ++j) begin += (n - j + parts - 1) / parts;
+  const std::int64_t size = (n - i + parts - 1) / parts;
+  return {rows.begin() + begin, rows.begin() + begin + size};
+}
+
 struct Outcome {
   double max_abs_err = 0;
+  std::int64_t non_finite = 0;
   std::int64_t rows = 0;
   bool owners_match = true;
+  std::int64_t splits = 0;  // split_rows boundaries seen, over all ranks
+  bool splits_match = true;  // each holds this rank's tensor_split chunk of its DP group's rows
 };
 
-Outcome run(const MpiCommunicator& world, const LayoutConfig& c, const model::BridgeOptions& opts) {
+Outcome run(const MpiCommunicator& world, const LayoutConfig& c, model::BridgeOptions opts) {
   const RuntimeLayout layout(c);
   const ProcessGroups groups(layout, world);
   const model::ModelDims dims = tiny_dims();
   const model::Workload work = workload(layout.widths().attn_dp);
+  opts.record_boundaries = true;
   model::DistributedModel<MpiCommunicator> net(groups, dims, opts);
   const model::Rows<> out = net.forward(work);
   const auto ref = model::reference_forward(dims, work);
-  const auto cmp = test::compare_with_reference(dims, work, ref, groups.coords().attn_dp_rank, out);
-  Outcome o{cmp.max_abs_err, groups.coords().attn_tp_rank == 0 ? cmp.rows : 0, cmp.owners_match};
-  double err = o.max_abs_err;
+  const RankCoords k = groups.coords();
+  const auto cmp = test::compare_with_reference(dims, work, ref, k.attn_dp_rank, out);
+  // Which rows this rank holds after the row split over attn_tp (SPEC §5 path B) is part of the
+  // contract, not only the all-gathered result: check the owners recorded at every split_rows.
+  const auto chunk = tensor_split_chunk(work.owners_of(k.attn_dp_rank), layout.widths().attn_tp, k.attn_tp_rank);
+  std::int64_t splits = 0;
+  int split_ok = 1;
+  for (const model::Boundary& b : net.boundaries()) {
+    if (b.name != "split_rows") continue;
+    ++splits;
+    if (b.owners != chunk) split_ok = 0;
+  }
+  double err = cmp.max_abs_err;
   all_reduce_in_place(world, std::span<double>(&err, 1), ReduceOp::max);
-  std::int64_t rows = o.rows;
-  all_reduce_in_place(world, std::span<std::int64_t>(&rows, 1));
-  int ok = o.owners_match ? 1 : 0;
-  all_reduce_in_place(world, std::span<int>(&ok, 1), ReduceOp::min);
-  return {err, rows, ok == 1};
+  std::int64_t counts[] = {cmp.non_finite, k.attn_tp_rank == 0 ? cmp.rows : 0, splits};
+  all_reduce_in_place(world, std::span<std::int64_t>(counts));
+  int ok[] = {cmp.owners_match ? 1 : 0, split_ok};
+  all_reduce_in_place(world, std::span<int>(ok), ReduceOp::min);
+  return {err, counts[0], counts[1], ok[0] == 1, counts[2], ok[1] == 1};
 }
 
 }  // namespace
@@ -91,6 +116,7 @@ Outcome run(const MpiCommunicator& world, const LayoutConfig& c, const model::Br
 TEST_CASE("layer: every valid layout with tp = np matches the single-rank reference") {
   const MpiCommunicator world = MpiCommunicator::world();
   int checked = 0;
+  std::int64_t split_checks = 0;
   double worst = 0;
   for (const LayoutConfig& c : layouts(world.size())) {
     const BridgePath path = RuntimeLayout(c).bridge_path();
@@ -110,13 +136,43 @@ TEST_CASE("layer: every valid layout with tp = np matches the single-rank refere
       const Outcome o = run(world, c, opts);
       CHECK(o.owners_match);
       CHECK(o.rows == 15);  // every token row of the workload, once
+      CHECK(o.non_finite == 0);
       CHECK(o.max_abs_err < kTolerance);
+      if (RuntimeLayout(c).bridge_path() == BridgePath::a2a_split)  // every rank, every layer
+        CHECK(o.splits == std::int64_t(world.size()) * tiny_dims().layers);
+      CHECK(o.splits_match);
+      split_checks += o.splits;
       worst = std::max(worst, o.max_abs_err);
       ++checked;
     }
   }
   MESSAGE("checked " << checked << " layout variants at np = " << world.size() << ", worst max_abs_err "
-                      << worst);
+                      << worst << ", " << split_checks << " split_rows boundaries");
+}
+
+TEST_CASE("layer: a NaN or inf row never passes the reference comparison") {
+  const model::ModelDims dims = tiny_dims();
+  const model::Workload work = workload(1);
+  const auto ref = model::reference_forward(dims, work);
+  model::Rows<> got;
+  got.owners = work.owners_of(0);
+  got.values = model::Rows<>::View("got", got.owners.size(), std::size_t(dims.hidden));
+  const auto h = Kokkos::create_mirror_view(got.values);
+  for (std::size_t i = 0; i < got.owners.size(); ++i)
+    for (int f = 0; f < dims.hidden; ++f) h(i, std::size_t(f)) = float(ref.rows(int(i), f));
+  Kokkos::deep_copy(got.values, h);
+  const auto exact = test::compare_with_reference(dims, work, ref, 0, got);
+  CHECK(exact.max_abs_err < kTolerance);
+  CHECK(exact.non_finite == 0);
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    CAPTURE(bad);
+    for (std::size_t i = 0; i < got.owners.size(); ++i)  // every row, as a layer that outputs NaN rows would
+      for (int f = 0; f < dims.hidden; ++f) h(i, std::size_t(f)) = bad;
+    Kokkos::deep_copy(got.values, h);
+    const auto c = test::compare_with_reference(dims, work, ref, 0, got);
+    CHECK_FALSE(c.max_abs_err < kTolerance);
+    CHECK(c.non_finite == std::int64_t(got.owners.size()) * dims.hidden);
+  }
 }
 
 TEST_CASE("layer: each injected bug is caught (wrong rows, or broken row conservation)") {
