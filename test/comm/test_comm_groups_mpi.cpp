@@ -1,5 +1,5 @@
-// ProcessGroups on real ranks: for every attention factorization (attn_dp, attn_cp) and every MoE
-// factorization (moe_ep, moe_dp) of the world size, each group communicator has exactly the
+// ProcessGroups on real ranks: for every attention factorization (attn_dp, attn_cp) and every valid
+// MoE factorization (moe_ep, moe_dp) of the world size, each group communicator has exactly the
 // members and order the layout engine names; handle sharing follows the policy.
 #include <doctest/doctest.h>
 #include <mpi.h>
@@ -25,17 +25,25 @@ std::vector<std::pair<int, int>> factor_pairs(int n) {
   return out;
 }
 
-// The groups of a layout depend only on its attention factorization and its MoE factorization,
-// and the two are independent, so pairing every attention pair with some MoE pair (cycling the
-// shorter list) covers every group every valid layout of n ranks can produce, with few splits.
+// The groups of a layout depend only on its attention factorization and its MoE factorization
+// (the MoE-DP group being the attention-CP group when attn_cp > moe_dp). SGLang ties them (moe_dp > 1
+// needs attn_cp == moe_dp), so keep, from all pairings, each valid layout that brings an attention
+// or a MoE pair not seen yet: every group a valid layout of n ranks can produce, with few splits.
 std::vector<LayoutConfig> covering_layouts(int n) {
-  const auto attn = factor_pairs(n), moe = factor_pairs(n);
   std::vector<LayoutConfig> out;
-  for (std::size_t i = 0; i < std::max(attn.size(), moe.size()); ++i) {
-    const auto [dp, cp] = attn[i % attn.size()];
-    const auto [ep, moe_dp] = moe[i % moe.size()];
-    out.push_back({.tp = n, .dp = dp, .cp = cp, .ep = ep, .moe_dp = moe_dp, .enable_dp_attention = true});
-  }
+  std::vector<std::pair<int, int>> seen_attn, seen_moe;
+  const auto seen = [](const auto& list, std::pair<int, int> p) {
+    return std::find(list.begin(), list.end(), p) != list.end();
+  };
+  for (const auto [dp, cp] : factor_pairs(n))
+    for (const auto [ep, moe_dp] : factor_pairs(n)) {
+      const LayoutConfig c{.tp = n, .dp = dp, .cp = cp, .ep = ep, .moe_dp = moe_dp, .enable_dp_attention = true};
+      if (derive_widths(c).rule != LayoutRule::ok) continue;
+      if (seen(seen_attn, {dp, cp}) && seen(seen_moe, {ep, moe_dp})) continue;
+      seen_attn.emplace_back(dp, cp);
+      seen_moe.emplace_back(ep, moe_dp);
+      out.push_back(c);
+    }
   return out;
 }
 
@@ -58,7 +66,8 @@ void check_membership(const ProcessGroups& pg) {
 TEST_CASE("mpi: process groups have the layout engine's members for every factorization") {
   const int n = world().size();
   const auto layouts = covering_layouts(n);
-  CHECK(layouts.size() == std::max<std::size_t>(factor_pairs(n).size(), 1));
+  // Every attention factorization is valid with moe_dp = 1, so each one is covered.
+  CHECK(layouts.size() >= factor_pairs(n).size());
   for (const LayoutConfig& c : layouts) {
     CAPTURE(c.dp);
     CAPTURE(c.cp);

@@ -16,7 +16,18 @@ int main() {
   return Layout<Tp<4>>::coords<4>().attn_tp_rank;
 #elif defined(RELAYOUT_CF_CASE_duplicate_option)
   return Layout<Tp<4>, Tp<8>>::tp;
+#elif defined(RELAYOUT_CF_CASE_prefill_cp_tp)
+  return Layout<Tp<16>, PrefillCp<true>>::attn_cp;
+#elif defined(RELAYOUT_CF_CASE_prefill_cp_backend)
+  return Layout<Tp<8>, PrefillCp<true>, A2a<Backend::pplx>>::attn_cp;
+#elif defined(RELAYOUT_CF_CASE_cp_moe_dp)
+  return Layout<Tp<8>, MoeDp<2>>::moe_tp;
+#elif defined(RELAYOUT_CF_CASE_flashinfer_dp)
+  return Layout<Tp<8>, Dp<4>, DpAttention<true>, A2a<Backend::flashinfer>>::attn_tp;
+#elif defined(RELAYOUT_CF_CASE_attn_dp_replicas)
+  return Layout<Tp<8>, Dp<2>, AttnDp<4>>::attn_tp;
 #else
-  return Layout<Tp<32>, Dp<32>, DpAttention<true>, DraftModel<Draft::moe>>::attn_tp - 1;
+  return Layout<Tp<32>, Dp<32>, DpAttention<true>, DraftModel<Draft::moe>>::attn_tp - 1 +
+         Layout<Tp<8>, PrefillCp<true>, MoeDp<8>>::moe_tp - 1;
 #endif
 }

@@ -1,5 +1,6 @@
 // The compile-time policy and the runtime layout give identical answers, over a sweep of every
-// valid layout with tp in {1, 2, 3, 4, 6, 8, 12, 16}, instantiated as Layout<...> types.
+// valid layout with tp in {1, 2, 3, 4, 6, 8, 12, 16} (backends with and without their own DP rules,
+// prefill CP on and off), instantiated as Layout<...> types.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -11,7 +12,7 @@ using namespace relayout;
 namespace {
 
 constexpr int kTps[] = {1, 2, 3, 4, 6, 8, 12, 16};
-constexpr Backend kBackends[] = {Backend::none, Backend::deepep};
+constexpr Backend kBackends[] = {Backend::none, Backend::deepep, Backend::pplx, Backend::flashinfer};
 constexpr Draft kDrafts[] = {Draft::none, Draft::moe};
 
 // Walks the candidate space and calls `f` on each config the rules accept (DSpark included, since
@@ -20,16 +21,18 @@ template <class F>
 constexpr void for_each_valid(F&& f) {
   for (int tp : kTps)
     for (bool dpa : {false, true})
-      for (int dp = 1; dp <= (dpa ? tp : 1); ++dp)  // dp only matters with DP attention
+      for (int dp = 1; dp <= (dpa ? tp : 2); ++dp)  // without DP attention dp only meets CP
         for (int cp = 1; cp <= 2; ++cp)
           for (Backend b : kBackends)
             for (int ep = 1; ep <= (b == Backend::none ? tp : 1); ++ep)  // ep ignored otherwise
               for (int moe_dp = 1; moe_dp <= 2; ++moe_dp)
-                for (Draft d : kDrafts) {
-                  const LayoutConfig c{tp, dp, cp, ep, moe_dp, dpa, b, d};
-                  const WidthsResult r = derive_widths(c);
-                  if (r.rule == LayoutRule::ok && dspark_verdict(c, r.widths).allowed) f(c);
-                }
+                for (Draft d : kDrafts)
+                  for (bool prefill : {false, true}) {
+                    LayoutConfig c{tp, dp, cp, ep, moe_dp, dpa, b, d};
+                    c.enable_prefill_cp = prefill;
+                    const WidthsResult r = derive_widths(c);
+                    if (r.rule == LayoutRule::ok && dspark_verdict(c, r.widths).allowed) f(c);
+                  }
 }
 
 constexpr std::size_t count_valid() {
@@ -53,7 +56,8 @@ template <std::size_t I>
 using PolicyAt = Layout<Tp<kConfigs[I].tp>, Dp<kConfigs[I].dp>, Cp<kConfigs[I].cp>,
                         Ep<kConfigs[I].ep>, MoeDp<kConfigs[I].moe_dp>,
                         DpAttention<kConfigs[I].enable_dp_attention>,
-                        A2a<kConfigs[I].moe_a2a_backend>, DraftModel<kConfigs[I].draft>>;
+                        A2a<kConfigs[I].moe_a2a_backend>, DraftModel<kConfigs[I].draft>,
+                        PrefillCp<kConfigs[I].enable_prefill_cp>>;
 
 template <std::size_t I>
 int mismatches() {
@@ -66,6 +70,7 @@ int mismatches() {
   bad += !(L::widths() == rt.widths());
   bad += L::bridge_path() != rt.bridge_path();
   bad += L::dspark().allowed != rt.dspark().allowed;
+  bad += L::cp_token_split() != rt.cp_token_split();
   for (int r = 0; r < L::tp; ++r) {
     bad += !(L::coords(r) == rt.coords(r));
     for (GroupKind g : kAllGroupKinds) {

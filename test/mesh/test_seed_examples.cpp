@@ -76,8 +76,9 @@ TEST_CASE("SGLang deployment example: --tp 8 --dp 8 --enable-dp-attention --moe-
   CHECK(l.group_count(GroupKind::attn_tp) == 8);
 }
 
-TEST_CASE("SGLang: TP8 with MoE DP2 and EP4 gives MoE TP 1 in two MoE-DP blocks") {
-  const RuntimeLayout l({.tp = 8, .ep = 4, .moe_dp = 2});
+TEST_CASE("SGLang: TP8 with CP2, MoE DP2 and EP4 gives MoE TP 1 in two MoE-DP blocks") {
+  // SGLang allows moe_dp > 1 only with attn_cp == moe_dp.
+  const RuntimeLayout l({.tp = 8, .cp = 2, .ep = 4, .moe_dp = 2});
   CHECK(l.widths().moe_tp == 1);
   CHECK(l.groups(GroupKind::moe_ep) == std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}});
   CHECK(l.groups(GroupKind::moe_dp) ==
@@ -129,7 +130,9 @@ TEST_CASE("every backend but none spans EP over tp (SPEC §4)") {
   for (const auto& [backend, name] : impl::kBackendNames.entries) {
     CAPTURE(name);
     CHECK(parse_backend(name) == backend);
-    const RuntimeLayout l({.tp = 8, .ep = 2, .moe_a2a_backend = backend});
+    // dp == tp with DP attention satisfies every backend's own rule (flashinfer, pplx).
+    const RuntimeLayout l({.tp = 8, .dp = 8, .ep = 2, .enable_dp_attention = true,
+                           .moe_a2a_backend = backend});
     CHECK(l.widths().moe_ep == (backend == Backend::none ? 2 : 8));
   }
 }

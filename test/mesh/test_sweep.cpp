@@ -1,10 +1,14 @@
-// Property sweep: every valid layout with tp <= 64 against a brute-force enumeration written
-// straight from SPEC §1–§3, and every invalid one rejected.
+// Property sweeps: every valid layout with tp <= 64 against a brute-force enumeration of widths,
+// coordinates and groups, and accept/reject plus MoE-DP group membership over every flag the layout
+// engine reads against SGLang's launch rules restated independently below.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <relayout/mesh.hpp>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -16,24 +20,64 @@ struct Expected {
   int attn_dp, attn_cp, attn_tp, moe_dp, moe_ep, moe_tp;
 };
 
-// SPEC §1 and §4 as written, independent of derive_widths().
-bool spec_valid(const LayoutConfig& c) {
-  if (c.tp < 1 || c.dp < 1 || c.cp < 1 || c.ep < 1 || c.moe_dp < 1) return false;
-  const int attn_dp = c.enable_dp_attention ? c.dp : 1;
-  const int moe_ep = c.moe_a2a_backend == Backend::none ? c.ep : c.tp;
-  return c.tp % (attn_dp * c.cp) == 0 && c.tp % (moe_ep * c.moe_dp) == 0;
+// SGLang's launch arithmetic restated step by step from its server-argument hooks, independent of
+// derive_widths(): what it resolves the flags to, and whether it starts. Products in 64 bits.
+struct Sglang {
+  bool starts = false;
+  Expected w{};
+};
+
+Sglang sglang_launch(const LayoutConfig& c) {
+  using I = std::int64_t;
+  const I cap = I{1} << 20;
+  Sglang out;
+  for (I v : {I{c.tp}, I{c.dp}, I{c.cp}, I{c.ep}, I{c.moe_dp}})
+    if (v < 1 || v > cap) return out;
+  I tp = c.tp, dp = c.dp, attn_cp = c.cp;
+  bool dp_attention = c.enable_dp_attention;
+  // --attn-dp-size: the width itself; the old spelling is --dp-size N --enable-dp-attention.
+  if (c.attn_dp_size) {
+    const I n = *c.attn_dp_size;
+    if (n < 1 || n > cap) return out;
+    if (n > 1 && dp > 1) return out;                               // replicas plus attention DP
+    if (n == 1 && c.enable_dp_attention && dp > 1) return out;     // two different widths
+    dp_attention = n > 1;
+    if (n > 1) dp = n;
+  }
+  // deepseek_v4_hook.py validate_deepseek_v4_cp
+  if (c.enable_prefill_cp) {
+    if (c.cp_strategy == CpStrategy::zigzag) return out;
+    dp_attention = true;
+    attn_cp = tp / dp;
+    if (dp != 1 || tp > 8) return out;
+    const Backend b = c.moe_a2a_backend;
+    if (b != Backend::none && b != Backend::deepep && b != Backend::megamoe && b != Backend::mori)
+      return out;
+  }
+  // moe_hook.py handle_a2a_moe (overrides.py _a2a_ep_size forces ep = tp for every backend)
+  const Backend b = c.moe_a2a_backend;
+  const I ep = b == Backend::none ? c.ep : tp;
+  if ((b == Backend::flashinfer || b == Backend::flashinfer_megamoe) && !(dp_attention && dp == tp))
+    return out;
+  if (b == Backend::pplx && !(dp_attention && dp >= 2)) return out;
+  // The widths must divide exactly.
+  const I attn_dp = dp_attention ? dp : 1;
+  if (tp % (attn_dp * attn_cp) != 0 || tp % (ep * c.moe_dp) != 0) return out;
+  // parallel_hook.py handle_context_parallelism
+  if (attn_cp > 1 && (tp % attn_cp != 0 || tp % (dp * attn_cp) != 0)) return out;
+  if (c.moe_dp > 1) {
+    if (tp % c.moe_dp != 0 || ep * c.moe_dp > tp) return out;
+    if (ep > 1 && ep * c.moe_dp != tp) return out;
+  }
+  if (attn_cp != c.moe_dp && c.moe_dp != 1) return out;
+  out.starts = true;
+  out.w = {int(attn_dp), int(attn_cp), int(tp / attn_dp / attn_cp),
+           c.moe_dp, int(ep), int(tp / ep / c.moe_dp)};
+  return out;
 }
 
-Expected spec_widths(const LayoutConfig& c) {
-  Expected e{};
-  e.attn_dp = c.enable_dp_attention ? c.dp : 1;
-  e.attn_cp = c.cp;
-  e.attn_tp = c.tp / e.attn_dp / e.attn_cp;
-  e.moe_ep = c.moe_a2a_backend == Backend::none ? c.ep : c.tp;
-  e.moe_dp = c.moe_dp;
-  e.moe_tp = c.tp / e.moe_ep / e.moe_dp;
-  return e;
-}
+bool spec_valid(const LayoutConfig& c) { return sglang_launch(c).starts; }
+Expected spec_widths(const LayoutConfig& c) { return sglang_launch(c).w; }
 
 // SPEC §2 formulas verbatim.
 RankCoords spec_coords(const Expected& e, int tp, int r) {
@@ -61,6 +105,13 @@ std::tuple<int, int, int> group_key(GroupKind g, const RankCoords& k) {
   return {};
 }
 
+// parallel_state.py initialize_model_parallel: with attn_cp > moe_dp the MoE-DP group *is* the
+// attention-CP group (CP partners share tokens before the MoE).
+std::tuple<int, int, int> group_key(GroupKind g, const RankCoords& k, const Expected& e) {
+  if (g == GroupKind::moe_dp && e.attn_cp > e.moe_dp) return group_key(GroupKind::attn_cp, k);
+  return group_key(g, k);
+}
+
 int expected_group_size(GroupKind g, const Expected& e, int tp) {
   switch (g) {
     case GroupKind::tp: return tp;
@@ -68,7 +119,7 @@ int expected_group_size(GroupKind g, const Expected& e, int tp) {
     case GroupKind::attn_cp: return e.attn_cp;
     case GroupKind::moe_tp: return e.moe_tp;
     case GroupKind::moe_ep: return e.moe_ep;
-    case GroupKind::moe_dp: return e.moe_dp;
+    case GroupKind::moe_dp: return e.attn_cp > e.moe_dp ? e.attn_cp : e.moe_dp;
   }
   return 0;
 }
@@ -129,7 +180,7 @@ TEST_CASE("sweep: every valid layout with tp <= 64 matches the brute-force enume
     for (GroupKind g : kAllGroupKinds) {
       // Brute force: partition ranks by the coordinates the group shares.
       std::map<std::tuple<int, int, int>, std::vector<int>> by_key;
-      for (int r = 0; r < c.tp; ++r) by_key[group_key(g, spec_coords(e, c.tp, r))].push_back(r);
+      for (int r = 0; r < c.tp; ++r) by_key[group_key(g, spec_coords(e, c.tp, r), e)].push_back(r);
       std::vector<std::vector<int>> expected;
       for (auto& [key, members] : by_key) expected.push_back(members);
       std::sort(expected.begin(), expected.end());
@@ -156,7 +207,7 @@ TEST_CASE("sweep: every valid layout with tp <= 64 matches the brute-force enume
   MESSAGE("checked " << configs.size() << " layouts, " << ranks_checked << " ranks");
 }
 
-TEST_CASE("sweep: a config is accepted exactly when SPEC §1 says it is valid") {
+TEST_CASE("sweep: a config is accepted exactly when SGLang's launch rules say it starts") {
   int accepted = 0, rejected = 0;
   for (int tp = 0; tp <= 64; ++tp)
     for (int dp = 0; dp <= 66; dp += (dp < 20 ? 1 : 7))
@@ -179,4 +230,80 @@ TEST_CASE("sweep: a config is accepted exactly when SPEC §1 says it is valid") 
               }
   CHECK(accepted > 1000);
   CHECK(rejected > 1000);
+}
+
+// Every flag the layout engine reads, every backend, prefill CP off/interleave/zigzag and
+// --attn-dp-size absent or given: accept/reject, widths and the MoE-DP group of every rank equal the
+// restatement above. The counts are the README's figures.
+TEST_CASE("sweep: SGLang's launch rules over tp <= 32, every backend, prefill CP and --attn-dp-size") {
+  constexpr int kDps[] = {1, 2, 3, 4, 8, 16, 32};
+  constexpr int kCps[] = {1, 2, 3, 4, 8};
+  constexpr int kEps[] = {1, 2, 4, 8};
+  constexpr int kMoeDps[] = {1, 2, 4, 8};
+  const std::optional<int> kAttnDps[] = {std::nullopt, 1, 2, 4, 0};
+  struct Prefill {
+    bool on;
+    CpStrategy strategy;
+  };
+  constexpr Prefill kPrefill[] = {{false, CpStrategy::interleave}, {true, CpStrategy::interleave},
+                                  {true, CpStrategy::zigzag}};
+  long accepted = 0, rejected = 0, aliased = 0, prefill_accepted = 0, throws_checked = 0;
+  for (int tp = 1; tp <= 32; ++tp)
+    for (int dp : kDps)
+      for (int cp : kCps)
+        for (int ep : kEps)
+          for (int moe_dp : kMoeDps)
+            for (bool dpa : {false, true})
+              for (const auto& [backend, name] : impl::kBackendNames.entries)
+                for (const Prefill& pf : kPrefill)
+                  for (const std::optional<int>& attn_dp : kAttnDps) {
+                    LayoutConfig c{.tp = tp, .dp = dp, .cp = cp, .ep = ep, .moe_dp = moe_dp,
+                                   .enable_dp_attention = dpa, .moe_a2a_backend = backend};
+                    c.attn_dp_size = attn_dp;
+                    c.enable_prefill_cp = pf.on;
+                    c.cp_strategy = pf.strategy;
+                    const Sglang want = sglang_launch(c);
+                    const WidthsResult got = derive_widths(c);
+                    if ((got.rule == LayoutRule::ok) != want.starts) {
+                      CAPTURE(tp); CAPTURE(dp); CAPTURE(cp); CAPTURE(ep); CAPTURE(moe_dp);
+                      CAPTURE(dpa); CAPTURE(name); CAPTURE(pf.on); CAPTURE(attn_dp.value_or(-1));
+                      CAPTURE(int(got.rule));
+                      REQUIRE((got.rule == LayoutRule::ok) == want.starts);
+                    }
+                    if (!want.starts) {
+                      ++rejected;
+                      REQUIRE(std::string(got.input).rfind("--", 0) == 0);  // names a flag
+                      if (rejected % 101 == 0) {  // throwing is slow; a sample proves the path
+                        CHECK_THROWS_AS(RuntimeLayout{c}, LayoutError);
+                        ++throws_checked;
+                      }
+                      continue;
+                    }
+                    ++accepted;
+                    prefill_accepted += pf.on;
+                    const Expected& e = want.w;
+                    const Widths& w = got.widths;
+                    REQUIRE((w.attn_dp == e.attn_dp && w.attn_cp == e.attn_cp &&
+                             w.attn_tp == e.attn_tp && w.moe_dp == e.moe_dp &&
+                             w.moe_ep == e.moe_ep && w.moe_tp == e.moe_tp));
+                    if (e.attn_cp == 1 && e.moe_dp == 1) continue;  // MoE-DP groups are single ranks
+                    aliased += e.attn_cp > e.moe_dp;
+                    const RuntimeLayout l(c);
+                    std::map<std::tuple<int, int, int>, std::vector<int>> by_key;
+                    for (int r = 0; r < tp; ++r)
+                      by_key[group_key(GroupKind::moe_dp, spec_coords(e, tp, r), e)].push_back(r);
+                    for (int r = 0; r < tp; ++r) {
+                      auto members = l.group_members(GroupKind::moe_dp, r);
+                      std::sort(members.begin(), members.end());
+                      REQUIRE(members == by_key[group_key(GroupKind::moe_dp, spec_coords(e, tp, r), e)]);
+                    }
+                  }
+  MESSAGE("SGLang rules sweep: " << accepted + rejected << " configurations, " << accepted
+                                 << " accepted (" << prefill_accepted << " with prefill CP, "
+                                 << aliased << " with the MoE-DP group = attention-CP group), "
+                                 << rejected << " rejected (" << throws_checked
+                                 << " re-checked to throw LayoutError)");
+  CHECK(accepted > 10000);
+  CHECK(prefill_accepted > 100);
+  CHECK(aliased > 1000);
 }

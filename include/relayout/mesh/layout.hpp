@@ -1,5 +1,6 @@
-// The rank layout of one TP domain (SPEC §2–§7): coordinates, groups, bridge path, padding mode
-// and the DSpark start-up verdict as constexpr rules, and RuntimeLayout, the checked runtime form.
+// The rank layout of one TP domain (SPEC §2–§7): coordinates, groups, bridge path, padding mode,
+// which CP rank holds which token, and the DSpark start-up verdict as constexpr rules, and
+// RuntimeLayout, the checked runtime form.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +45,8 @@ struct GroupGeometry {
 };
 
 constexpr GroupGeometry group_geometry(const Widths& w, GroupKind kind) {
+  // SGLang makes the attention-CP group serve as the MoE-DP group when attn_cp > moe_dp.
+  if (kind == GroupKind::moe_dp && moe_dp_group_is_attn_cp(w)) kind = GroupKind::attn_cp;
   switch (kind) {
     case GroupKind::tp: return {attention_radix(w), 0b111u};
     case GroupKind::attn_tp: return {attention_radix(w), 0b100u};
@@ -67,9 +70,46 @@ struct DsparkVerdict {
 
 // SPEC §7: rejected before the draft worker exists. Generic, not tied to a device type.
 constexpr DsparkVerdict dspark_verdict(const LayoutConfig& c, const Widths& w) {
-  if (c.enable_dp_attention && c.draft == Draft::moe && w.attn_tp > 1)
+  if (dp_attention_on(c) && c.draft == Draft::moe && w.attn_tp > 1)
     return {false, RELAYOUT_DSPARK_MOE_DRAFT_MESSAGE};
   return {};
+}
+
+// Which attention-CP rank holds which token of a request. Plain CP gives each CP rank one contiguous
+// chunk; DeepSeek-V4 prefill CP deals tokens round-robin (SGLang's "round-robin-split"). Either
+// way CP rank r holds n / cp tokens, plus one when r < n % cp.
+enum class CpTokenSplit : std::uint8_t { contiguous, round_robin };
+
+constexpr CpTokenSplit cp_token_split(const LayoutConfig& c) {
+  return c.enable_prefill_cp ? CpTokenSplit::round_robin : CpTokenSplit::contiguous;
+}
+
+// Prefill CP: token i of the batch goes to CP rank i mod cp.
+constexpr int prefill_cp_rank_of_token(std::int64_t i, int cp) { return static_cast<int>(i % cp); }
+
+struct TokenRange {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;  // one past the last token
+
+  friend constexpr bool operator==(const TokenRange&, const TokenRange&) = default;
+};
+
+// Plain CP: the chunk of n tokens that CP rank r holds; the first n % cp chunks are one longer.
+constexpr TokenRange cp_chunk(std::int64_t n, int cp, int r) {
+  const std::int64_t base = n / cp, extra = n % cp;
+  const std::int64_t begin = r * base + (r < extra ? r : extra);
+  return {begin, begin + base + (r < extra ? 1 : 0)};
+}
+
+// Plain CP: the CP rank whose chunk holds token i of n.
+constexpr int cp_chunk_rank_of_token(std::int64_t i, std::int64_t n, int cp) {
+  const std::int64_t base = n / cp, extra = n % cp;
+  const std::int64_t in_long = extra * (base + 1);  // tokens in the longer, leading chunks
+  return static_cast<int>(i < in_long ? i / (base + 1) : extra + (i - in_long) / base);
+}
+
+constexpr std::int64_t cp_token_count(std::int64_t n, int cp, int r) {
+  return n / cp + (r < n % cp ? 1 : 0);
 }
 
 // Token counts are rounded up to a multiple of attn_tp so rows split evenly (SPEC §6).
@@ -144,6 +184,19 @@ class RuntimeLayout {
   DsparkVerdict dspark() const { return dspark_verdict(config_, widths_); }
   PaddingMode padding_mode(std::span<const std::int64_t> global_num_tokens) const {
     return relayout::padding_mode(global_num_tokens, widths_.attn_dp, backend());
+  }
+  CpTokenSplit cp_token_split() const { return relayout::cp_token_split(config_); }
+  // The attention-CP rank that holds token `token` of a request of `tokens` tokens.
+  int cp_rank_of_token(std::int64_t token, std::int64_t tokens) const {
+    if (tokens < 0 || tokens > (std::int64_t{1} << 40))
+      throw LayoutError("tokens", "a request of " + std::to_string(tokens) +
+                                      " tokens: a token count must be in [0, 2^40]");
+    if (token < 0 || token >= tokens)
+      throw LayoutError("token", "token " + std::to_string(token) + " is out of range [0, " +
+                                     std::to_string(tokens) + ")");
+    return cp_token_split() == CpTokenSplit::round_robin
+               ? prefill_cp_rank_of_token(token, widths_.attn_cp)
+               : cp_chunk_rank_of_token(token, tokens, widths_.attn_cp);
   }
   // Throws the SPEC §7 message when the DSpark start-up check rejects this layout.
   void require_dspark_allowed() const {

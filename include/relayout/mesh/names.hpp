@@ -1,5 +1,6 @@
 // Named choices of a layout: the MoE all-to-all backend (SPEC §4), the speculative draft kind (§7),
-// the Attention→MoE bridge path (§5), the padding mode (§6) and the process-group kinds (§3).
+// the prefill CP strategy, the Attention→MoE bridge path (§5), the padding mode (§6) and the
+// process-group kinds (§3).
 #pragma once
 
 #include <array>
@@ -27,6 +28,9 @@ enum class Backend : std::uint8_t {
 };
 
 enum class Draft : std::uint8_t { none, dense, moe };
+
+// How prefill context parallelism orders tokens over the CP ranks (--cp-strategy).
+enum class CpStrategy : std::uint8_t { interleave, zigzag };
 
 enum class BridgePath : std::uint8_t { dp_gather, a2a_split, direct, tp_moe };
 
@@ -77,6 +81,9 @@ inline constexpr NameTable<Backend, 11> kBackendNames{{{
 inline constexpr NameTable<Draft, 3> kDraftNames{
     {{{Draft::none, "none"}, {Draft::dense, "dense"}, {Draft::moe, "moe"}}}};
 
+inline constexpr NameTable<CpStrategy, 2> kCpStrategyNames{
+    {{{CpStrategy::interleave, "interleave"}, {CpStrategy::zigzag, "zigzag"}}}};
+
 inline constexpr NameTable<BridgePath, 4> kBridgePathNames{{{{BridgePath::dp_gather, "dp_gather"},
                                                              {BridgePath::a2a_split, "a2a_split"},
                                                              {BridgePath::direct, "direct"},
@@ -108,6 +115,7 @@ inline constexpr std::array<GroupKind, 6> kAllGroupKinds = {
 
 constexpr std::string_view to_string(Backend b) { return impl::kBackendNames.name(b); }
 constexpr std::string_view to_string(Draft d) { return impl::kDraftNames.name(d); }
+constexpr std::string_view to_string(CpStrategy s) { return impl::kCpStrategyNames.name(s); }
 constexpr std::string_view to_string(BridgePath p) { return impl::kBridgePathNames.name(p); }
 constexpr std::string_view to_string(PaddingMode m) { return impl::kPaddingNames.name(m); }
 constexpr std::string_view to_string(GroupKind g) { return impl::kGroupNames.name(g); }
@@ -122,6 +130,9 @@ inline Backend parse_backend(std::string_view text) {
 }
 inline Draft parse_draft(std::string_view text) {
   return impl::parse_name(impl::kDraftNames, text, "--draft", "draft kind");
+}
+inline CpStrategy parse_cp_strategy(std::string_view text) {
+  return impl::parse_name(impl::kCpStrategyNames, text, "--cp-strategy", "prefill CP strategy");
 }
 inline PaddingMode parse_padding(std::string_view text) {
   return impl::parse_name(impl::kPaddingNames, text, "--padding", "padding mode");

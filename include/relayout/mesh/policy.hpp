@@ -1,6 +1,7 @@
 // Compile-time layout policies: Layout<Tp<32>, Dp<16>, DpAttention<true>, A2a<Backend::deepep>>.
 // Widths and coordinates are constexpr and come from the same rules as RuntimeLayout; an invalid
-// layout, or one the DSpark start-up check rejects, is a static_assert with a sentence.
+// layout (SGLang's launch rules included), or one the DSpark start-up check rejects, is a
+// static_assert with a sentence.
 #pragma once
 
 #include <concepts>
@@ -12,7 +13,7 @@ namespace relayout {
 
 namespace impl {
 // Each option knows which field it sets; a Layout may name each kind of option at most once.
-enum class OptionKind { tp, dp, cp, ep, moe_dp, dp_attention, a2a, draft };
+enum class OptionKind { tp, dp, cp, ep, moe_dp, dp_attention, a2a, draft, attn_dp, prefill_cp };
 }  // namespace impl
 
 template <int N>
@@ -72,6 +73,22 @@ concept RankLayout = requires(const L& l, int rank, GroupKind kind) {
   { l.group_size(kind) } -> std::convertible_to<int>;
 };
 
+// --attn-dp-size N: the attention-DP width itself.
+template <int N>
+struct AttnDp {
+  static constexpr impl::OptionKind kind = impl::OptionKind::attn_dp;
+  static constexpr void apply(LayoutConfig& c) { c.attn_dp_size = N; }
+};
+// DeepSeek-V4 prefill CP: --enable-prefill-cp with --cp-strategy S.
+template <bool On, CpStrategy S = CpStrategy::interleave>
+struct PrefillCp {
+  static constexpr impl::OptionKind kind = impl::OptionKind::prefill_cp;
+  static constexpr void apply(LayoutConfig& c) {
+    c.enable_prefill_cp = On;
+    c.cp_strategy = S;
+  }
+};
+
 template <LayoutOption... Opts>
 struct Layout {
   static_assert(((impl::OptionKind{Opts::kind} == Opts::kind) && ...));
@@ -81,7 +98,8 @@ struct Layout {
       for (std::size_t j = i + 1; j < sizeof...(Opts); ++j)
         if (kinds[i] == kinds[j]) return false;
     return true;
-  }(), "relayout: a Layout names each option (Tp, Dp, Cp, Ep, MoeDp, DpAttention, A2a, DraftModel) at most once");
+  }(), "relayout: a Layout names each option (Tp, Dp, Cp, Ep, MoeDp, DpAttention, A2a, DraftModel, "
+     "AttnDp, PrefillCp) at most once");
 
  private:
   static constexpr LayoutConfig make_config() {
@@ -93,8 +111,20 @@ struct Layout {
   static constexpr WidthsResult result_ = derive_widths(config_);
   static_assert(result_.rule != LayoutRule::width_positive, RELAYOUT_RULE_WIDTH_POSITIVE);
   static_assert(result_.rule != LayoutRule::width_limit, RELAYOUT_RULE_WIDTH_LIMIT);
+  static_assert(result_.rule != LayoutRule::attn_dp_size_range, RELAYOUT_RULE_ATTN_DP_SIZE_RANGE);
+  static_assert(result_.rule != LayoutRule::attn_dp_replicas, RELAYOUT_RULE_ATTN_DP_REPLICAS);
+  static_assert(result_.rule != LayoutRule::attn_dp_conflict, RELAYOUT_RULE_ATTN_DP_CONFLICT);
+  static_assert(result_.rule != LayoutRule::prefill_cp_strategy, RELAYOUT_RULE_PREFILL_CP_STRATEGY);
+  static_assert(result_.rule != LayoutRule::prefill_cp_dp, RELAYOUT_RULE_PREFILL_CP_DP);
+  static_assert(result_.rule != LayoutRule::prefill_cp_tp, RELAYOUT_RULE_PREFILL_CP_TP);
+  static_assert(result_.rule != LayoutRule::prefill_cp_backend, RELAYOUT_RULE_PREFILL_CP_BACKEND);
+  static_assert(result_.rule != LayoutRule::backend_dp_eq_tp, RELAYOUT_RULE_BACKEND_DP_EQ_TP);
+  static_assert(result_.rule != LayoutRule::backend_pplx, RELAYOUT_RULE_BACKEND_PPLX);
   static_assert(result_.rule != LayoutRule::attn_divides, RELAYOUT_RULE_ATTN_DIVIDES);
+  static_assert(result_.rule != LayoutRule::cp_dp_divides, RELAYOUT_RULE_CP_DP_DIVIDES);
   static_assert(result_.rule != LayoutRule::moe_divides, RELAYOUT_RULE_MOE_DIVIDES);
+  static_assert(result_.rule != LayoutRule::moe_dp_fills_tp, RELAYOUT_RULE_MOE_DP_FILLS_TP);
+  static_assert(result_.rule != LayoutRule::cp_moe_dp, RELAYOUT_RULE_CP_MOE_DP);
   static constexpr Widths widths_ = result_.widths;
   static_assert(dspark_verdict(config_, widths_).allowed, RELAYOUT_DSPARK_MOE_DRAFT_MESSAGE);
 
@@ -113,6 +143,7 @@ struct Layout {
   static constexpr Widths widths() { return widths_; }
   static constexpr int size() { return tp; }
   static constexpr BridgePath bridge_path() { return path; }
+  static constexpr CpTokenSplit cp_token_split() { return relayout::cp_token_split(config_); }
   static constexpr DsparkVerdict dspark() { return dspark_verdict(config_, widths_); }
 
   // Coordinates of a rank known at compile time; an out-of-range rank does not compile.

@@ -1,8 +1,10 @@
-// The width formulas of SPEC §1 and §4, written once as constexpr functions. The compile-time
-// policy (policy.hpp) and the runtime layout (layout.hpp) both call derive_widths().
+// The width formulas of SPEC §1 and §4 and SGLang's further launch rules, written once as constexpr
+// functions. The compile-time policy (policy.hpp) and the runtime layout (layout.hpp) both call
+// derive_widths(), so both accept and reject the same layouts with the same sentences.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "relayout/mesh/error.hpp"
@@ -11,10 +13,44 @@
 // Sentences shared by the static_asserts of the compile-time policy and the runtime errors.
 #define RELAYOUT_RULE_WIDTH_POSITIVE "relayout: every width (tp, dp, cp, ep, moe_dp) must be >= 1"
 #define RELAYOUT_RULE_WIDTH_LIMIT "relayout: every width must be <= 1048576 (2^20 ranks)"
+#define RELAYOUT_RULE_ATTN_DP_SIZE_RANGE "relayout: --attn-dp-size must be in [1, 1048576]"
+#define RELAYOUT_RULE_ATTN_DP_REPLICAS                                                        \
+  "relayout: --attn-dp-size > 1 cannot be combined with --dp-size > 1 (data-parallel replicas " \
+  "of the domain together with attention DP inside it are not supported)"
+#define RELAYOUT_RULE_ATTN_DP_CONFLICT                                                          \
+  "relayout: --attn-dp-size contradicts --dp-size with --enable-dp-attention (both set the " \
+  "attention-DP width; give one of them)"
+#define RELAYOUT_RULE_PREFILL_CP_STRATEGY                                                   \
+  "relayout: DeepSeek-V4 prefill CP (--enable-prefill-cp) supports --cp-strategy interleave " \
+  "only (zigzag runs on Ascend NPUs only)"
+#define RELAYOUT_RULE_PREFILL_CP_DP                                                          \
+  "relayout: DeepSeek-V4 prefill CP (--enable-prefill-cp) needs dp == 1 (its round-robin " \
+  "token split does not combine with attention DP)"
+#define RELAYOUT_RULE_PREFILL_CP_TP                                                         \
+  "relayout: DeepSeek-V4 prefill CP (--enable-prefill-cp) needs tp <= 8 (one machine; CP " \
+  "across machines loses precision)"
+#define RELAYOUT_RULE_PREFILL_CP_BACKEND                                                      \
+  "relayout: DeepSeek-V4 prefill CP (--enable-prefill-cp) supports --moe-a2a-backend none, " \
+  "deepep, megamoe or mori only"
+#define RELAYOUT_RULE_BACKEND_DP_EQ_TP                                                     \
+  "relayout: --moe-a2a-backend flashinfer and flashinfer_megamoe need DP attention with " \
+  "dp == tp (--enable-dp-attention --dp-size <tp>)"
+#define RELAYOUT_RULE_BACKEND_PPLX                                                     \
+  "relayout: --moe-a2a-backend pplx needs DP attention with at least 2 DP groups " \
+  "(--enable-dp-attention --dp-size >= 2)"
 #define RELAYOUT_RULE_ATTN_DIVIDES \
   "relayout: attn_tp = tp / attn_dp / attn_cp must divide exactly (tp % (attn_dp * attn_cp) == 0)"
+#define RELAYOUT_RULE_CP_DP_DIVIDES                                                           \
+  "relayout: with attn_cp > 1, tp must be divisible by dp * attn_cp, dp being --dp-size even " \
+  "without DP attention"
 #define RELAYOUT_RULE_MOE_DIVIDES \
   "relayout: moe_tp = tp / moe_ep / moe_dp must divide exactly (tp % (moe_ep * moe_dp) == 0)"
+#define RELAYOUT_RULE_MOE_DP_FILLS_TP                                                        \
+  "relayout: with moe_dp > 1 and moe_ep > 1, moe_ep * moe_dp must equal tp (no MoE TP left " \
+  "over)"
+#define RELAYOUT_RULE_CP_MOE_DP                                                                 \
+  "relayout: moe_dp > 1 needs attn_cp == moe_dp (attn_cp != moe_dp is only supported with " \
+  "moe_dp == 1)"
 #define RELAYOUT_DSPARK_MOE_DRAFT_MESSAGE                                                \
   "DSpark + dp attention with a DeepSeek-V4 (MoE) draft requires attn_tp == 1 (set "   \
   "--dp-size == --tp). attn_tp > 1 corrupts the MoE-under-DP all-reduce."
@@ -22,17 +58,22 @@
 namespace relayout {
 
 inline constexpr int kMaxWidth = 1 << 20;
+// DeepSeek-V4 prefill CP runs on one machine (SGLang's limit).
+inline constexpr int kMaxPrefillCpTp = 8;
 
 // What an engine's server flags say (SGLang's names in comments).
 struct LayoutConfig {
   int tp = 1;                             // --tp-size
   int dp = 1;                             // --dp-size
-  int cp = 1;                             // attention context parallel
+  int cp = 1;                             // --attn-cp-size: attention context parallel
   int ep = 1;                             // --ep-size, honoured only with Backend::none
   int moe_dp = 1;                         // --moe-dp-size
   bool enable_dp_attention = false;       // --enable-dp-attention
   Backend moe_a2a_backend = Backend::none;  // --moe-a2a-backend
   Draft draft = Draft::none;              // speculative draft model kind
+  std::optional<int> attn_dp_size{};      // --attn-dp-size: the attention-DP width itself
+  bool enable_prefill_cp = false;         // --enable-prefill-cp (DeepSeek-V4 prefill CP)
+  CpStrategy cp_strategy = CpStrategy::interleave;  // --cp-strategy
 
   friend constexpr bool operator==(const LayoutConfig&, const LayoutConfig&) = default;
 };
@@ -54,8 +95,20 @@ enum class LayoutRule : std::uint8_t {
   ok,
   width_positive,
   width_limit,
+  attn_dp_size_range,
+  attn_dp_replicas,
+  attn_dp_conflict,
+  prefill_cp_strategy,
+  prefill_cp_dp,
+  prefill_cp_tp,
+  prefill_cp_backend,
+  backend_dp_eq_tp,
+  backend_pplx,
   attn_divides,
+  cp_dp_divides,
   moe_divides,
+  moe_dp_fills_tp,
+  cp_moe_dp,
 };
 
 struct WidthsResult {
@@ -64,12 +117,46 @@ struct WidthsResult {
   Widths widths{};
 };
 
-constexpr int attn_dp_width(const LayoutConfig& c) { return c.enable_dp_attention ? c.dp : 1; }
+// SGLang resolves some flags into others before it checks a layout; these are the resolved values.
+// --attn-dp-size N is the attention-DP width itself: N > 1 is DP attention over N groups (what
+// --dp-size N --enable-dp-attention says), N == 1 is none. Prefill CP turns DP attention on.
+constexpr bool dp_attention_on(const LayoutConfig& c) {
+  if (c.enable_prefill_cp) return true;
+  if (c.attn_dp_size) return *c.attn_dp_size > 1;
+  return c.enable_dp_attention;
+}
+// --dp-size after --attn-dp-size: the dp that SGLang's CP and backend rules read.
+constexpr int resolved_dp(const LayoutConfig& c) {
+  return c.attn_dp_size && *c.attn_dp_size > 1 ? *c.attn_dp_size : c.dp;
+}
+constexpr int attn_dp_width(const LayoutConfig& c) { return dp_attention_on(c) ? resolved_dp(c) : 1; }
+// Prefill CP replaces --cp with tp / dp (dp must be 1 there, so every rank is a CP rank).
+constexpr int attn_cp_width(const LayoutConfig& c) {
+  return c.enable_prefill_cp ? c.tp / resolved_dp(c) : c.cp;
+}
 constexpr int moe_ep_width(const LayoutConfig& c) {
   return spans_ep(c.moe_a2a_backend) ? c.tp : c.ep;
 }
 // True when the user asked for an --ep that the layout does not use (a backend forced EP to tp).
 constexpr bool ep_overridden(const LayoutConfig& c) { return c.ep != 1 && moe_ep_width(c) != c.ep; }
+// True when prefill CP replaced a --cp the user gave.
+constexpr bool cp_overridden(const LayoutConfig& c) {
+  return c.enable_prefill_cp && c.cp != 1 && c.cp != attn_cp_width(c);
+}
+// When CP is wider than MoE DP, CP partners must share their tokens before the MoE, so SGLang's
+// MoE-DP group is the attention-CP group although moe_dp stays 1 as a width.
+constexpr bool moe_dp_group_is_attn_cp(const Widths& w) { return w.attn_cp > w.moe_dp; }
+
+// Backends SGLang allows with DeepSeek-V4 prefill CP.
+constexpr bool prefill_cp_allows(Backend b) {
+  return b == Backend::none || b == Backend::deepep || b == Backend::megamoe || b == Backend::mori;
+}
+// FlashInfer's all-to-all kernels need one attention-DP group per rank.
+constexpr bool needs_dp_equal_tp(Backend b) {
+  return b == Backend::flashinfer || b == Backend::flashinfer_megamoe;
+}
+// pplx's all-to-all is built over the attention-DP groups and needs at least two.
+constexpr bool needs_two_dp_groups(Backend b) { return b == Backend::pplx; }
 
 constexpr WidthsResult derive_widths(const LayoutConfig& c) {
   struct Flag {
@@ -82,15 +169,41 @@ constexpr WidthsResult derive_widths(const LayoutConfig& c) {
     if (f.value < 1) return {LayoutRule::width_positive, f.name, {}};
     if (f.value > kMaxWidth) return {LayoutRule::width_limit, f.name, {}};
   }
+  if (c.attn_dp_size) {
+    const int n = *c.attn_dp_size;
+    if (n < 1 || n > kMaxWidth) return {LayoutRule::attn_dp_size_range, "--attn-dp-size", {}};
+    if (n > 1 && c.dp > 1) return {LayoutRule::attn_dp_replicas, "--attn-dp-size", {}};
+    if (n == 1 && c.enable_dp_attention && c.dp > 1)
+      return {LayoutRule::attn_dp_conflict, "--attn-dp-size", {}};
+  }
+  if (c.enable_prefill_cp) {
+    if (c.cp_strategy != CpStrategy::interleave)
+      return {LayoutRule::prefill_cp_strategy, "--cp-strategy", {}};
+    if (resolved_dp(c) != 1)
+      return {LayoutRule::prefill_cp_dp, c.attn_dp_size ? "--attn-dp-size" : "--dp", {}};
+    if (c.tp > kMaxPrefillCpTp) return {LayoutRule::prefill_cp_tp, "--tp", {}};
+    if (!prefill_cp_allows(c.moe_a2a_backend))
+      return {LayoutRule::prefill_cp_backend, "--moe-a2a-backend", {}};
+  }
+  const Backend b = c.moe_a2a_backend;
+  if (needs_dp_equal_tp(b) && !(dp_attention_on(c) && resolved_dp(c) == c.tp))
+    return {LayoutRule::backend_dp_eq_tp, "--moe-a2a-backend", {}};
+  if (needs_two_dp_groups(b) && !(dp_attention_on(c) && resolved_dp(c) >= 2))
+    return {LayoutRule::backend_pplx, "--moe-a2a-backend", {}};
+
   Widths w;
   w.tp = c.tp;
   w.attn_dp = attn_dp_width(c);
-  w.attn_cp = c.cp;
-  // Both factors are <= 2^20, so the products are exact in 64 bits.
+  w.attn_cp = attn_cp_width(c);
+  // Every factor is <= 2^20, so the products are exact in 64 bits.
   const std::int64_t attn_outer = std::int64_t{w.attn_dp} * w.attn_cp;
   if (c.tp % attn_outer != 0)
-    return {LayoutRule::attn_divides, c.enable_dp_attention ? "--dp" : "--cp", {}};
+    return {LayoutRule::attn_divides,
+            !dp_attention_on(c) ? "--cp" : c.attn_dp_size ? "--attn-dp-size" : "--dp", {}};
   w.attn_tp = static_cast<int>(c.tp / attn_outer);
+  // SGLang checks CP against the raw --dp-size, so dp replicas without DP attention count too.
+  if (w.attn_cp > 1 && c.tp % (std::int64_t{resolved_dp(c)} * w.attn_cp) != 0)
+    return {LayoutRule::cp_dp_divides, "--cp", {}};
   w.moe_ep = moe_ep_width(c);
   w.moe_dp = c.moe_dp;
   const std::int64_t moe_outer = std::int64_t{w.moe_ep} * w.moe_dp;
@@ -99,6 +212,9 @@ constexpr WidthsResult derive_widths(const LayoutConfig& c) {
                                                                                 : "--moe-dp-size",
             {}};
   w.moe_tp = static_cast<int>(c.tp / moe_outer);
+  if (w.moe_dp > 1 && w.moe_ep > 1 && w.moe_tp != 1)
+    return {LayoutRule::moe_dp_fills_tp, "--moe-dp-size", {}};
+  if (w.moe_dp > 1 && w.attn_cp != w.moe_dp) return {LayoutRule::cp_moe_dp, "--moe-dp-size", {}};
   return {LayoutRule::ok, "", w};
 }
 
@@ -106,6 +222,13 @@ namespace impl {
 
 inline std::string describe_rule(const WidthsResult& r, const LayoutConfig& c) {
   const std::string in = r.input;
+  const auto s = [](std::int64_t v) { return std::to_string(v); };
+  const std::string backend(to_string(c.moe_a2a_backend));
+  const std::string dp_flags =
+      c.attn_dp_size ? "--attn-dp-size " + s(*c.attn_dp_size) + ", --dp-size " + s(c.dp)
+                     : "--dp-size " + s(c.dp) +
+                           (c.enable_dp_attention ? " with --enable-dp-attention"
+                                                  : " without --enable-dp-attention");
   switch (r.rule) {
     case LayoutRule::ok:
       return "ok";
@@ -113,22 +236,63 @@ inline std::string describe_rule(const WidthsResult& r, const LayoutConfig& c) {
     case LayoutRule::width_limit: {
       const int value = in == "--tp" ? c.tp : in == "--dp" ? c.dp : in == "--cp" ? c.cp
                         : in == "--ep" ? c.ep : c.moe_dp;
-      return in + " = " + std::to_string(value) + " is invalid: " +
+      return in + " = " + s(value) + " is invalid: " +
              (r.rule == LayoutRule::width_positive ? RELAYOUT_RULE_WIDTH_POSITIVE
                                                    : RELAYOUT_RULE_WIDTH_LIMIT);
     }
+    case LayoutRule::attn_dp_size_range:
+      return "--attn-dp-size = " + s(*c.attn_dp_size) + " is invalid: " +
+             RELAYOUT_RULE_ATTN_DP_SIZE_RANGE;
+    case LayoutRule::attn_dp_replicas:
+      return "--attn-dp-size " + s(*c.attn_dp_size) + " with --dp-size " + s(c.dp) + ": " +
+             RELAYOUT_RULE_ATTN_DP_REPLICAS;
+    case LayoutRule::attn_dp_conflict:
+      return "--attn-dp-size 1 with --dp-size " + s(c.dp) + " --enable-dp-attention: " +
+             RELAYOUT_RULE_ATTN_DP_CONFLICT;
+    case LayoutRule::prefill_cp_strategy:
+      return "--cp-strategy " + std::string(to_string(c.cp_strategy)) + ": " +
+             RELAYOUT_RULE_PREFILL_CP_STRATEGY;
+    case LayoutRule::prefill_cp_dp:
+      return in + ": --enable-prefill-cp with " + dp_flags + " (dp = " + s(resolved_dp(c)) +
+             "): " + RELAYOUT_RULE_PREFILL_CP_DP;
+    case LayoutRule::prefill_cp_tp:
+      return "--tp " + s(c.tp) + ": --enable-prefill-cp with tp = " + s(c.tp) + " > 8: " +
+             RELAYOUT_RULE_PREFILL_CP_TP;
+    case LayoutRule::prefill_cp_backend:
+      return "--moe-a2a-backend " + backend + ": " + RELAYOUT_RULE_PREFILL_CP_BACKEND;
+    case LayoutRule::backend_dp_eq_tp:
+      return "--moe-a2a-backend " + backend + " with --tp " + s(c.tp) + ", " + dp_flags +
+             (dp_attention_on(c) ? " (dp = " + s(resolved_dp(c)) + " != tp)"
+                                 : std::string(" (DP attention off)")) +
+             ": " + RELAYOUT_RULE_BACKEND_DP_EQ_TP;
+    case LayoutRule::backend_pplx:
+      return "--moe-a2a-backend pplx with " + dp_flags +
+             (dp_attention_on(c) ? " (one DP group)" : std::string(" (DP attention off)")) + ": " +
+             RELAYOUT_RULE_BACKEND_PPLX;
     case LayoutRule::attn_divides:
-      return in + ": tp = " + std::to_string(c.tp) + " is not divisible by attn_dp * attn_cp = " +
-             std::to_string(attn_dp_width(c)) + " * " + std::to_string(c.cp) + "; " +
-             RELAYOUT_RULE_ATTN_DIVIDES;
+      return in + ": tp = " + s(c.tp) + " is not divisible by attn_dp * attn_cp = " +
+             s(attn_dp_width(c)) + " * " + s(attn_cp_width(c)) + "; " + RELAYOUT_RULE_ATTN_DIVIDES;
+    case LayoutRule::cp_dp_divides:
+      return "--cp " + s(c.cp) + " with --dp-size " + s(resolved_dp(c)) + ": tp = " + s(c.tp) +
+             " is not divisible by dp * attn_cp = " + s(resolved_dp(c)) + " * " +
+             s(attn_cp_width(c)) + "; " + RELAYOUT_RULE_CP_DP_DIVIDES;
     case LayoutRule::moe_divides:
-      return in + ": tp = " + std::to_string(c.tp) + " is not divisible by moe_ep * moe_dp = " +
-             std::to_string(moe_ep_width(c)) + " * " + std::to_string(c.moe_dp) +
+      return in + ": tp = " + s(c.tp) + " is not divisible by moe_ep * moe_dp = " +
+             s(moe_ep_width(c)) + " * " + s(c.moe_dp) +
              (spans_ep(c.moe_a2a_backend)
-                  ? " (moe_ep is forced to tp by --moe-a2a-backend " +
-                        std::string(to_string(c.moe_a2a_backend)) + ")"
+                  ? " (moe_ep is forced to tp by --moe-a2a-backend " + backend + ")"
                   : std::string()) +
              "; " + RELAYOUT_RULE_MOE_DIVIDES;
+    case LayoutRule::moe_dp_fills_tp:
+      return "--moe-dp-size " + s(c.moe_dp) + " with moe_ep = " + s(moe_ep_width(c)) +
+             (spans_ep(c.moe_a2a_backend) ? " (--moe-a2a-backend " + backend + ")"
+                                          : " (--ep " + s(c.ep) + ")") +
+             ": moe_ep * moe_dp = " + s(std::int64_t{moe_ep_width(c)} * c.moe_dp) + " != tp = " +
+             s(c.tp) + "; " + RELAYOUT_RULE_MOE_DP_FILLS_TP;
+    case LayoutRule::cp_moe_dp:
+      return "--moe-dp-size " + s(c.moe_dp) + " with attn_cp = " + s(attn_cp_width(c)) +
+             (c.enable_prefill_cp ? " (set by --enable-prefill-cp)" : " (--cp)") + ": " +
+             RELAYOUT_RULE_CP_MOE_DP;
   }
   return "unknown rule";
 }

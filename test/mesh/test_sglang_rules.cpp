@@ -1,0 +1,242 @@
+// SGLang's further launch rules one by one: the layouts each rule rejects (flag and sentence in the
+// error), the ones it still lets through, --attn-dp-size, DeepSeek-V4 prefill CP, the MoE-DP group
+// that is the attention-CP group, and which CP rank holds which token.
+#include <doctest/doctest.h>
+
+#include <relayout/mesh.hpp>
+#include <string>
+#include <vector>
+
+using namespace relayout;
+
+namespace {
+
+struct Rejection {
+  std::string input, message;
+};
+
+Rejection rejection_of(const LayoutConfig& c) {
+  try {
+    RuntimeLayout l(c);
+  } catch (const LayoutError& e) {
+    return {e.input(), e.what()};
+  }
+  return {};
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+LayoutConfig prefill(int tp, Backend b = Backend::none) {
+  LayoutConfig c{.tp = tp, .moe_a2a_backend = b};
+  c.enable_prefill_cp = true;
+  return c;
+}
+
+LayoutConfig with_attn_dp(LayoutConfig c, int n) {
+  c.attn_dp_size = n;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("each rule rejects its layouts with the flag and its sentence") {
+  struct Case {
+    LayoutConfig config;
+    const char* input;
+    const char* details;
+    const char* rule;
+  };
+  LayoutConfig zigzag = prefill(4);
+  zigzag.cp_strategy = CpStrategy::zigzag;
+  LayoutConfig prefill_dp2 = prefill(4);
+  prefill_dp2.dp = 2;
+  const Case cases[] = {
+      // handle_context_parallelism: CP against the raw --dp-size, DP attention off.
+      {{.tp = 8, .dp = 4, .cp = 4}, "--cp", "--cp 4 with --dp-size 4: tp = 8 is not divisible by dp * attn_cp = 4 * 4",
+       RELAYOUT_RULE_CP_DP_DIVIDES},
+      // moe_dp > 1 with moe_ep > 1 must fill tp.
+      {{.tp = 8, .cp = 2, .ep = 2, .moe_dp = 2}, "--moe-dp-size",
+       "--moe-dp-size 2 with moe_ep = 2 (--ep 2): moe_ep * moe_dp = 4 != tp = 8", RELAYOUT_RULE_MOE_DP_FILLS_TP},
+      // attn_cp != moe_dp only with moe_dp == 1.
+      {{.tp = 8, .moe_dp = 2}, "--moe-dp-size", "--moe-dp-size 2 with attn_cp = 1 (--cp)", RELAYOUT_RULE_CP_MOE_DP},
+      {{.tp = 8, .cp = 4, .moe_dp = 2}, "--moe-dp-size", "with attn_cp = 4 (--cp)", RELAYOUT_RULE_CP_MOE_DP},
+      // handle_a2a_moe: per-backend DP-attention requirements.
+      {{.tp = 8, .dp = 4, .enable_dp_attention = true, .moe_a2a_backend = Backend::flashinfer},
+       "--moe-a2a-backend", "--moe-a2a-backend flashinfer with --tp 8, --dp-size 4 with --enable-dp-attention (dp = 4 != tp)",
+       RELAYOUT_RULE_BACKEND_DP_EQ_TP},
+      {{.tp = 8, .dp = 8, .moe_a2a_backend = Backend::flashinfer_megamoe}, "--moe-a2a-backend",
+       "(DP attention off)", RELAYOUT_RULE_BACKEND_DP_EQ_TP},
+      {{.tp = 8, .moe_a2a_backend = Backend::pplx}, "--moe-a2a-backend",
+       "--moe-a2a-backend pplx with --dp-size 1 without --enable-dp-attention (DP attention off)",
+       RELAYOUT_RULE_BACKEND_PPLX},
+      {{.tp = 8, .enable_dp_attention = true, .moe_a2a_backend = Backend::pplx}, "--moe-a2a-backend",
+       "(one DP group)", RELAYOUT_RULE_BACKEND_PPLX},
+      // --attn-dp-size.
+      {with_attn_dp({.tp = 4, .dp = 2}, 2), "--attn-dp-size", "--attn-dp-size 2 with --dp-size 2",
+       RELAYOUT_RULE_ATTN_DP_REPLICAS},
+      {with_attn_dp({.tp = 4, .dp = 2, .enable_dp_attention = true}, 2), "--attn-dp-size",
+       "--attn-dp-size 2 with --dp-size 2", RELAYOUT_RULE_ATTN_DP_REPLICAS},
+      {with_attn_dp({.tp = 4, .dp = 4, .enable_dp_attention = true}, 1), "--attn-dp-size",
+       "--attn-dp-size 1 with --dp-size 4 --enable-dp-attention", RELAYOUT_RULE_ATTN_DP_CONFLICT},
+      {with_attn_dp({.tp = 4}, 0), "--attn-dp-size", "--attn-dp-size = 0 is invalid", RELAYOUT_RULE_ATTN_DP_SIZE_RANGE},
+      {with_attn_dp({.tp = 8}, 3), "--attn-dp-size", "tp = 8 is not divisible by attn_dp * attn_cp = 3 * 1",
+       RELAYOUT_RULE_ATTN_DIVIDES},
+      // validate_deepseek_v4_cp.
+      {zigzag, "--cp-strategy", "--cp-strategy zigzag", RELAYOUT_RULE_PREFILL_CP_STRATEGY},
+      {prefill_dp2, "--dp", "--enable-prefill-cp with --dp-size 2 without --enable-dp-attention (dp = 2)",
+       RELAYOUT_RULE_PREFILL_CP_DP},
+      {with_attn_dp(prefill(4), 2), "--attn-dp-size", "(dp = 2)", RELAYOUT_RULE_PREFILL_CP_DP},
+      {prefill(16), "--tp", "--enable-prefill-cp with tp = 16 > 8", RELAYOUT_RULE_PREFILL_CP_TP},
+      {prefill(8, Backend::pplx), "--moe-a2a-backend", "--moe-a2a-backend pplx", RELAYOUT_RULE_PREFILL_CP_BACKEND},
+      {prefill(8, Backend::deepep_v2), "--moe-a2a-backend", "--moe-a2a-backend deepep_v2",
+       RELAYOUT_RULE_PREFILL_CP_BACKEND},
+      // Prefill CP makes attn_cp = tp, so moe_dp must be 1 or tp.
+      {[] { LayoutConfig c = prefill(8); c.moe_dp = 2; return c; }(), "--moe-dp-size",
+       "with attn_cp = 8 (set by --enable-prefill-cp)", RELAYOUT_RULE_CP_MOE_DP},
+  };
+  for (const Case& c : cases) {
+    const Rejection r = rejection_of(c.config);
+    CAPTURE(r.message);
+    CHECK(r.input == c.input);
+    CHECK(contains(r.message, c.details));
+    CHECK(contains(r.message, c.rule));
+  }
+}
+
+TEST_CASE("what the rules still allow") {
+  // attn_cp == moe_dp: MoE DP over the CP partners.
+  CHECK(rejection_of({.tp = 8, .cp = 2, .moe_dp = 2}).message.empty());
+  CHECK(rejection_of({.tp = 8, .cp = 2, .ep = 4, .moe_dp = 2}).message.empty());
+  // CP with dp replicas that fit: tp % (dp * cp) == 0 without DP attention.
+  CHECK(rejection_of({.tp = 8, .dp = 2, .cp = 4}).message.empty());
+  // dp replicas alone are not checked against tp (DP attention off, no CP).
+  CHECK(rejection_of({.tp = 4, .dp = 8}).message.empty());
+  // flashinfer with dp == tp, pplx with two groups.
+  CHECK(rejection_of({.tp = 4, .dp = 4, .enable_dp_attention = true,
+                      .moe_a2a_backend = Backend::flashinfer}).message.empty());
+  CHECK(rejection_of({.tp = 4, .dp = 2, .enable_dp_attention = true,
+                      .moe_a2a_backend = Backend::pplx}).message.empty());
+  // --attn-dp-size next to the redundant --enable-dp-attention, and width 1 next to replicas.
+  CHECK(rejection_of(with_attn_dp({.tp = 4, .enable_dp_attention = true}, 2)).message.empty());
+  CHECK(rejection_of(with_attn_dp({.tp = 4, .dp = 2}, 1)).message.empty());
+  // Prefill CP with each backend it supports, and at tp 8 with moe_dp == tp.
+  for (Backend b : {Backend::none, Backend::deepep, Backend::megamoe, Backend::mori})
+    CHECK(rejection_of(prefill(8, b)).message.empty());
+  LayoutConfig full = prefill(8);
+  full.moe_dp = 8;
+  CHECK(rejection_of(full).message.empty());
+}
+
+TEST_CASE("--attn-dp-size N resolves to the widths of --dp-size N --enable-dp-attention") {
+  for (int tp : {2, 4, 8, 16})
+    for (int n = 1; n <= tp; n *= 2)
+      for (Backend b : {Backend::none, Backend::deepep, Backend::pplx}) {
+        if (b == Backend::pplx && n < 2) continue;
+        CAPTURE(tp);
+        CAPTURE(n);
+        const RuntimeLayout old_spelling({.tp = tp, .dp = n, .enable_dp_attention = n > 1,
+                                          .moe_a2a_backend = b});
+        const RuntimeLayout new_spelling(with_attn_dp({.tp = tp, .moe_a2a_backend = b}, n));
+        CHECK(new_spelling.widths() == old_spelling.widths());
+        CHECK(new_spelling.widths().attn_dp == n);
+        CHECK(new_spelling.bridge_path() == old_spelling.bridge_path());
+        for (GroupKind g : kAllGroupKinds) CHECK(new_spelling.groups(g) == old_spelling.groups(g));
+      }
+  // The DSpark check sees DP attention through --attn-dp-size too.
+  LayoutConfig c = with_attn_dp({.tp = 8, .draft = Draft::moe}, 4);
+  CHECK_FALSE(RuntimeLayout(c).dspark().allowed);
+  c.attn_dp_size = 8;
+  CHECK(RuntimeLayout(c).dspark().allowed);
+}
+
+TEST_CASE("prefill CP: DP attention on, attn_cp = tp / dp, every rank one CP rank") {
+  LayoutConfig c = prefill(4, Backend::deepep);
+  c.cp = 2;  // replaced, as SGLang replaces --attn-cp-size
+  const RuntimeLayout l(c);
+  CHECK(dp_attention_on(c));
+  CHECK(cp_overridden(c));
+  CHECK(l.widths() == Widths{.tp = 4, .attn_dp = 1, .attn_cp = 4, .attn_tp = 1, .moe_dp = 1,
+                             .moe_ep = 4, .moe_tp = 1});
+  CHECK(l.groups(GroupKind::attn_cp) == std::vector<std::vector<int>>{{0, 1, 2, 3}});
+  for (int r = 0; r < 4; ++r) CHECK(l.coords(r).attn_cp_rank == r);
+  CHECK(l.cp_token_split() == CpTokenSplit::round_robin);
+  CHECK_FALSE(cp_overridden(prefill(4)));
+}
+
+TEST_CASE("MoE-DP group is the attention-CP group when attn_cp > moe_dp; the width stays 1") {
+  const RuntimeLayout l({.tp = 8, .dp = 2, .cp = 2, .enable_dp_attention = true});
+  CHECK(l.widths().moe_dp == 1);
+  CHECK(l.coords(6).moe_dp_rank == 0);
+  CHECK(l.group_size(GroupKind::moe_dp) == 2);
+  CHECK(l.groups(GroupKind::moe_dp) == l.groups(GroupKind::attn_cp));
+  CHECK(l.groups(GroupKind::moe_dp) ==
+        std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+  CHECK(l.group_members(GroupKind::moe_dp, 5) == std::vector<int>{5, 7});
+  CHECK(l.group_rank(GroupKind::moe_dp, 7) == 1);
+  // attn_cp == moe_dp: SGLang's own MoE-DP group (stride moe_ep * moe_tp), here the same ranks.
+  const RuntimeLayout eq({.tp = 8, .cp = 2, .ep = 4, .moe_dp = 2});
+  CHECK(eq.groups(GroupKind::moe_dp) ==
+        std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+  // Without CP the MoE-DP group has one rank.
+  CHECK(RuntimeLayout({.tp = 8}).group_size(GroupKind::moe_dp) == 1);
+}
+
+TEST_CASE("which CP rank holds which token") {
+  // Prefill CP: round-robin, token i on rank i mod cp.
+  const RuntimeLayout p(prefill(4));
+  std::vector<int> ranks;
+  for (int i = 0; i < 10; ++i) ranks.push_back(p.cp_rank_of_token(i, 10));
+  CHECK(ranks == std::vector<int>{0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
+  CHECK(prefill_cp_rank_of_token(1'000'000'007, 8) == 7);
+  // Plain CP: contiguous chunks, the first n % cp one token longer: 10 over 4 -> 3 3 2 2.
+  const RuntimeLayout c({.tp = 4, .cp = 4});
+  CHECK(c.cp_token_split() == CpTokenSplit::contiguous);
+  ranks.clear();
+  for (int i = 0; i < 10; ++i) ranks.push_back(c.cp_rank_of_token(i, 10));
+  CHECK(ranks == std::vector<int>{0, 0, 0, 1, 1, 1, 2, 2, 3, 3});
+  CHECK(cp_chunk(10, 4, 0) == TokenRange{0, 3});
+  CHECK(cp_chunk(10, 4, 2) == TokenRange{6, 8});
+  CHECK(cp_chunk(10, 4, 3) == TokenRange{8, 10});
+  // A request shorter than cp: ranks past its length hold nothing.
+  CHECK(cp_chunk(2, 4, 3) == TokenRange{2, 2});
+  CHECK(c.cp_rank_of_token(1, 2) == 1);
+  // Every token lands in the chunk of the rank it is assigned to, and counts agree for both splits.
+  for (std::int64_t n = 0; n <= 40; ++n)
+    for (int cp : {1, 2, 3, 5, 8}) {
+      std::int64_t covered = 0;
+      for (int r = 0; r < cp; ++r) {
+        const TokenRange t = cp_chunk(n, cp, r);
+        CHECK(t.begin == covered);
+        covered = t.end;
+        CHECK(t.end - t.begin == cp_token_count(n, cp, r));
+        std::int64_t dealt = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          if (i >= t.begin && i < t.end) CHECK(cp_chunk_rank_of_token(i, n, cp) == r);
+          dealt += prefill_cp_rank_of_token(i, cp) == r;
+        }
+        CHECK(dealt == cp_token_count(n, cp, r));
+      }
+      CHECK(covered == n);
+    }
+  CHECK_THROWS_AS(c.cp_rank_of_token(10, 10), LayoutError);
+  CHECK_THROWS_AS(c.cp_rank_of_token(-1, 10), LayoutError);
+  CHECK_THROWS_AS(c.cp_rank_of_token(0, -1), LayoutError);
+}
+
+TEST_CASE("static policy: the new options and rules at compile time") {
+  using P = Layout<Tp<8>, PrefillCp<true>, A2a<Backend::mori>>;
+  static_assert(P::attn_cp == 8 && P::attn_dp == 1 && P::attn_tp == 1 && P::moe_ep == 8);
+  static_assert(P::cp_token_split() == CpTokenSplit::round_robin);
+  static_assert(P::group_size(GroupKind::moe_dp) == 8);  // the attention-CP group
+  using A = Layout<Tp<8>, AttnDp<4>, A2a<Backend::deepep>>;
+  static_assert(A::attn_dp == 4 && A::attn_tp == 2 && A::path == BridgePath::a2a_split);
+  using F = Layout<Tp<4>, Dp<4>, DpAttention<true>, A2a<Backend::flashinfer>>;
+  static_assert(F::attn_tp == 1);
+  using M = Layout<Tp<8>, Cp<2>, MoeDp<2>, Ep<4>>;
+  static_assert(M::moe_tp == 1 && M::group_size(GroupKind::moe_dp) == 2);
+  CHECK(P::runtime().widths() == P::widths());
+  CHECK(A::runtime().groups(GroupKind::attn_tp) ==
+        std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
+}
