@@ -88,3 +88,68 @@ TEST_CASE("explain dot: one cluster per attention-TP group, MoE-EP edges") {
   CHECK(d.find("r2 -- r3 [color=blue, label=\"moe_ep 0\"]") != std::string::npos);
   CHECK(d.back() == '\n');
 }
+
+TEST_CASE("explain: prefill CP resolution step by step, round-robin tokens, MoE-DP = CP group") {
+  LayoutConfig c{.tp = 4, .cp = 2, .moe_a2a_backend = Backend::deepep};
+  c.enable_prefill_cp = true;
+  const RuntimeLayout l(c);
+  const std::string t = cli::explain_text(l);
+  auto has = [&](const char* s) { return t.find(s) != std::string::npos; };
+  CHECK(has("dp_attention=on"));
+  CHECK(has("Resolution\n  1. --enable-prefill-cp --cp-strategy interleave: DeepSeek-V4 prefill CP"));
+  CHECK(has("  2. prefill CP turns DP attention on\n"));
+  CHECK(has("  3. prefill CP checks: dp = 1 == 1, tp = 4 <= 8 (one machine), --moe-a2a-backend deepep in {none, deepep, megamoe, mori}: all hold"));
+  CHECK(has("  4. attn_cp = tp / dp = 4 / 1 = 4 (replaces --cp 2); attn_dp = 1, attn_tp = 1"));
+  CHECK(has("tokens: token i of the batch goes to CP rank i mod 4 (round-robin)"));
+  CHECK(has("MoE-DP group = attention-CP group: attn_cp = 4 > moe_dp = 1"));
+  CHECK(has("attn_dp = dp (DP attention on by --enable-prefill-cp) = 1"));
+  CHECK(has("attn_cp = tp / dp (--enable-prefill-cp) = 4"));
+  CHECK(has("moe_dp  = moe_dp = 1   (its group is the attention-CP group, 4 ranks: attn_cp > moe_dp)"));
+  CHECK(has("moe_dp  1 group  of 4 (= attn_cp groups): [0 1 2 3]"));
+
+  const json j = cli::explain_json(l, 2);
+  CHECK(j["config"]["enable_prefill_cp"] == true);
+  CHECK(j["config"]["cp_strategy"] == "interleave");
+  CHECK(j["config"]["attn_dp_size"].is_null());
+  CHECK(j["dp_attention"] == true);
+  CHECK(j["cp_overridden"] == true);
+  CHECK(j["cp_token_split"] == "round_robin");
+  CHECK(j["widths"]["attn_cp"] == 4);
+  CHECK(j["widths"]["moe_dp"] == 1);
+  CHECK(j["moe_dp_group"]["is_attn_cp_group"] == true);
+  CHECK(j["moe_dp_group"]["size"] == 4);
+  CHECK(j["groups"]["moe_dp"] == json::array({json::array({0, 1, 2, 3})}));
+  CHECK(j["focus"]["groups"]["moe_dp"]["group_rank"] == 2);
+  REQUIRE(j["resolution"].size() == 7);
+  CHECK(j["resolution"][1] == "prefill CP turns DP attention on");
+}
+
+TEST_CASE("explain: plain CP with DP attention shows contiguous chunks and the MoE-DP aliasing") {
+  const RuntimeLayout l({.tp = 8, .dp = 2, .cp = 2, .enable_dp_attention = true});
+  const json j = cli::explain_json(l);
+  CHECK(j["cp_token_split"] == "contiguous");
+  CHECK(j["moe_dp_group"]["is_attn_cp_group"] == true);
+  CHECK(j["groups"]["moe_dp"] == j["groups"]["attn_cp"]);
+  CHECK(j["groups"]["moe_dp"][3] == json::array({5, 7}));
+  const std::string t = cli::explain_text(l);
+  CHECK(t.find("CP rule: tp % (dp * attn_cp) == 0 with dp = --dp-size even without DP attention: 8 % (2 * 2) == 0 holds") != std::string::npos);
+  CHECK(t.find("tokens: each request is cut into 2 contiguous chunks") != std::string::npos);
+  CHECK(t.find("moe_dp  4 groups of 2 (= attn_cp groups): [0 2] [1 3] [4 6] [5 7]") != std::string::npos);
+  // Without CP there is nothing to resolve and no aliasing.
+  const RuntimeLayout plain({.tp = 4, .dp = 2, .enable_dp_attention = true});
+  CHECK(cli::explain_text(plain).find("Resolution") == std::string::npos);
+  CHECK(cli::explain_json(plain)["moe_dp_group"]["is_attn_cp_group"] == false);
+  CHECK(cli::explain_json(plain)["resolution"].empty());
+}
+
+TEST_CASE("explain: --attn-dp-size and the backends' own DP rules") {
+  LayoutConfig c{.tp = 4, .enable_dp_attention = true, .moe_a2a_backend = Backend::flashinfer};
+  c.attn_dp_size = 4;
+  const RuntimeLayout l(c);
+  const json j = cli::explain_json(l);
+  CHECK(j["config"]["attn_dp_size"] == 4);
+  CHECK(j["widths"]["attn_dp"] == 4);
+  CHECK(j["resolution"][0] == "--attn-dp-size 4: DP attention over 4 groups (the widths of --dp-size 4 --enable-dp-attention); --enable-dp-attention next to it is redundant");
+  CHECK(j["resolution"][1] == "--moe-a2a-backend flashinfer needs DP attention with dp == tp: dp = 4 == tp = 4 holds");
+  CHECK(cli::explain_text(l).find("attn_dp = --attn-dp-size = 4") != std::string::npos);
+}

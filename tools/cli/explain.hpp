@@ -2,6 +2,7 @@
 // Everything shown is read from relayout::RuntimeLayout; nothing here re-derives a formula.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -59,6 +60,66 @@ inline std::vector<BridgeStep> bridge_steps(const RuntimeLayout& l) {
   return s;
 }
 
+// How the flags resolve to the widths, step by step: --attn-dp-size, DeepSeek-V4 prefill CP, the
+// per-backend and CP rules SGLang checks, and the MoE-DP group that is the attention-CP group.
+inline std::vector<std::string> resolution_steps(const RuntimeLayout& l) {
+  const LayoutConfig& c = l.config();
+  const Widths& w = l.widths();
+  const auto s = [](std::int64_t v) { return std::to_string(v); };
+  const std::string backend(to_string(c.moe_a2a_backend));
+  std::vector<std::string> out;
+  if (c.attn_dp_size) {
+    const int n = *c.attn_dp_size;
+    if (n > 1)
+      out.push_back("--attn-dp-size " + s(n) + ": DP attention over " + s(n) +
+                    " groups (the widths of --dp-size " + s(n) + " --enable-dp-attention)" +
+                    (c.enable_dp_attention ? "; --enable-dp-attention next to it is redundant" : ""));
+    else
+      out.push_back("--attn-dp-size 1: no DP attention" +
+                    (c.dp > 1 ? "; --dp-size " + s(c.dp) + " are replicas outside this domain"
+                              : std::string()));
+  }
+  if (c.enable_prefill_cp) {
+    out.push_back("--enable-prefill-cp --cp-strategy " + std::string(to_string(c.cp_strategy)) +
+                  ": DeepSeek-V4 prefill CP, SGLang's round-robin-split");
+    out.push_back("prefill CP turns DP attention on");
+    out.push_back("prefill CP checks: dp = " + s(resolved_dp(c)) + " == 1, tp = " + s(c.tp) +
+                  " <= 8 (one machine), --moe-a2a-backend " + backend +
+                  " in {none, deepep, megamoe, mori}: all hold");
+    out.push_back("attn_cp = tp / dp = " + s(c.tp) + " / " + s(resolved_dp(c)) + " = " + s(w.attn_cp) +
+                  (cp_overridden(c) ? " (replaces --cp " + s(c.cp) + ")" : std::string()) +
+                  "; attn_dp = 1, attn_tp = " + s(w.attn_tp));
+  }
+  if (needs_dp_equal_tp(c.moe_a2a_backend))
+    out.push_back("--moe-a2a-backend " + backend + " needs DP attention with dp == tp: dp = " +
+                  s(resolved_dp(c)) + " == tp = " + s(c.tp) + " holds");
+  if (needs_two_dp_groups(c.moe_a2a_backend))
+    out.push_back("--moe-a2a-backend pplx needs DP attention with dp >= 2: dp = " +
+                  s(resolved_dp(c)) + " holds");
+  if (w.attn_cp > 1) {
+    out.push_back("CP rule: tp % (dp * attn_cp) == 0 with dp = --dp-size even without DP attention: " +
+                  s(c.tp) + " % (" + s(resolved_dp(c)) + " * " + s(w.attn_cp) + ") == 0 holds");
+    if (l.cp_token_split() == CpTokenSplit::round_robin)
+      out.push_back("tokens: token i of the batch goes to CP rank i mod " + s(w.attn_cp) +
+                    " (round-robin)");
+    else
+      out.push_back("tokens: each request is cut into " + s(w.attn_cp) +
+                    " contiguous chunks, CP rank r holding chunk r (the first n % " +
+                    s(w.attn_cp) + " chunks one token longer)");
+  }
+  if (moe_dp_group_is_attn_cp(w))
+    out.push_back("MoE-DP group = attention-CP group: attn_cp = " + s(w.attn_cp) +
+                  " > moe_dp = 1, so CP partners share their tokens before the MoE; moe_dp stays 1 "
+                  "as a width, the MoE-DP group has " + s(w.attn_cp) + " ranks");
+  else if (w.moe_dp > 1)
+    out.push_back("moe_dp = attn_cp = " + s(w.moe_dp) + " (moe_dp > 1 needs attn_cp == moe_dp" +
+                  (w.moe_ep > 1 ? ", and moe_ep * moe_dp == tp: " + s(w.moe_ep) + " * " +
+                                      s(w.moe_dp) + " == " + s(w.tp)
+                                : std::string()) +
+                  ")");
+  return out;
+}
+
 inline std::string bridge_reason(const RuntimeLayout& l) {
   const std::string b(to_string(l.backend()));
   switch (l.bridge_path()) {
@@ -78,11 +139,20 @@ inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> fo
   j["config"] = {{"tp", c.tp}, {"dp", c.dp}, {"cp", c.cp}, {"ep", c.ep}, {"moe_dp", c.moe_dp},
                  {"enable_dp_attention", c.enable_dp_attention},
                  {"moe_a2a_backend", std::string(to_string(c.moe_a2a_backend))},
-                 {"draft", std::string(to_string(c.draft))}};
+                 {"draft", std::string(to_string(c.draft))},
+                 {"attn_dp_size", c.attn_dp_size ? json(*c.attn_dp_size) : json(nullptr)},
+                 {"enable_prefill_cp", c.enable_prefill_cp},
+                 {"cp_strategy", std::string(to_string(c.cp_strategy))}};
+  j["dp_attention"] = dp_attention_on(c);
+  j["resolution"] = resolution_steps(l);
   j["widths"] = {{"tp", w.tp},         {"attn_dp", w.attn_dp}, {"attn_cp", w.attn_cp},
                  {"attn_tp", w.attn_tp}, {"moe_dp", w.moe_dp},   {"moe_ep", w.moe_ep},
                  {"moe_tp", w.moe_tp}};
   j["ep_overridden"] = ep_overridden(c);
+  j["cp_overridden"] = cp_overridden(c);
+  j["cp_token_split"] = l.cp_token_split() == CpTokenSplit::round_robin ? "round_robin" : "contiguous";
+  j["moe_dp_group"] = {{"is_attn_cp_group", moe_dp_group_is_attn_cp(w)},
+                       {"size", l.group_size(GroupKind::moe_dp)}};
   j["ranks"] = json::array();
   for (int r = 0; r < l.size(); ++r) {
     const RankCoords k = l.coords(r);
@@ -139,26 +209,45 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
   const std::string backend(to_string(c.moe_a2a_backend));
   std::ostringstream o;
   o << "relayout explain: tp=" << c.tp << " dp=" << c.dp << " cp=" << c.cp << " ep=" << c.ep
-    << " moe_dp=" << c.moe_dp << " dp_attention=" << (c.enable_dp_attention ? "on" : "off")
-    << " moe_a2a_backend=" << backend << " draft=" << to_string(c.draft) << "\n\n";
+    << " moe_dp=" << c.moe_dp << " dp_attention=" << (dp_attention_on(c) ? "on" : "off")
+    << " moe_a2a_backend=" << backend << " draft=" << to_string(c.draft);
+  if (c.attn_dp_size) o << " attn_dp_size=" << *c.attn_dp_size;
+  if (c.enable_prefill_cp) o << " prefill_cp=" << to_string(c.cp_strategy);
+  o << "\n\n";
+
+  if (const auto steps = resolution_steps(l); !steps.empty()) {
+    o << "Resolution\n";
+    for (std::size_t i = 0; i < steps.size(); ++i) o << "  " << i + 1 << ". " << steps[i] << "\n";
+    o << "\n";
+  }
 
   o << "Widths\n";
-  o << "  attn_dp = " << (c.enable_dp_attention ? "dp (DP attention on)" : "1 (DP attention off)")
+  o << "  attn_dp = "
+    << (c.attn_dp_size ? "--attn-dp-size"
+        : !dp_attention_on(c) ? "1 (DP attention off)"
+        : c.enable_prefill_cp ? "dp (DP attention on by --enable-prefill-cp)"
+                              : "dp (DP attention on)")
     << " = " << w.attn_dp << "\n";
-  o << "  attn_cp = cp = " << w.attn_cp << "\n";
+  if (c.enable_prefill_cp)
+    o << "  attn_cp = tp / dp (--enable-prefill-cp) = " << w.attn_cp << "\n";
+  else
+    o << "  attn_cp = cp = " << w.attn_cp << "\n";
   o << "  attn_tp = tp / attn_dp / attn_cp = " << w.tp << " / " << w.attn_dp << " / " << w.attn_cp
     << " = " << w.attn_tp << "\n";
   if (spans_ep(c.moe_a2a_backend))
     o << "  moe_ep  = tp (" << backend << " spans EP over the TP width" << (ep_overridden(c) ? "; --ep " + std::to_string(c.ep) + " ignored" : "") << ") = " << w.moe_ep << "\n";
   else
     o << "  moe_ep  = ep (backend none) = " << w.moe_ep << "\n";
-  o << "  moe_dp  = moe_dp = " << w.moe_dp << "\n";
+  o << "  moe_dp  = moe_dp = " << w.moe_dp;
+  if (moe_dp_group_is_attn_cp(w))
+    o << "   (its group is the attention-CP group, " << w.attn_cp << " ranks: attn_cp > moe_dp)";
+  o << "\n";
   o << "  moe_tp  = tp / moe_ep / moe_dp = " << w.tp << " / " << w.moe_ep << " / " << w.moe_dp
     << " = " << w.moe_tp << "\n";
   o << "  check   " << w.tp << " = " << w.attn_dp << " x " << w.attn_cp << " x " << w.attn_tp
     << " (attention dp x cp x tp) = " << w.moe_dp << " x " << w.moe_ep << " x " << w.moe_tp
     << " (MoE dp x ep x tp)\n";
-  if (!c.enable_dp_attention && c.dp > 1)
+  if (!dp_attention_on(c) && c.dp > 1)
     o << "  note    dp = " << c.dp << " without DP attention: replicas outside this domain; this "
       << "domain has tp = " << w.tp << " ranks\n";
   o << "\n";
@@ -182,7 +271,8 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
   for (GroupKind g : kAllGroupKinds) {
     const auto groups = l.groups(g);
     o << "  " << to_string(g) << std::string(8 - to_string(g).size(), ' ') << groups.size()
-      << (groups.size() == 1 ? " group  of " : " groups of ") << l.group_size(g) << ": ";
+      << (groups.size() == 1 ? " group  of " : " groups of ") << l.group_size(g)
+      << (g == GroupKind::moe_dp && moe_dp_group_is_attn_cp(w) ? " (= attn_cp groups)" : "") << ": ";
     for (std::size_t i = 0; i < groups.size(); ++i) {
       if (groups.size() > 8 && i == 6) {
         o << "... ";
@@ -231,7 +321,7 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
     o << "REJECTED\n  " << v.error << "\n";
   else if (c.draft == Draft::none)
     o << "allowed (no draft; a MoE draft here would be "
-      << (c.enable_dp_attention && w.attn_tp > 1 ? "rejected: attn_tp > 1" : "allowed") << ")\n";
+      << (dp_attention_on(c) && w.attn_tp > 1 ? "rejected: attn_tp > 1" : "allowed") << ")\n";
   else
     o << "allowed\n";
   return o.str();

@@ -14,14 +14,22 @@ struct LayoutFlags {
   LayoutConfig config;
   std::string backend = "none";
   std::string draft = "none";
+  std::string cp_strategy = "interleave";
+  int attn_dp_size = 1;
+  CLI::Option* attn_dp_size_flag = nullptr;  // the value counts only when given
 
   void add_to(CLI::App& app) {
     app.add_option("--tp,--tp-size", config.tp, "tensor-parallel width of the domain (ranks)");
     app.add_option("--dp,--dp-size", config.dp, "data-parallel size (attention DP with --enable-dp-attention)");
-    app.add_option("--cp", config.cp, "attention context-parallel width");
+    app.add_option("--cp,--attn-cp-size", config.cp, "attention context-parallel width");
     app.add_option("--ep,--ep-size", config.ep, "expert-parallel width (only honoured with backend none)");
     app.add_option("--moe-dp-size", config.moe_dp, "MoE data-parallel width");
     app.add_flag("--enable-dp-attention", config.enable_dp_attention, "re-divide the tp ranks into dp attention groups");
+    attn_dp_size_flag = app.add_option("--attn-dp-size,--attention-data-parallel-size", attn_dp_size,
+                                       "attention-DP width (same as --dp-size N --enable-dp-attention)");
+    app.add_flag("--enable-prefill-cp", config.enable_prefill_cp,
+                 "DeepSeek-V4 prefill context parallelism: DP attention on, attn_cp = tp / dp");
+    app.add_option("--cp-strategy", cp_strategy, "prefill CP token order: interleave (zigzag is NPU-only)");
     app.add_option("--moe-a2a-backend", backend, "MoE all-to-all backend: " + backend_names());
     app.add_option("--draft", draft, "speculative draft model: none, dense or moe");
   }
@@ -30,6 +38,8 @@ struct LayoutFlags {
   RuntimeLayout layout() {
     config.moe_a2a_backend = parse_backend(backend);
     config.draft = parse_draft(draft);
+    config.cp_strategy = parse_cp_strategy(cp_strategy);
+    if (attn_dp_size_flag && attn_dp_size_flag->count() > 0) config.attn_dp_size = attn_dp_size;
     return RuntimeLayout(config);
   }
 };
