@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <relayout/mesh.hpp>
+#include <relayout/spec/draft.hpp>
 #include <string>
 #include <vector>
 
@@ -149,6 +150,19 @@ TEST_CASE("--attn-dp-size N resolves to the widths of --dp-size N --enable-dp-at
   CHECK_FALSE(RuntimeLayout(c).dspark().allowed);
   c.attn_dp_size = 8;
   CHECK(RuntimeLayout(c).dspark().allowed);
+}
+
+TEST_CASE("--attn-dp-size gives the DSpark draft context of the old spelling") {
+  for (Draft d : {Draft::dense, Draft::moe}) {
+    const auto old_spelling = spec::draft_context(
+        RuntimeLayout({.tp = 8, .dp = 8, .enable_dp_attention = true, .draft = d}));
+    const auto new_spelling = spec::draft_context(RuntimeLayout(with_attn_dp({.tp = 8, .draft = d}, 8)));
+    CHECK(new_spelling.sync_group == GroupKind::attn_tp);
+    CHECK(new_spelling.sync_group == old_spelling.sync_group);
+    CHECK(new_spelling.patched == old_spelling.patched);
+    CHECK(new_spelling.dp_moe_sync == old_spelling.dp_moe_sync);
+    CHECK(new_spelling.base_logits_group == old_spelling.base_logits_group);
+  }
 }
 
 TEST_CASE("prefill CP: DP attention on, attn_cp = tp / dp, every rank one CP rank") {

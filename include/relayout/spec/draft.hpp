@@ -16,17 +16,19 @@ struct DraftContext {
 
 inline DraftContext draft_context(const RuntimeLayout& layout) {
   const LayoutConfig& c = layout.config();
+  // DP attention as resolved: --attn-dp-size and prefill CP turn it on too.
+  const bool dp_attention = dp_attention_on(c);
   DraftContext ctx;
-  ctx.sync_group = c.enable_dp_attention ? GroupKind::attn_tp : GroupKind::tp;
-  if (c.draft == Draft::dense && c.enable_dp_attention) {
+  ctx.sync_group = dp_attention ? GroupKind::attn_tp : GroupKind::tp;
+  if (c.draft == Draft::dense && dp_attention) {
     // "draft model doesn't use dp and has its own tp group"
     ctx.patched = true;
     ctx.tp_group = GroupKind::attn_tp;
     ctx.base_logits_group = GroupKind::attn_tp;
   }
   if (c.draft == Draft::moe) {
-    ctx.dp_moe_sync = c.enable_dp_attention;  // full DP/MoE participation, no patch
-    if (c.enable_dp_attention) ctx.base_logits_group = GroupKind::attn_tp;
+    ctx.dp_moe_sync = dp_attention;  // full DP/MoE participation, no patch
+    if (dp_attention) ctx.base_logits_group = GroupKind::attn_tp;
   }
   return ctx;
 }
