@@ -4,6 +4,9 @@
 //
 //   fault_drill skip        the last rank skips a collective and waits elsewhere: the others'
 //                           watchdog (RELAYOUT_COLLECTIVE_TIMEOUT) names it and aborts the job
+//   fault_drill stop        the last rank arrives at an all_reduce (passes the arrival check) and
+//                           stops itself with SIGSTOP before the MPI call: the others, inside
+//                           the collective, see the deadline pass and name it
 //   fault_drill throw       rank 1 throws in the middle of a decoder layer (from its trace sink,
 //                           at the split_rows boundary): JobGuard ends the job with its message
 //   fault_drill all-throw   every rank throws the same LayoutError: a clean exit 2, one message
@@ -12,6 +15,7 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <csignal>
 #include <cstdio>
 #include <relayout/relayout.hpp>
 #include <stdexcept>
@@ -47,6 +51,25 @@ int skip(const MpiCommunicator& world) {
     return 0;
   }
   all_reduce_in_place(c, v);
+  std::printf("unreachable: the all_reduce completed without the last rank\n");
+  return 1;
+}
+
+int stop(const MpiCommunicator& world) {
+  MpiCommunicator c = world.dup();
+  c.set_name("drill");
+  std::vector<float> v{1.0f};
+  all_reduce_in_place(c, v);  // the job is running: one collective done
+  const auto site = std::source_location::current();
+  if (c.rank() == c.size() - 1) {
+    // The same call from the same line, as far as the arrival check can tell; then this rank stops
+    // where the others are already inside MPI.
+    c.agree(CollectiveCall{.kind = CollectiveKind::all_reduce_in_place, .dtype = "float", .reduce_op = 0, .count = 1,
+                           .site = site});
+    std::raise(SIGSTOP);
+    return 0;
+  }
+  all_reduce_in_place(c, v, ReduceOp::sum, site);
   std::printf("unreachable: the all_reduce completed without the last rank\n");
   return 1;
 }
@@ -92,10 +115,11 @@ int main(int argc, char** argv) {
       if (world.size() < 2 || world.size() % 2 != 0)
         throw LayoutError("mpiexec -n", "fault_drill needs an even number of ranks, at least 2");
       if (mode == "skip") return skip(world);
+      if (mode == "stop") return stop(world);
       if (mode == "throw") return throw_in_layer(world);
       if (mode == "all-throw") throw LayoutError("--tp", "every rank rejects this layout the same way");
       if (mode == "mismatch") return mismatch(world);
-      throw LayoutError("mode", "unknown mode '" + mode + "': skip, throw, all-throw or mismatch");
+      throw LayoutError("mode", "unknown mode '" + mode + "': skip, stop, throw, all-throw or mismatch");
     });
   }
   Kokkos::finalize();

@@ -258,3 +258,32 @@ TEST_CASE("agreement: settings from the environment are checked") {
   unsetenv("RELAYOUT_CHECK_COLLECTIVES");
   unsetenv("RELAYOUT_COLLECTIVE_TIMEOUT");
 }
+
+TEST_CASE("agreement: only plain numbers of seconds in [0, 1e6] are settings") {
+  const std::string rule = ": expected a number of seconds between 0 and 1e6 (0: no deadline)";
+  for (const char* bad : {"abc", "-1", "nan", "inf", "-inf", "1e309", "5abc", " 5", "+5", "0x10", "1000001", "5 "}) {
+    INFO(bad);
+    setenv("RELAYOUT_COLLECTIVE_TIMEOUT", bad, 1);
+    CHECK_THROWS_WITH_AS(impl::read_agreement_settings(), ("RELAYOUT_COLLECTIVE_TIMEOUT=" + std::string(bad) + rule).c_str(),
+                         LayoutError);
+  }
+  setenv("RELAYOUT_COLLECTIVE_TIMEOUT", "", 1);
+  CHECK_THROWS_WITH_AS(impl::read_agreement_settings(), ("RELAYOUT_COLLECTIVE_TIMEOUT is set but empty" + rule).c_str(),
+                       LayoutError);
+  for (const auto& [text, value] : std::vector<std::pair<const char*, double>>{{"0", 0}, {"2.5", 2.5}, {"1e6", 1e6}, {"0.001", 0.001}}) {
+    setenv("RELAYOUT_COLLECTIVE_TIMEOUT", text, 1);
+    CHECK(impl::read_agreement_settings().timeout_s == value);
+  }
+  unsetenv("RELAYOUT_COLLECTIVE_TIMEOUT");
+  setenv("RELAYOUT_EXIT_GRACE", "1e309", 1);
+  CHECK_THROWS_WITH_AS(impl::read_agreement_settings(),
+                       "RELAYOUT_EXIT_GRACE=1e309: expected a number of seconds between 0 and 1e6 (0: a failed rank does not wait)",
+                       LayoutError);
+  setenv("RELAYOUT_EXIT_GRACE", "0", 1);
+  CHECK(impl::read_agreement_settings().exit_grace_s == 0);
+  unsetenv("RELAYOUT_EXIT_GRACE");
+  setenv("RELAYOUT_CHECK_COLLECTIVES", "", 1);
+  CHECK_THROWS_WITH_AS(impl::read_agreement_settings(),
+                       "RELAYOUT_CHECK_COLLECTIVES is set but empty: expected 1|on|true or 0|off|false", LayoutError);
+  unsetenv("RELAYOUT_CHECK_COLLECTIVES");
+}

@@ -13,6 +13,7 @@ namespace relayout::cli {
 
 template <class F>
 int run_mpi_main(CLI::App& app, int argc, const char* const* argv, JobGuard& job, F&& body) {
+  if (const int bad = job.refuse_bad_settings()) return bad;  // a bad RELAYOUT_* value: exit 2 before any work
   std::ostringstream quiet;
   const bool root = job.rank() == 0;
   std::string error;

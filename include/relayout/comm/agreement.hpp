@@ -8,14 +8,21 @@
 // Settings (read once per process from the environment; every rank must see the same values):
 //   RELAYOUT_CHECK_COLLECTIVES=1|0   on or off; the default is on unless NDEBUG is defined (define
 //                                    RELAYOUT_CHECK_COLLECTIVES=0|1 at compile time to change it)
-//   RELAYOUT_COLLECTIVE_TIMEOUT=S    seconds a member waits for the others (0 or unset: forever);
-//                                    a deadline turns the check on
-//   RELAYOUT_EXIT_GRACE=S            seconds a failed rank waits for the others at exit (job.hpp)
+//   RELAYOUT_COLLECTIVE_TIMEOUT=S    seconds a member waits for the others (0 or unset: forever),
+//                                    at the arrival check and inside the MPI collective itself
+//                                    (mpi.hpp); a deadline turns the check on
+//   RELAYOUT_EXIT_GRACE=S            seconds a failed rank waits for the others at exit (job.hpp;
+//                                    0: it does not wait)
+// A value that is empty, not a plain number, negative, not finite or above 1e6 is a LayoutError
+// naming the variable; JobGuard (job.hpp) reads the settings on every rank when the job starts, so
+// a bad value ends the whole job with exit code 2 before any work.
 // The exchange is per backend: MpiCommunicator implements it; SingleRankCommunicator needs none;
 // NcclCommunicator runs it on the host, over a duplicate of its MPI bootstrap communicator.
 #pragma once
 
 #include <algorithm>
+#include <charconv>
+#include <system_error>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -93,30 +100,36 @@ struct AgreementSettings {
 
 namespace impl {
 
-inline double env_seconds(const char* name, double fallback) {
+// A number of seconds in [0, 1e6], written as a plain decimal (from_chars: no sign, spaces, hex or
+// trailing text; "inf", "nan" and out-of-range values such as 1e309 fail the range check).
+inline double env_seconds(const char* name, double fallback, const char* zero_means) {
   const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const double s = std::strtod(v, &end);
-  if (end == v || *end != '\0' || !(s >= 0) || s > 1e6)
-    throw LayoutError(name, std::string(name) + "=" + v +
-                                ": expected a number of seconds between 0 and 1e6 (0: no deadline)");
+  if (!v) return fallback;
+  const std::string rule = ": expected a number of seconds between 0 and 1e6 (0: " + std::string(zero_means) + ")";
+  if (!*v) throw LayoutError(name, std::string(name) + " is set but empty" + rule);
+  double s = -1;
+  const char* end = v + std::strlen(v);
+  const auto [ptr, ec] = std::from_chars(v, end, s);
+  if (ec != std::errc() || ptr != end || !(s >= 0) || s > 1e6)
+    throw LayoutError(name, std::string(name) + "=" + v + rule);
   return s;
 }
 
 inline AgreementSettings read_agreement_settings() {
   AgreementSettings s;
-  if (const char* v = std::getenv("RELAYOUT_CHECK_COLLECTIVES"); v && *v) {
+  if (const char* v = std::getenv("RELAYOUT_CHECK_COLLECTIVES")) {
     const std::string_view t(v);
     if (t == "1" || t == "on" || t == "true") s.check = true;
     else if (t == "0" || t == "off" || t == "false") s.check = false;
     else
       throw LayoutError("RELAYOUT_CHECK_COLLECTIVES",
-                        "RELAYOUT_CHECK_COLLECTIVES=" + std::string(t) + ": expected 1|on|true or 0|off|false");
+                        "RELAYOUT_CHECK_COLLECTIVES" + (t.empty() ? std::string(" is set but empty") : "=" + std::string(t)) +
+                            ": expected 1|on|true or 0|off|false");
   }
-  s.timeout_s = env_seconds("RELAYOUT_COLLECTIVE_TIMEOUT", 0);
+  s.timeout_s = env_seconds("RELAYOUT_COLLECTIVE_TIMEOUT", 0, "no deadline");
   // A failed rank waits less than its peers' watchdog, so its own message comes first.
-  s.exit_grace_s = env_seconds("RELAYOUT_EXIT_GRACE", s.timeout_s > 0 ? s.timeout_s / 2 : 10);
+  s.exit_grace_s = env_seconds("RELAYOUT_EXIT_GRACE", s.timeout_s > 0 ? s.timeout_s / 2 : 10,
+                               "a failed rank does not wait");
   return s;
 }
 

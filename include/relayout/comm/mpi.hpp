@@ -1,27 +1,52 @@
 // MpiCommunicator: RAII over an MPI_Comm. adopt() wraps an engine's communicator without owning it;
 // dup() and split() return owning communicators that free theirs on destruction. Every MPI call is
-// checked (MPI_ERRORS_RETURN is set on every communicator it wraps) and throws CommError on failure.
-// agree() is the collective agreement check (agreement.hpp) the free collectives run first.
+// checked and throws CommError on failure. agree() is the collective agreement check
+// (agreement.hpp) the free collectives run first.
+//
+// Error handlers. A communicator it owns gets MPI_ERRORS_RETURN once. An adopted one (adopt(),
+// world()) is left as the engine set it: each call sets MPI_ERRORS_RETURN for its own duration and
+// puts the previous handler back before returning (or throwing), so the engine's own MPI calls keep
+// its handler (MPI_ERRORS_ARE_FATAL by default). The swap costs two local MPI calls per collective
+// and is skipped when the handler already is MPI_ERRORS_RETURN; it means an engine must not call
+// MPI on the same communicator from another thread while a relayout collective runs on it (which
+// MPI forbids for collectives anyway). A private duplicate was the alternative; it would make
+// adopt() collective, which an engine calling world() on some ranks only cannot afford.
+//
+// Deadline. Without RELAYOUT_COLLECTIVE_TIMEOUT each collective is the blocking MPI call. With it,
+// the collective is the nonblocking call (MPI_Iallreduce, ...) tested until it completes or the
+// deadline passes: a member that stopped inside the collective (after the arrival check) then does
+// not hang the others; the first member whose deadline passes asks the others which of them are
+// still waiting, prints the communicator, the call site and the members not heard from, and aborts
+// the job (exit code 3).
 #pragma once
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "relayout/comm/agreement.hpp"
 #include "relayout/comm/impl/mpi_agreement.hpp"
 #include "relayout/comm/impl/mpi_types.hpp"
 #include "relayout/comm/scalar.hpp"
 
+// The blocking call B and its nonblocking twin NB with the same arguments, on comm_.
+#define RELAYOUT_MPI_COLLECTIVE(B, NB, ...)                                                          \
+  collective(#B "(" #__VA_ARGS__ ", comm_)", #NB, #NB "(" #__VA_ARGS__ ", comm_, &request)", __LINE__, \
+             [&] { return B(__VA_ARGS__, comm_); },                                                  \
+             [&](MPI_Request* request) { return NB(__VA_ARGS__, comm_, request); })
+
 namespace relayout {
 
 class MpiCommunicator {
  public:
-  // Wraps `comm` without owning it; the caller keeps it alive and frees it.
+  // Wraps `comm` without owning it; the caller keeps it alive and frees it. Local (not collective);
+  // `comm`'s error handler is the caller's before and after every call (see above).
   static MpiCommunicator adopt(MPI_Comm comm) { return MpiCommunicator(comm, false); }
   static MpiCommunicator world() { return adopt(MPI_COMM_WORLD); }
 
@@ -66,102 +91,177 @@ class MpiCommunicator {
   void agree(const CollectiveCall& call) const {
     if (size_ == 1 || !agreement_settings().active()) return;
     if (!agreement_) agreement_ = std::make_unique<impl::MpiAgreement>();
+    const ErrorsReturn scope(*this);
     agreement_->agree(comm_, rank_, size_, name(), call);
   }
 
   MpiCommunicator dup() const {
     MPI_Comm out = MPI_COMM_NULL;
-    RELAYOUT_MPI_CHECK(MPI_Comm_dup(comm_, &out));
+    {
+      const ErrorsReturn scope(*this);
+      RELAYOUT_MPI_CHECK(MPI_Comm_dup(comm_, &out));
+    }
     return MpiCommunicator(out, true).with_agreement_channel();
   }
   // Collective over this communicator: ranks with the same color form one new communicator,
   // ordered by key (then by rank here).
   MpiCommunicator split(int color, int key) const {
     MPI_Comm out = MPI_COMM_NULL;
-    RELAYOUT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &out));
+    {
+      const ErrorsReturn scope(*this);
+      RELAYOUT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &out));
+    }
     return MpiCommunicator(out, true).with_agreement_channel();
   }
 
   template <CommScalar T>
   void all_reduce(std::span<const T> in, std::span<T> out, ReduceOp op) const {
-    RELAYOUT_MPI_CHECK(MPI_Allreduce(in.data(), out.data(), count(out), type<T>(), impl::mpi_op<T>(op), comm_));
+    RELAYOUT_MPI_COLLECTIVE(MPI_Allreduce, MPI_Iallreduce, in.data(), out.data(), count(out), type<T>(), impl::mpi_op<T>(op));
   }
   template <CommScalar T>
   void all_reduce_in_place(std::span<T> buf, ReduceOp op) const {
-    RELAYOUT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf.data(), count(buf), type<T>(), impl::mpi_op<T>(op), comm_));
+    RELAYOUT_MPI_COLLECTIVE(MPI_Allreduce, MPI_Iallreduce, MPI_IN_PLACE, buf.data(), count(buf), type<T>(), impl::mpi_op<T>(op));
   }
   template <CommScalar T>
   void all_gather(std::span<const T> in, std::span<T> out) const {
-    RELAYOUT_MPI_CHECK(MPI_Allgather(in.data(), count(in), type<T>(), out.data(), count(in), type<T>(), comm_));
+    RELAYOUT_MPI_COLLECTIVE(MPI_Allgather, MPI_Iallgather, in.data(), count(in), type<T>(), out.data(), count(in), type<T>());
   }
   template <CommScalar T>
   void all_gather_in_place(std::span<T> buf) const {
     const int block = static_cast<int>(buf.size() / static_cast<std::size_t>(size_));
-    RELAYOUT_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, type<T>(), buf.data(), block, type<T>(), comm_));
+    RELAYOUT_MPI_COLLECTIVE(MPI_Allgather, MPI_Iallgather, MPI_IN_PLACE, 0, type<T>(), buf.data(), block, type<T>());
   }
   template <CommScalar T>
   void all_gatherv(std::span<const T> in, std::span<T> out, std::span<const int> counts,
                    std::span<const int> displs) const {
-    RELAYOUT_MPI_CHECK(MPI_Allgatherv(in.data(), count(in), type<T>(), out.data(), counts.data(),
-                                      displs.data(), type<T>(), comm_));
+    RELAYOUT_MPI_COLLECTIVE(MPI_Allgatherv, MPI_Iallgatherv, in.data(), count(in), type<T>(), out.data(), counts.data(),
+                            displs.data(), type<T>());
   }
   template <CommScalar T>
   void all_gatherv_in_place(std::span<T> buf, std::span<const int> counts,
                             std::span<const int> displs) const {
-    RELAYOUT_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, type<T>(), buf.data(), counts.data(),
-                                      displs.data(), type<T>(), comm_));
+    RELAYOUT_MPI_COLLECTIVE(MPI_Allgatherv, MPI_Iallgatherv, MPI_IN_PLACE, 0, type<T>(), buf.data(), counts.data(),
+                            displs.data(), type<T>());
   }
   template <CommScalar T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op) const {
-    RELAYOUT_MPI_CHECK(MPI_Reduce_scatter_block(in.data(), out.data(), count(out), type<T>(),
-                                                impl::mpi_op<T>(op), comm_));
+    RELAYOUT_MPI_COLLECTIVE(MPI_Reduce_scatter_block, MPI_Ireduce_scatter_block, in.data(), out.data(), count(out),
+                            type<T>(), impl::mpi_op<T>(op));
   }
   template <CommScalar T>
   void reduce_scatter_in_place(std::span<T> buf, ReduceOp op) const {
     const int block = static_cast<int>(buf.size() / static_cast<std::size_t>(size_));
-    RELAYOUT_MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf.data(), block, type<T>(),
-                                                impl::mpi_op<T>(op), comm_));
+    RELAYOUT_MPI_COLLECTIVE(MPI_Reduce_scatter_block, MPI_Ireduce_scatter_block, MPI_IN_PLACE, buf.data(), block,
+                            type<T>(), impl::mpi_op<T>(op));
   }
   template <CommScalar T>
   void reduce_scatterv(std::span<const T> in, std::span<T> out, std::span<const int> counts,
                        ReduceOp op) const {
-    RELAYOUT_MPI_CHECK(MPI_Reduce_scatter(in.data(), out.data(), counts.data(), type<T>(),
-                                          impl::mpi_op<T>(op), comm_));
+    RELAYOUT_MPI_COLLECTIVE(MPI_Reduce_scatter, MPI_Ireduce_scatter, in.data(), out.data(), counts.data(), type<T>(),
+                            impl::mpi_op<T>(op));
   }
   template <CommScalar T>
   void all_to_all(std::span<const T> in, std::span<T> out) const {
     const int block = static_cast<int>(in.size() / static_cast<std::size_t>(size_));
-    RELAYOUT_MPI_CHECK(MPI_Alltoall(in.data(), block, type<T>(), out.data(), block, type<T>(), comm_));
+    RELAYOUT_MPI_COLLECTIVE(MPI_Alltoall, MPI_Ialltoall, in.data(), block, type<T>(), out.data(), block, type<T>());
   }
   template <CommScalar T>
   void all_to_all_in_place(std::span<T> buf) const {
     const int block = static_cast<int>(buf.size() / static_cast<std::size_t>(size_));
-    RELAYOUT_MPI_CHECK(MPI_Alltoall(MPI_IN_PLACE, 0, type<T>(), buf.data(), block, type<T>(), comm_));
+    RELAYOUT_MPI_COLLECTIVE(MPI_Alltoall, MPI_Ialltoall, MPI_IN_PLACE, 0, type<T>(), buf.data(), block, type<T>());
   }
   template <CommScalar T>
   void all_to_allv(std::span<const T> in, std::span<const int> send_counts,
                    std::span<const int> send_displs, std::span<T> out,
                    std::span<const int> recv_counts, std::span<const int> recv_displs) const {
-    RELAYOUT_MPI_CHECK(MPI_Alltoallv(in.data(), send_counts.data(), send_displs.data(), type<T>(),
-                                     out.data(), recv_counts.data(), recv_displs.data(), type<T>(),
-                                     comm_));
+    RELAYOUT_MPI_COLLECTIVE(MPI_Alltoallv, MPI_Ialltoallv, in.data(), send_counts.data(), send_displs.data(), type<T>(),
+                            out.data(), recv_counts.data(), recv_displs.data(), type<T>());
   }
   template <CommScalar T>
   void broadcast(std::span<T> buf, int root) const {
-    RELAYOUT_MPI_CHECK(MPI_Bcast(buf.data(), count(buf), type<T>(), root, comm_));
+    RELAYOUT_MPI_COLLECTIVE(MPI_Bcast, MPI_Ibcast, buf.data(), count(buf), type<T>(), root);
   }
-  void barrier() const { RELAYOUT_MPI_CHECK(MPI_Barrier(comm_)); }
+  void barrier() const {
+    collective("MPI_Barrier(comm_)", "MPI_Ibarrier", "MPI_Ibarrier(comm_, &request)", __LINE__,
+               [&] { return MPI_Barrier(comm_); }, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
+  }
 
  private:
+  // For one call on an adopted communicator: MPI_ERRORS_RETURN, then the caller's handler again.
+  class ErrorsReturn {
+   public:
+    explicit ErrorsReturn(const MpiCommunicator& c) {
+      if (c.owned_ || c.comm_ == MPI_COMM_NULL) return;
+      RELAYOUT_MPI_CHECK(MPI_Comm_get_errhandler(c.comm_, &saved_));
+      if (saved_ == MPI_ERRORS_RETURN) {
+        MPI_Errhandler_free(&saved_);
+        return;
+      }
+      comm_ = c.comm_;
+      MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    }
+    ErrorsReturn(const ErrorsReturn&) = delete;
+    ErrorsReturn& operator=(const ErrorsReturn&) = delete;
+    ~ErrorsReturn() {
+      if (comm_ == MPI_COMM_NULL) return;
+      MPI_Comm_set_errhandler(comm_, saved_);
+      MPI_Errhandler_free(&saved_);  // drops get_errhandler's reference; comm_ keeps its own
+    }
+
+   private:
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    MPI_Errhandler saved_ = MPI_ERRHANDLER_NULL;
+  };
+
   MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
     try {
-      RELAYOUT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+      if (owned_) RELAYOUT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+      const ErrorsReturn scope(*this);
       RELAYOUT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
       RELAYOUT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     } catch (...) {
       release();
       throw;
     }
+  }
+
+  // One collective: the blocking call, or with a deadline the nonblocking one tested until it
+  // completes or the deadline passes. `text`/`itext` are the calls as written, for CommError.
+  template <class Blocking, class Nonblocking>
+  void collective(const char* text, const char* iname, const char* itext, int line, Blocking&& blocking,
+                  Nonblocking&& nonblocking) const {
+    const ErrorsReturn scope(*this);
+    const double timeout_s = agreement_settings().timeout_s;
+    const impl::Signature* call = agreement_ ? agreement_->take_pending() : nullptr;
+    if (timeout_s <= 0 || size_ == 1) {
+      impl::mpi_check(blocking(), text, __FILE__, line);
+      return;
+    }
+    MPI_Request request = MPI_REQUEST_NULL;
+    impl::mpi_check(nonblocking(&request), itext, __FILE__, line);
+    bool expired = false;
+    impl::mpi_check(impl::wait_one(request, timeout_s, expired), itext, __FILE__, line);
+    if (expired) stalled(iname, call, timeout_s);
+  }
+
+  [[noreturn]] void stalled(const char* iname, const impl::Signature* call, double timeout_s) const {
+    const impl::GroupText g = impl::MpiAgreement::group_text(comm_, name());
+    std::string msg = "relayout watchdog: member " + std::to_string(rank_) + " of " +
+                      g.header(static_cast<std::size_t>(size_)) + " waited " + impl::seconds_text(timeout_s) +
+                      " s (RELAYOUT_COLLECTIVE_TIMEOUT) inside " + iname + " at " +
+                      (call ? impl::describe(*call) : std::string("a direct MpiCommunicator call (call site unknown)"));
+    std::vector<int> silent;
+    std::vector<int> waiting;
+    if (call && agreement_)  // live peers pass their own deadlines within moments of this one
+      waiting = agreement_->ask_who_is_waiting(rank_, size_, call->seq, std::clamp(timeout_s / 4, 0.5, 2.0), silent);
+    if (!silent.empty() || !waiting.empty()) {
+      waiting.insert(std::lower_bound(waiting.begin(), waiting.end(), rank_), rank_);
+      msg += "; every member had arrived at the call; still waiting inside it: " + g.members(waiting) +
+             "; not heard from (stopped or stuck, or already past this call): " + g.members(silent);
+    } else {
+      msg += "; which member is holding it up is not known";
+    }
+    impl::abort_job(msg + ". Aborting the job.", impl::kWatchdogExitCode);
   }
   // A new communicator's members are all in the call that made it: open the agreement check's
   // channel there (an adopted one opens it at its first checked collective instead).
@@ -198,3 +298,5 @@ class MpiCommunicator {
 };
 
 }  // namespace relayout
+
+#undef RELAYOUT_MPI_COLLECTIVE

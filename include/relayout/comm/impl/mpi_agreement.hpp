@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <limits>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -28,15 +29,19 @@ inline constexpr int kWatchdogExitCode = 3;
   std::abort();  // MPI_Abort does not return; this keeps the promise if it ever did
 }
 
-// Waits until every request completes, or the deadline passes (timeout_s > 0; 0: no deadline).
+// No deadline: wait as long as it takes.
+inline constexpr double kForever = std::numeric_limits<double>::infinity();
+
+// RELAYOUT_COLLECTIVE_TIMEOUT's convention (0: no deadline) as a wait limit.
+inline double collective_deadline(double timeout_s) { return timeout_s > 0 ? timeout_s : kForever; }
+
+// Waits until every request completes, or `limit_s` seconds pass (kForever: no limit; 0: test once).
 // Returns false on expiry; done[i] then says which requests completed.
 // Polls (yielding the core between tests, which oversubscribed ranks need more than a busy wait)
-// rather than blocking in MPI_Waitall, with or without a deadline.
-inline bool wait_with_deadline(std::vector<MPI_Request>& reqs, std::vector<char>& done, double timeout_s) {
+// rather than blocking in MPI_Waitall, with or without a limit.
+inline bool wait_with_deadline(std::vector<MPI_Request>& reqs, std::vector<char>& done, double limit_s) {
   done.assign(reqs.size(), 0);
-  const auto deadline = timeout_s > 0
-                            ? std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s)
-                            : std::chrono::steady_clock::time_point::max();
+  const auto start = std::chrono::steady_clock::now();
   std::vector<int> idx(reqs.size());
   std::size_t left = reqs.size();
   for (long spin = 0; left > 0; ++spin) {
@@ -47,10 +52,34 @@ inline bool wait_with_deadline(std::vector<MPI_Request>& reqs, std::vector<char>
     for (int i = 0; i < n; ++i) done[static_cast<std::size_t>(idx[static_cast<std::size_t>(i)])] = 1;
     left -= static_cast<std::size_t>(n);
     if (left == 0) break;
-    if (std::chrono::steady_clock::now() > deadline) return false;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= limit_s) return false;
     if (spin > 64) std::this_thread::yield();  // let oversubscribed peers run
   }
   return true;
+}
+
+// One request (a nonblocking collective), the same way without allocating. MPI_Test's error is
+// returned, not thrown, so the caller names the collective.
+inline int wait_one(MPI_Request& req, double limit_s, bool& expired) {
+  expired = false;
+  const auto start = std::chrono::steady_clock::now();
+  for (long spin = 0;; ++spin) {
+    int flag = 0;
+    if (const int rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE); rc != MPI_SUCCESS || flag) return rc;
+    if (spin > 64) {
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= limit_s) {
+        expired = true;
+        return MPI_SUCCESS;
+      }
+      std::this_thread::yield();
+    }
+  }
+}
+
+inline std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
 }
 
 class MpiAgreement {
@@ -92,14 +121,16 @@ class MpiAgreement {
       RELAYOUT_MPI_CHECK(MPI_Isend(&sent[p], sizeof(Signature), MPI_BYTE, static_cast<int>(p), kTag, shadow_, &reqs.back()));
     }
     got[me] = sent[me];
+    pending_ = mine;  // the collective that follows reports its stall against this call
+    has_pending_ = true;
     std::vector<char> done;
-    if (!wait_with_deadline(reqs, done, s.timeout_s)) {
+    if (!wait_with_deadline(reqs, done, collective_deadline(s.timeout_s))) {
       std::vector<int> missing;
       for (std::size_t i = 0; i < n_recv; ++i)
         if (!done[i]) missing.push_back(peer[i]);
       const GroupText g = group_text(comm, name);
       abort_job("relayout watchdog: member " + std::to_string(rank) + " of " + g.header(n) +
-                    " waited " + seconds(s.timeout_s) + " s (RELAYOUT_COLLECTIVE_TIMEOUT) at " +
+                    " waited " + seconds_text(s.timeout_s) + " s (RELAYOUT_COLLECTIVE_TIMEOUT) at " +
                     describe(mine) + "; not arrived: " + g.members(missing) + ". Aborting the job.",
                 kWatchdogExitCode);
     }
@@ -122,7 +153,53 @@ class MpiAgreement {
   // Makes the private duplicate now: for a communicator just made by a split or dup, whose members
   // are all here, so the watchdog can name missing members from the first call on.
   void open_now(MPI_Comm comm) {
-    if (shadow_ == MPI_COMM_NULL) RELAYOUT_MPI_CHECK(MPI_Comm_dup(comm, &shadow_));
+    if (shadow_ != MPI_COMM_NULL) return;
+    RELAYOUT_MPI_CHECK(MPI_Comm_dup(comm, &shadow_));
+    RELAYOUT_MPI_CHECK(MPI_Comm_set_errhandler(shadow_, MPI_ERRORS_RETURN));  // a copy inherits comm's
+  }
+
+  // The call the last agree() was for, once: the backend collective right after it names it when
+  // it stalls. Null when the collective was called directly (no agree() before it).
+  const Signature* take_pending() {
+    if (!has_pending_) return nullptr;
+    has_pending_ = false;
+    return &pending_;
+  }
+
+  // Inside a collective every member had arrived at, the deadline passed. MPI does not say which
+  // member is holding it up, so the members ask each other: each member whose own deadline passed
+  // at call `seq` tells every peer so, on the private duplicate, and listens for `window_s`. The
+  // members heard from are waiting too; the others have stopped, hang elsewhere, or already left
+  // the call. Empty `silent` means unknown (no channel). Returns the members heard from.
+  std::vector<int> ask_who_is_waiting(int rank, int size, std::uint64_t seq, double window_s,
+                                      std::vector<int>& silent) const {
+    std::vector<int> heard;
+    silent.clear();
+    if (shadow_ == MPI_COMM_NULL) return heard;
+    std::vector<std::uint64_t> got(static_cast<std::size_t>(size), 0);
+    std::vector<MPI_Request> reqs;
+    std::vector<int> peer;
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      reqs.emplace_back();
+      peer.push_back(p);
+      if (MPI_Irecv(&got[static_cast<std::size_t>(p)], 1, MPI_UINT64_T, p, kStallTag, shadow_, &reqs.back()) != MPI_SUCCESS)
+        return heard;
+    }
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      reqs.emplace_back();
+      if (MPI_Isend(&seq, 1, MPI_UINT64_T, p, kStallTag, shadow_, &reqs.back()) != MPI_SUCCESS) return heard;
+    }
+    std::vector<char> done;
+    try {
+      wait_with_deadline(reqs, done, window_s);
+    } catch (const CommError&) {
+      return heard;
+    }
+    for (std::size_t i = 0; i < peer.size(); ++i)
+      (done[i] && got[static_cast<std::size_t>(peer[i])] == seq ? heard : silent).push_back(peer[i]);
+    return heard;  // the requests still open go with the job
   }
 
   static GroupText group_text(MPI_Comm comm, const std::string& name) {
@@ -145,12 +222,7 @@ class MpiAgreement {
 
  private:
   static constexpr int kTag = 7411;
-
-  static std::string seconds(double s) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%g", s);
-    return buf;
-  }
+  static constexpr int kStallTag = 7412;
 
   // The private duplicate the signatures travel on, made at the first checked call (a collective
   // itself, so it runs under the same deadline).
@@ -159,19 +231,22 @@ class MpiAgreement {
     std::vector<MPI_Request> req(1);
     RELAYOUT_MPI_CHECK(MPI_Comm_idup(comm, &shadow_, req.data()));
     std::vector<char> done;
-    if (!wait_with_deadline(req, done, timeout_s)) {
+    if (!wait_with_deadline(req, done, collective_deadline(timeout_s))) {
       int size = 0;
       MPI_Comm_size(comm, &size);
       abort_job("relayout watchdog: " + group_text(comm, name).header(static_cast<std::size_t>(size)) +
-                    ": waited " + seconds(timeout_s) + " s (RELAYOUT_COLLECTIVE_TIMEOUT) for the members to reach " +
+                    ": waited " + seconds_text(timeout_s) + " s (RELAYOUT_COLLECTIVE_TIMEOUT) for the members to reach " +
                     describe(first) + ", the first checked call on it; which members are missing is not known " +
                     "before the first call completes. Aborting the job.",
                 kWatchdogExitCode);
     }
+    RELAYOUT_MPI_CHECK(MPI_Comm_set_errhandler(shadow_, MPI_ERRORS_RETURN));  // a copy inherits comm's
   }
 
   MPI_Comm shadow_ = MPI_COMM_NULL;
   std::uint64_t seq_ = 0;
+  Signature pending_;
+  bool has_pending_ = false;
 };
 
 }  // namespace relayout::impl
