@@ -234,6 +234,89 @@ TEST_CASE("mpi: an MPI failure throws CommError naming the call, file and line")
   }
 }
 
+namespace {
+
+int custom_handler_calls = 0;
+void count_errors(MPI_Comm*, int*, ...) { ++custom_handler_calls; }
+
+// The handle of c's error handler (get_errhandler's extra reference is dropped; c keeps its own).
+MPI_Errhandler handler_of(MPI_Comm c) {
+  MPI_Errhandler h = MPI_ERRHANDLER_NULL;
+  REQUIRE(MPI_Comm_get_errhandler(c, &h) == MPI_SUCCESS);
+  const MPI_Errhandler handle = h;
+  MPI_Errhandler_free(&h);
+  return handle;
+}
+
+// Every collective of an adopted communicator, once.
+void use_every_collective(const MpiCommunicator& c) {
+  const auto n = static_cast<std::size_t>(c.size());
+  std::vector<float> one{1.0f}, out(1), many(n, 1.0f), gathered(n);
+  std::vector<int> ones(n, 1);
+  const float fn = static_cast<float>(n);
+  all_reduce(c, one, out);
+  CHECK(out[0] == fn);
+  all_reduce_in_place(c, out);
+  CHECK(out[0] == fn * fn);
+  all_gather(c, one, gathered);
+  all_gatherv(c, one, gathered, ones);
+  CHECK(gathered == many);
+  reduce_scatter(c, many, out);
+  CHECK(out[0] == fn);
+  reduce_scatterv(c, many, out, ones);
+  all_to_all(c, many, gathered);
+  all_to_allv(c, many, ones, gathered, ones);
+  CHECK(gathered == many);
+  out[0] = static_cast<float>(c.rank());
+  broadcast(c, out, 0);
+  CHECK(out[0] == 0.0f);
+  barrier(c);
+}
+
+}  // namespace
+
+TEST_CASE("mpi: adopt leaves the communicator's error handler as it found it") {
+  MPI_Comm fatal = MPI_COMM_NULL, custom = MPI_COMM_NULL;
+  REQUIRE(MPI_Comm_dup(MPI_COMM_WORLD, &fatal) == MPI_SUCCESS);
+  REQUIRE(MPI_Comm_dup(MPI_COMM_WORLD, &custom) == MPI_SUCCESS);
+  REQUIRE(MPI_Comm_set_errhandler(fatal, MPI_ERRORS_ARE_FATAL) == MPI_SUCCESS);
+  MPI_Errhandler counting = MPI_ERRHANDLER_NULL;
+  REQUIRE(MPI_Comm_create_errhandler(count_errors, &counting) == MPI_SUCCESS);
+  REQUIRE(MPI_Comm_set_errhandler(custom, counting) == MPI_SUCCESS);
+  const MPI_Errhandler world_before = handler_of(MPI_COMM_WORLD);
+  custom_handler_calls = 0;
+  {
+    const MpiCommunicator a = MpiCommunicator::adopt(fatal);
+    const MpiCommunicator b = MpiCommunicator::adopt(custom);
+    const MpiCommunicator w = MpiCommunicator::world();
+    CHECK(handler_of(fatal) == MPI_ERRORS_ARE_FATAL);  // adopting changes nothing
+    CHECK(handler_of(custom) == counting);
+    use_every_collective(a);
+    use_every_collective(b);
+    use_every_collective(w);
+    MpiCommunicator d = b.dup();  // an owned copy: relayout's own handler, the original untouched
+    use_every_collective(d);
+    // Between calls the engine's handlers are in force, while the wrappers live.
+    CHECK(handler_of(fatal) == MPI_ERRORS_ARE_FATAL);
+    CHECK(handler_of(custom) == counting);
+    CHECK(handler_of(MPI_COMM_WORLD) == world_before);
+    // An MPI error inside a relayout call comes back as CommError, not through the engine's handler...
+    std::vector<float> buf(1);
+    CHECK_THROWS_AS(b.broadcast(std::span<float>(buf), -7), CommError);
+    CHECK(custom_handler_calls == 0);
+    CHECK(handler_of(custom) == counting);
+    // ...and the engine's own failing call still reaches its handler.
+    CHECK(MPI_Bcast(buf.data(), 1, MPI_FLOAT, -7, custom) != MPI_SUCCESS);
+    CHECK(custom_handler_calls == 1);
+  }
+  CHECK(handler_of(fatal) == MPI_ERRORS_ARE_FATAL);
+  CHECK(handler_of(custom) == counting);
+  CHECK(handler_of(MPI_COMM_WORLD) == world_before);
+  MPI_Errhandler_free(&counting);
+  MPI_Comm_free(&fatal);
+  MPI_Comm_free(&custom);
+}
+
 TEST_CASE("mpi: adopt does not own, dup and split do; communicators are move-only") {
   static_assert(!std::is_copy_constructible_v<MpiCommunicator>);
   static_assert(std::is_nothrow_move_constructible_v<MpiCommunicator>);
