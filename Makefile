@@ -10,7 +10,7 @@ MPIEXEC ?= $(shell command -v mpiexec.mpich 2>/dev/null || echo mpiexec)
 PACKAGES := cmake g++ make pkg-config mpich libmpich-dev libtrilinos-kokkos-dev doctest-dev \
             libcli11-dev nlohmann-json3-dev libbenchmark-dev libopenblas-dev clang libclang-rt-14-dev
 
-.PHONY: all deps configure build test test-large test-sanitize demo bench clean
+.PHONY: all deps configure build test test-large test-sanitize test-multihost demo bench bench-multihost clean
 
 all: build
 
@@ -57,6 +57,16 @@ test-sanitize: deps
 	  HWLOC_PLUGINS_BLACKLIST=hwloc_pci \
 	  ctest --output-on-failure -j $(JOBS)
 
+# The layer on ranks spread over two test hosts (network namespaces joined by a veth link, each
+# with its own hostname, /dev/shm and process tree) launched by hydra: paths A, B and direct
+# checked and traced, the bytes on the link, a cut link and a stopped host (test/multihost/run.sh).
+# Needs root; not part of `make test`. About 1-2 min on 2 cores.
+test-multihost:
+	@test/multihost/run.sh --preflight
+	@$(MAKE) --no-print-directory configure
+	cmake --build $(BUILD) -j $(JOBS) --target dsv4_layer relayout_cli
+	BIN=$(BIN) test/multihost/run.sh
+
 # Only the big layouts.
 test-large: build
 	cd $(BUILD) && ctest --output-on-failure -L large
@@ -70,6 +80,13 @@ demo: build
 
 bench: build
 	BIN=$(BIN) MPIEXEC=$(MPIEXEC) bench/run.sh
+
+# bench_layer on two test hosts under slow links (docs/multihost.md). Root; a few minutes.
+bench-multihost:
+	@test/multihost/run.sh --preflight
+	@$(MAKE) --no-print-directory configure
+	cmake --build $(BUILD) -j $(JOBS) --target bench_layer
+	BIN=$(BIN) test/multihost/bench.sh
 
 clean:
 	rm -rf $(BUILD)
