@@ -10,7 +10,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 BIN=${BIN:-build/bin}
 BIN=$(cd "$BIN" 2>/dev/null && pwd) || { echo "bench-multihost: no $BIN" >&2; exit 1; }
 [ -x "$BIN/bench_layer" ] || { echo "bench-multihost: $BIN/bench_layer is missing (build it first)" >&2; exit 1; }
-MIN_TIME=${MIN_TIME:-1}
+MIN_TIME=${MIN_TIME:-1}  # seconds per benchmark (bench_layer's --benchmark_min_time)
 # shellcheck source=hosts.sh
 source "$HERE/hosts.sh"
 if reason=$(mh_unsupported) && [ -n "$reason" ]; then
@@ -87,7 +87,7 @@ measure() {  # LABEL [DELAY_US RATE_MBIT]
     echo "$label np=$np ($ppn+$ppn): $(($(mh_rx_bytes h1) - a1 + $(mh_rx_bytes h2) - a2)) bytes entered the hosts"
     python3 - "$OUT/$label-np$np.json" "$label" "$r" "$np" >>"$OUT/rows" <<'EOF'
 import json, sys
-j = json.load(open(sys.argv[1]))
+j, _ = json.JSONDecoder().raw_decode(open(sys.argv[1]).read())  # a killed mpiexec may add text after it
 for b in j["benchmarks"]:
     print(f"| {sys.argv[2]} | {sys.argv[3]} | {int(sys.argv[4]) // 2}+{int(sys.argv[4]) // 2} | {b['label']} "
           f"| {b['KiB_per_rank']:.0f} | {b['real_time']:.1f} | {b['iterations']} |")
@@ -97,9 +97,15 @@ EOF
   mh_assert_clean || exit 1
   MH_HOSTS=() MH_DIR=""
 }
-measure "veth" 
-measure "50us-10Gbit" 50 10000
-measure "1ms-1Gbit" 1000 1000
+LINKS=${LINKS:-veth 50us-10Gbit 1ms-1Gbit}
+for link in $LINKS; do
+  case $link in
+    veth) measure veth ;;
+    50us-10Gbit) measure "$link" 50 10000 ;;
+    1ms-1Gbit) measure "$link" 1000 1000 ;;
+    *) echo "bench-multihost: unknown link '$link' (veth, 50us-10Gbit, 1ms-1Gbit)" >&2; exit 1 ;;
+  esac
+done
 echo
 echo "| link | TCP RTT (us) | ranks | path | KiB / rank / forward | ms / forward | forwards |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
