@@ -275,6 +275,57 @@ void use_every_collective(const MpiCommunicator& c) {
 
 }  // namespace
 
+namespace {
+
+// A Serial instance that counts its fences (Serial's own fence has nothing to wait for).
+struct CountingSerial : Kokkos::Serial {
+  static inline int fences = 0;
+  void fence() const { ++fences; }
+};
+
+}  // namespace
+
+TEST_CASE("mpi: every collective on an execution-space instance fences it once, and agrees with the plain form") {
+  const auto& w = world();
+  const int n = w.size(), r = w.rank();
+  const auto un = static_cast<std::size_t>(n);
+  const CountingSerial space;
+  CountingSerial::fences = 0;
+  Kokkos::View<double*> mine("mine", 2), all("all", 2 * un), one("one", 2);
+  mine(0) = r;
+  mine(1) = 10.0 * r;
+  all_reduce(space, w, mine, one);
+  CHECK(one(0) == n * (n - 1) / 2.0);
+  CHECK(one(1) == 10.0 * n * (n - 1) / 2.0);
+  all_reduce_in_place(space, w, one, ReduceOp::max);
+  all_gather(space, w, mine, all);
+  for (int i = 0; i < n; ++i) CHECK(all(2 * static_cast<std::size_t>(i) + 1) == 10.0 * i);
+  all_gather_in_place(space, w, all);
+  const std::vector<int> twos(un, 2);
+  all_gatherv(space, w, mine, all, twos);
+  all_gatherv_in_place(space, w, all, twos);
+  Kokkos::deep_copy(all, 1.0);
+  reduce_scatter(space, w, all, one);
+  CHECK(one(1) == double(n));
+  reduce_scatterv(space, w, all, one, twos);
+  reduce_scatter_in_place(space, w, all);
+  CHECK(all(0) == double(n));
+  Kokkos::View<double*> blocks("blocks", 2 * un), got("got", 2 * un);
+  for (std::size_t j = 0; j < 2 * un; ++j) blocks(j) = 100.0 * r + double(j / 2);  // block j for rank j
+  all_to_all(space, w, blocks, got);
+  for (int i = 0; i < n; ++i) CHECK(got(2 * static_cast<std::size_t>(i)) == 100.0 * i + r);
+  all_to_allv(space, w, blocks, twos, got, twos);
+  all_to_all_in_place(space, w, blocks);
+  CHECK(blocks(0) == double(r));  // block 0 of rank 0 is 100 * 0 + r
+  one(0) = r;
+  broadcast(space, w, one, n - 1);
+  CHECK(one(0) == n - 1.0);
+  barrier(space, w);
+  CHECK(CountingSerial::fences == 14);
+  all_reduce(w, mine, one);  // without an instance: nothing of the caller's is fenced
+  CHECK(CountingSerial::fences == 14);
+}
+
 TEST_CASE("mpi: adopt leaves the communicator's error handler as it found it") {
   MPI_Comm fatal = MPI_COMM_NULL, custom = MPI_COMM_NULL;
   REQUIRE(MPI_Comm_dup(MPI_COMM_WORLD, &fatal) == MPI_SUCCESS);

@@ -1,7 +1,8 @@
 // bf16 / fp16 storage conversions against bit patterns worked out by hand from IEEE-754 rules,
-// and the single-rank backend.
+// and the single-rank backend, with and without an execution-space instance.
 #include <doctest/doctest.h>
 
+#include <Kokkos_Core.hpp>
 #include <cmath>
 #include <limits>
 #include <relayout/comm.hpp>
@@ -54,4 +55,108 @@ TEST_CASE("single rank: collectives copy, size checks still apply") {
   CHECK_THROWS_AS(all_gather(one, in, wrong), LayoutError);
   CHECK_THROWS_AS(all_gatherv(one, in, gathered, std::vector<int>{1, 2}), LayoutError);
   CHECK_THROWS_AS(broadcast(one, out, 1), LayoutError);
+}
+
+namespace {
+
+// Kokkos Tools' deep-copy hook: the destinations of every Kokkos::deep_copy while installed.
+std::vector<const void*> deep_copies;
+void record_deep_copy(Kokkos_Profiling_SpaceHandle, const char*, const void* dst, Kokkos_Profiling_SpaceHandle,
+                      const char*, const void*, uint64_t) {
+  deep_copies.push_back(dst);
+}
+struct DeepCopyLog {
+  DeepCopyLog() {
+    deep_copies.clear();
+    Kokkos::Tools::Experimental::set_begin_deep_copy_callback(record_deep_copy);
+  }
+  ~DeepCopyLog() { Kokkos::Tools::Experimental::set_begin_deep_copy_callback(nullptr); }
+};
+
+// A Serial instance that counts its fences (Serial's own fence has nothing to wait for).
+struct CountingSerial : Kokkos::Serial {
+  static inline int fences = 0;
+  void fence() const { ++fences; }
+};
+
+std::vector<float> host(const Kokkos::View<float*>& v) {
+  std::vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = v(i);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("single rank: every collective on an execution-space instance copies Views with deep_copy") {
+  const SingleRankCommunicator one;
+  const Kokkos::Serial space;  // a second instance, constructed normally
+  static_assert(ExecutionSpaceInstance<Kokkos::Serial> && !ExecutionSpaceInstance<SingleRankCommunicator>);
+  Kokkos::View<float*> in("in", 4), out("out", 4);
+  Kokkos::parallel_for(Kokkos::RangePolicy<Kokkos::Serial>(space, 0, 4), [=](int i) { in(i) = 1.5f * float(i) + 1; });
+  const std::vector<float> expect{1.0f, 2.5f, 4.0f, 5.5f};
+  const std::vector<int> all{4};
+  const auto each = [&](auto&& collective) {
+    Kokkos::deep_copy(out, -1.0f);
+    const DeepCopyLog log;
+    collective();
+    CHECK(host(out) == expect);
+    REQUIRE(deep_copies.size() == 1);  // one copy, into recv: not std::copy over View memory
+    CHECK(deep_copies[0] == out.data());
+  };
+  each([&] { all_reduce(space, one, in, out); });
+  each([&] { all_reduce(space, one, in, out, ReduceOp::max); });
+  each([&] { all_gather(space, one, in, out); });
+  each([&] { all_gatherv(space, one, in, out, all); });
+  each([&] { reduce_scatter(space, one, in, out); });
+  each([&] { reduce_scatterv(space, one, in, out, all); });
+  each([&] { all_to_all(space, one, in, out); });
+  each([&] { all_to_allv(space, one, in, all, out, all); });
+  // The forms without an instance copy Views the same way.
+  each([&] { all_reduce(one, in, out); });
+  each([&] { all_to_allv(one, in, all, out, all); });
+  // A 2-d send and a 1-d recv of the same size: copied as the contiguous memory they are.
+  Kokkos::View<float**> square("square", 2, 2);
+  for (int i = 0; i < 4; ++i) square(i / 2, i % 2) = expect[static_cast<std::size_t>(i)];
+  each([&] { all_gather(space, one, square, out); });
+  // In place and broadcast leave the buffer as it is; barrier returns.
+  Kokkos::deep_copy(out, in);
+  all_reduce_in_place(space, one, out);
+  all_gather_in_place(space, one, out);
+  all_gatherv_in_place(space, one, out, all);
+  reduce_scatter_in_place(space, one, out);
+  all_to_all_in_place(space, one, out);
+  broadcast(space, one, out, 0);
+  barrier(space, one);
+  space.fence();
+  CHECK(host(out) == expect);
+  // The same checks as without an instance, with the same messages.
+  Kokkos::View<float*> small("small", 3);
+  CHECK_THROWS_WITH_AS(all_reduce(space, one, in, small),
+                       "recv has 3 elements but must have 4 (all_reduce: recv.size() == send.size())", LayoutError);
+  CHECK_THROWS_WITH_AS(broadcast(space, one, out, 1),
+                       "broadcast root 1 is not a rank of this group: it must be in [0, 1)", LayoutError);
+  // A rank that is its own peer receives what it sends: unequal counts would overrun recv.
+  CHECK_THROWS_WITH_AS(all_to_allv(space, one, in, all, small, std::vector<int>{3}),
+                       "all_to_allv on one rank: recv_counts[0] = 3 but send_counts[0] = 4; a rank that is its own peer receives what it sends",
+                       LayoutError);
+  // Plain host ranges are copied without Kokkos.
+  std::vector<float> a{1, 2}, b(2);
+  const DeepCopyLog log;
+  all_reduce(space, one, a, b);
+  CHECK(b == a);
+  CHECK(deep_copies.empty());
+}
+
+TEST_CASE("single rank: a collective fences the instance it is given, once") {
+  const SingleRankCommunicator one;
+  const CountingSerial space;
+  std::vector<double> in{1, 2}, out(2);
+  CountingSerial::fences = 0;
+  all_reduce(space, one, in, out);
+  CHECK(CountingSerial::fences == 1);
+  all_gatherv_in_place(space, one, out, std::vector<int>{2});
+  barrier(space, one);
+  CHECK(CountingSerial::fences == 3);
+  all_reduce(one, in, out);  // without an instance: nothing of the caller's is fenced
+  CHECK(CountingSerial::fences == 3);
 }

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <Kokkos_Core.hpp>
 #include <cstdlib>
 #include <relayout/comm.hpp>
 #include <string>
@@ -90,6 +91,27 @@ TEST_CASE("agreement: different operations name both call sites and the members 
   CHECK(msg.find(members_text(0, last - 1) + " (world " ) != std::string::npos);
   CHECK(msg.find(": all_reduce(float, 4 elements, sum) at " + site(reduce_line)) != std::string::npos);
   CHECK(msg.find(members_text(last, last) + " (world [" + std::to_string(last) + "]): all_gather(float, 4 elements) at " +
+                 site(gather_line)) != std::string::npos);
+  CHECK(same_on_every_member(c, msg));
+  still_usable(c);
+}
+
+TEST_CASE("agreement: the forms on an execution-space instance name the caller's line too") {
+  MpiCommunicator c = fresh("instance");
+  if (c.size() < 2) return;
+  const int last = c.size() - 1;
+  const Kokkos::DefaultExecutionSpace space;
+  Kokkos::View<float*> send("send", 2), recv("recv", 2 * static_cast<std::size_t>(c.size()));
+  const int reduce_line = __LINE__ + 3, gather_line = __LINE__ + 5;
+  const std::string msg = mismatch_message([&] {
+    if (c.rank() != last)
+      all_reduce(space, c, send, Kokkos::subview(recv, std::make_pair(0, 2)));
+    else
+      all_gather(space, c, send, recv);
+  });
+  INFO(msg);
+  CHECK(msg.find(": all_reduce(float, 2 elements, sum) at " + site(reduce_line)) != std::string::npos);
+  CHECK(msg.find(members_text(last, last) + " (world [" + std::to_string(last) + "]): all_gather(float, 2 elements) at " +
                  site(gather_line)) != std::string::npos);
   CHECK(same_on_every_member(c, msg));
   still_usable(c);

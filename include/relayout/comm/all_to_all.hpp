@@ -1,4 +1,5 @@
 // all_to_all: block j of rank i's send buffer becomes block i of rank j's recv buffer (equal blocks).
+// Each form also takes an execution-space instance as its first argument (see all_reduce.hpp).
 #pragma once
 
 #include <string>
@@ -8,43 +9,63 @@
 namespace relayout {
 
 namespace impl {
+
 inline void require_blocks(std::size_t size, std::size_t n, const char* what, const char* call) {
   if (size % n != 0)
     throw LayoutError(what, std::string(call) + ": " + what + " has " + std::to_string(size) +
                                 " elements, not a multiple of the group size " + std::to_string(n));
 }
-}  // namespace impl
 
-template <Communicator C, CommBuffer S, WritableBuffer R>
-void all_to_all(const C& comm, const S& send, R&& recv,
-                std::source_location site = std::source_location::current()) {
+template <class F, Communicator C, CommBuffer S, WritableBuffer R>
+void all_to_all_on(const F& fence, const C& comm, const S& send, R&& recv, std::source_location site) {
   RELAYOUT_SAME_ELEMENT_ASSERT(S, R);
-  impl::run_collective(comm, CollectiveKind::all_to_all, impl::dtype_of<R>(), site, [&](auto& scope) {
-    const auto in = impl::read_span(send, "send");
-    const auto out = impl::write_span(recv, "recv");
+  run_collective(fence, comm, CollectiveKind::all_to_all, dtype_of<R>(), site, [&](auto& scope) {
+    const auto in = read_span(fence, send, "send");
+    const auto out = write_span(fence, recv, "recv");
     const auto n = static_cast<std::size_t>(comm.size());
-    impl::require_size(out.size(), in.size(), "recv", "all_to_all: recv.size() == send.size()");
-    impl::require_blocks(in.size(), n, "send", "all_to_all");
-    impl::require_fits_int(in.size() / n, "send");
-    impl::require_disjoint(in, out, "all_to_all");
+    require_size(out.size(), in.size(), "recv", "all_to_all: recv.size() == send.size()");
+    require_blocks(in.size(), n, "send", "all_to_all");
+    require_fits_int(in.size() / n, "send");
+    require_disjoint(in, out, "all_to_all");
     scope.call.count = static_cast<std::int64_t>(in.size() / n);
     scope.agree();
-    comm.all_to_all(in, out);
+    transfer<S, R>(fence, comm, in, out, [&] { comm.all_to_all(in, out); });
   });
 }
 
-template <Communicator C, WritableBuffer B>
-void all_to_all_in_place(const C& comm, B&& buf,
-                         std::source_location site = std::source_location::current()) {
-  impl::run_collective(comm, CollectiveKind::all_to_all_in_place, impl::dtype_of<B>(), site, [&](auto& scope) {
-    const auto io = impl::write_span(buf, "buf");
+template <class F, Communicator C, WritableBuffer B>
+void all_to_all_in_place_on(const F& fence, const C& comm, B&& buf, std::source_location site) {
+  run_collective(fence, comm, CollectiveKind::all_to_all_in_place, dtype_of<B>(), site, [&](auto& scope) {
+    const auto io = write_span(fence, buf, "buf");
     const auto n = static_cast<std::size_t>(comm.size());
-    impl::require_blocks(io.size(), n, "buf", "all_to_all_in_place");
-    impl::require_fits_int(io.size() / n, "buf");
+    require_blocks(io.size(), n, "buf", "all_to_all_in_place");
+    require_fits_int(io.size() / n, "buf");
     scope.call.count = static_cast<std::int64_t>(io.size() / n);
     scope.agree();
     comm.all_to_all_in_place(io);
   });
+}
+
+}  // namespace impl
+
+template <Communicator C, CommBuffer S, WritableBuffer R>
+void all_to_all(const C& comm, const S& send, R&& recv, std::source_location site = std::source_location::current()) {
+  impl::all_to_all_on(impl::ViewSpaces{}, comm, send, recv, site);
+}
+template <ExecutionSpaceInstance E, Communicator C, CommBuffer S, WritableBuffer R>
+void all_to_all(const E& space, const C& comm, const S& send, R&& recv,
+                std::source_location site = std::source_location::current()) {
+  impl::all_to_all_on(space, comm, send, recv, site);
+}
+
+template <Communicator C, WritableBuffer B>
+void all_to_all_in_place(const C& comm, B&& buf, std::source_location site = std::source_location::current()) {
+  impl::all_to_all_in_place_on(impl::ViewSpaces{}, comm, buf, site);
+}
+template <ExecutionSpaceInstance E, Communicator C, WritableBuffer B>
+void all_to_all_in_place(const E& space, const C& comm, B&& buf,
+                         std::source_location site = std::source_location::current()) {
+  impl::all_to_all_in_place_on(space, comm, buf, site);
 }
 
 }  // namespace relayout

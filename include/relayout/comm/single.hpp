@@ -1,5 +1,8 @@
 // SingleRankCommunicator: a group of one process, no MPI needed. Every collective is a copy (or
-// nothing, in place), so single-process engines and tests run the same code paths.
+// nothing, in place), so single-process engines and tests run the same code paths. The members
+// below copy host memory; the free collectives copy Kokkos::Views themselves, with
+// Kokkos::deep_copy on the caller's execution-space instance (impl::transfer in impl/args.hpp), so
+// device memory is never touched from the host.
 #pragma once
 
 #include <algorithm>

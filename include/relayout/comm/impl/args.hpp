@@ -1,15 +1,19 @@
 // Shared front of the free collectives: the element types of the send and receive buffers must
-// match, and both are turned into spans (Views fenced) before any size check or call.
+// match, and both are turned into spans (Views fenced, or the caller's instance) before any size
+// check or call.
 #pragma once
 
+#include <algorithm>
 #include <exception>
 #include <source_location>
+#include <span>
 #include <type_traits>
 
 #include "relayout/comm/agreement.hpp"
 #include "relayout/comm/buffer.hpp"
 #include "relayout/comm/communicator.hpp"
 #include "relayout/comm/impl/checks.hpp"
+#include "relayout/comm/single.hpp"
 
 namespace relayout::impl {
 
@@ -56,17 +60,38 @@ class CollectiveScope {
   bool agreed_ = false;
 };
 
-// Runs body(scope); a validation error before agree() goes through refuse() first, so with checks
-// on every member throws alike (with checks off, or on one rank, the error leaves as thrown).
-template <class C, class Body>
-void run_collective(const C& comm, CollectiveKind kind, const char* dtype, std::source_location site,
-                    Body&& body) {
+// Runs body(scope) after fencing the caller's instance (`fence`: an instance or ViewSpaces); a
+// validation error before agree() goes through refuse() first, so with checks on every member
+// throws alike (with checks off, or on one rank, the error leaves as thrown).
+template <class F, class C, class Body>
+void run_collective(const F& fence, const C& comm, CollectiveKind kind, const char* dtype,
+                    std::source_location site, Body&& body) {
+  fence_instance(fence);
   CollectiveScope<C> scope(comm, kind, dtype, site);
   try {
     body(scope);
   } catch (const std::exception& e) {
     scope.refuse(e.what());
     throw;
+  }
+}
+
+// The data-moving call of a collective from send (S) to recv (R). A single-rank group copies: a
+// View with Kokkos::deep_copy (on the caller's instance, fenced before returning, or blocking),
+// so device memory is never read on the host; plain ranges with std::copy. Other backends: call().
+template <class S, class R, class F, class C, class T, class Call>
+void transfer(const F& fence, const C&, std::span<const T> in, std::span<T> out, Call&& call) {
+  if constexpr (std::is_same_v<C, SingleRankCommunicator> && (is_kokkos_view<S> || is_kokkos_view<R>)) {
+    const Kokkos::View<const T*, memory_space_of<S>, Kokkos::MemoryUnmanaged> src(in.data(), in.size());
+    const Kokkos::View<T*, memory_space_of<R>, Kokkos::MemoryUnmanaged> dst(out.data(), out.size());
+    if constexpr (std::is_same_v<F, ViewSpaces>) {
+      Kokkos::deep_copy(dst, src);
+    } else {
+      Kokkos::deep_copy(fence, dst, src);
+      fence.fence();  // complete on return, as every backend's collective is
+    }
+  } else {
+    call();
   }
 }
 
