@@ -14,14 +14,19 @@
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <iostream>
+#include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "cli/gather_all.hpp"
 #include "cli/layout_flags.hpp"
+#include "cli/memory.hpp"
 #include "cli/mpi_main.hpp"
+#include "cli/progress.hpp"
+#include "cli/sync_report.hpp"
 #include "cli/trace_flag.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/spec/decoder.hpp"
@@ -39,6 +44,7 @@ struct Options {
   int hidden = 64;
   std::string format = "text";
   std::string trace;  // directory for the row-ownership traces, DIR/draft and DIR/target (empty: none)
+  std::uint64_t max_memory = 0;  // --max-memory (0: the available memory is the limit)
 };
 
 
@@ -50,7 +56,7 @@ const std::vector<std::string>& site_order() {
 
 // This rank's record, flattened: idle, disagreed, then per round per site [site index, n, values...],
 // then per request [id, rounds x accepted, m, committed...].
-using Decoder = spec::SpecDecoder<MpiCommunicator, Kokkos::DefaultExecutionSpace, trace::JsonlSink>;
+using Decoder = spec::SpecDecoder<MpiCommunicator, Kokkos::DefaultExecutionSpace, cli::RunSink>;
 
 std::vector<std::int64_t> encode(const Decoder& d) {
   std::vector<std::int64_t> v{d.idle() ? 1 : 0, d.disagreed() ? 1 : 0, std::int64_t(d.rounds().size())};
@@ -119,6 +125,24 @@ std::string list(const std::vector<T>& v) {
   return s.str();
 }
 
+// Refuses (exit 2) a run whose memory does not fit, before anything is allocated: the draft (MoE
+// model or dense MLP) and the target over every round's rows, and the hidden rows the head reads.
+cli::MemoryEstimate require_size(const Options& o, const RuntimeLayout& layout, const MpiCommunicator& world) {
+  const Widths& w = layout.widths();
+  double requests = 0;
+  for (int n : o.requests) requests += std::max(n, 0);
+  const double rows = requests * o.width;
+  cli::MemoryEstimate need = cli::estimate_model(o.cfg.target_dims, w, rows, o.width);
+  if (layout.config().draft == Draft::moe) need += cli::estimate_model(o.cfg.draft_dims, w, rows, o.width);
+  else need.weights += 4.0 * (2.0 * o.cfg.dense_inter + 1.0) * o.hidden;
+  need.buffers += 8.0 * rows * o.hidden;
+  cli::require_memory(world, need, o.max_memory,
+                      cli::model_flags(o.cfg.target_dims, "--target-layers") + " --draft-layers " +
+                          std::to_string(o.cfg.draft_dims.layers) + " and " + std::to_string(std::int64_t(rows)) +
+                          " rows (--requests-per-group x --tokens-per-req)");
+  return need;
+}
+
 int run(Options& o, const MpiCommunicator& world) {
   const RuntimeLayout layout = o.layout.layout();
   if (world.size() != layout.size())
@@ -128,20 +152,26 @@ int run(Options& o, const MpiCommunicator& world) {
   o.cfg.width = spec::TokensPerRequest{o.width};
   if (o.width < 1 || o.width > 64) throw LayoutError("--tokens-per-req", "--tokens-per-req must be in [1, 64], got " + std::to_string(o.width));
   o.cfg.draft_dims.hidden = o.cfg.target_dims.hidden = o.hidden;
+  const cli::MemoryEstimate need = require_size(o, layout, world);
   const spec::SyncSites sites = spec::SyncSites::from_env();  // RELAYOUT_SPEC_TP_SYNC
   const bool guard_fails = !layout.dspark().allowed;
   const ProcessGroups groups(layout, world);
   Decoder dec(groups, o.cfg, sites);  // the start-up check (exit 2)
-  trace::JsonlSink draft_sink, target_sink;  // stay closed (inactive) without --trace
+  cli::TraceDirLock trace_lock;               // held until the sinks below are closed
+  cli::RunSink draft_sink, target_sink;      // their files stay closed without --trace
   if (!o.trace.empty()) {
+    trace_lock.acquire(world, o.trace);
+    const std::string& id = trace_lock.run_id();
     if (layout.config().draft == Draft::moe)
-      cli::open_trace(draft_sink, o.trace + "/draft", world.rank(), world.size(), "dspark_step draft");
-    cli::open_trace(target_sink, o.trace + "/target", world.rank(), world.size(), "dspark_step target");
-    dec.trace_to(draft_sink, target_sink);
+      cli::open_trace(draft_sink.file, o.trace + "/draft", world.rank(), world.size(), "dspark_step draft", id);
+    cli::open_trace(target_sink.file, o.trace + "/target", world.rank(), world.size(), "dspark_step target", id);
   }
+  if (world.rank() == 0 && need.flops * o.cfg.rounds > cli::kProgressFlops)
+    target_sink.show_progress("dspark_step target", long(o.cfg.rounds) * o.cfg.target_dims.layers);
+  dec.trace_to(draft_sink, target_sink);
   dec.run();
-  draft_sink.close();  // the traces are complete
-  target_sink.close();
+  draft_sink.file.close();  // the traces are complete
+  target_sink.file.close();
 
   const auto all = cli::gather_all(world, encode(dec));
   if (world.rank() != 0) return dec.disagreed() ? 1 : 0;
@@ -159,9 +189,11 @@ int run(Options& o, const MpiCommunicator& world) {
   }
   const spec::DraftContext ctx = dec.draft_context_used();
   const int sync_size = layout.group_size(ctx.sync_group);
-  std::vector<std::string> synced;
-  for (const std::string& s : site_order())
-    if (sites.enabled(s)) synced.push_back(s);
+  std::set<std::string> visited;  // the sites this run's decoder went through
+  for (const RankView& v : ranks)
+    for (const auto& round : v.rounds)
+      for (const auto& [site, _] : round) visited.insert(site);
+  const cli::SyncedSites synced = cli::synced_sites(sites, visited, sync_size);
   // Requests in id order, taken from each group's rank 0 in the sync group's order.
   std::vector<spec::RequestRecord> reqs;
   for (int g = 0; g < w.attn_dp; ++g) {
@@ -181,7 +213,8 @@ int run(Options& o, const MpiCommunicator& world) {
     j["tokens_per_req"] = o.width;
     j["global_num_tokens"] = {{"raw_requests", raw}, {"scaled_rows", meta.scaled_values()}};
     j["idle_ranks"] = idle_ranks;
-    j["sync_sites_enabled"] = synced;
+    j["sync_sites_enabled"] = synced.enabled;
+    j["sync_sites_synced"] = synced.synced;
     j["rank_local_rng"] = o.cfg.rank_local_rng;
     j["disagreement"] = disagreed;
     for (int r = 0; r < o.cfg.rounds; ++r) {
@@ -214,8 +247,7 @@ int run(Options& o, const MpiCommunicator& world) {
          "rejected in production ***\n";
   s << "draft context: " << (ctx.patched ? "patched to " : "") << "tp group " << to_string(ctx.tp_group)
     << ", dp_moe_sync " << (ctx.dp_moe_sync ? "on" : "off") << "; SpecTpSync over " << to_string(ctx.sync_group)
-    << " (" << sync_size << (sync_size == 1 ? " rank: broadcasts skipped" : " ranks") << "), sites "
-    << (synced.empty() ? std::string("none (RELAYOUT_SPEC_TP_SYNC=off)") : list(synced).substr(0)) << "\n";
+    << " (" << sync_size << (sync_size == 1 ? " rank: broadcasts skipped" : " ranks") << "), " << synced.text << "\n";
   s << "global_num_tokens raw (requests):   " << list(raw) << "\n";
   s << "global_num_tokens scaled (rows, x" << o.width << "): " << list(meta.scaled_values()) << "\n";
   s << "idle participation (zero rows, same metadata, draft + verify forwards run): ranks " << list(idle_ranks)
@@ -253,26 +285,27 @@ int run(Options& o, const MpiCommunicator& world) {
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  Kokkos::initialize(argc, argv);
   int rc = 0;
   {
+    cli::KokkosArgs args(argc, argv);
     JobGuard job;  // a rank that fails alone ends the job instead of leaving the others waiting
     Options o;
     o.layout.draft = "moe";
     CLI::App app{"dspark_step: speculative decode rounds (draft + verify, greedy acceptance) on MPI ranks; "
                  "RELAYOUT_SPEC_TP_SYNC=all|off|SITE,SITE chooses the SpecTpSync sites"};
     o.layout.add_to(app);
-    app.add_option("--requests-per-group", o.requests, "requests per attention-DP group, e.g. 1,3,0,2")->delimiter(',');
-    app.add_option("--tokens-per-req", o.width, "draft tokens per request per round (num_tokens_per_req)");
-    app.add_option("--rounds", o.cfg.rounds, "speculative rounds");
-    app.add_option("--vocab", o.cfg.vocab, "vocabulary size of the toy head");
-    app.add_option("--hidden", o.hidden, "hidden size of draft and target");
-    app.add_option("--target-layers", o.cfg.target_dims.layers, "target decoder layers");
-    app.add_option("--draft-layers", o.cfg.draft_dims.layers, "MoE draft decoder layers");
-    app.add_option("--head-hidden-weight", o.cfg.hidden_weight,
+    cli::add_int_list(app, "--requests-per-group", o.requests, "requests per attention-DP group, e.g. 1,3,0,2");
+    cli::add_int(app, "--tokens-per-req", o.width, "draft tokens per request per round (num_tokens_per_req)");
+    cli::add_int(app, "--rounds", o.cfg.rounds, "speculative rounds");
+    cli::add_int(app, "--vocab", o.cfg.vocab, "vocabulary size of the toy head");
+    cli::add_int(app, "--hidden", o.hidden, "hidden size of draft and target");
+    // Checked here: the models' own check would name their shared field, --layers.
+    cli::add_int(app, "--target-layers", o.cfg.target_dims.layers, "target decoder layers", 1, std::numeric_limits<int>::max());
+    cli::add_int(app, "--draft-layers", o.cfg.draft_dims.layers, "MoE draft decoder layers", 1, std::numeric_limits<int>::max());
+    cli::add_float(app, "--head-hidden-weight", o.cfg.hidden_weight,
                    "toy vocabulary head: weight of the hidden-row projection against the bigram table "
                    "(lower: draft and target agree more often)");
-    app.add_option("--seed", o.cfg.seed, "seed of the vocabulary head, prompts and sampler");
+    cli::add_int(app, "--seed", o.cfg.seed, "seed of the vocabulary head, prompts and sampler");
     app.add_flag("--sample", o.cfg.sample, "draft samples (site DRAFT_SAMPLE) instead of argmax (DRAFT_GREEDY)");
     app.add_flag("--rank-local-rng", o.cfg.rank_local_rng,
                  "seed each rank's sampler differently (implies --sample): only SpecTpSync makes a group agree");
@@ -282,9 +315,9 @@ int main(int argc, char** argv) {
                    "write row-ownership traces of every round, DIR/draft (MoE draft) and DIR/target, one "
                    "DIR/*/rank<R>.jsonl per rank (compare each with `relayout trace diff`)");
     app.add_option("--format", o.format, "text or json")->check(CLI::IsMember({"text", "json"}));
-    rc = cli::run_mpi_main(app, argc, argv, job, [&] { return run(o, MpiCommunicator::world()); });
+    cli::add_max_memory(app, o.max_memory);
+    rc = cli::run_mpi_main(app, args, job, [&] { return run(o, MpiCommunicator::world()); });
   }
-  Kokkos::finalize();
   MPI_Finalize();
   return rc;
 }

@@ -19,7 +19,9 @@
 
 #include "cli/gather_all.hpp"
 #include "cli/layout_flags.hpp"
+#include "cli/memory.hpp"
 #include "cli/mpi_main.hpp"
+#include "cli/progress.hpp"
 #include "cli/trace_flag.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/model.hpp"
@@ -39,6 +41,7 @@ struct Options {
   bool check = false;
   int show_group = -1;
   double tolerance = 1e-4;
+  std::uint64_t max_memory = 0;  // --max-memory (0: the available memory is the limit)
 };
 
 std::string labels(const std::vector<std::int64_t>& owners, std::size_t max = 12) {
@@ -60,6 +63,20 @@ std::string kib(std::int64_t bytes) {
 }
 
 
+// Refuses (exit 2) a run whose memory does not fit, before anything is allocated; returns the
+// estimate (its flops decide whether the run reports progress).
+cli::MemoryEstimate require_size(const Options& o, const Widths& w, const model::Workload& work,
+                                 const MpiCommunicator& world) {
+  model::validate(o.dims, w);  // the dims' own rules first: the estimate reads sane values
+  const double tokens = double(work.total_rows());
+  const double longest = work.lengths.empty() ? 0.0 : double(*std::max_element(work.lengths.begin(), work.lengths.end()));
+  cli::MemoryEstimate need = cli::estimate_model(o.dims, w, tokens, longest);
+  if (o.check) need.buffers += cli::reference_bytes(o.dims, tokens);
+  cli::require_memory(world, need, o.max_memory,
+                      cli::model_flags(o.dims) + " and " + std::to_string(work.total_rows()) + " tokens (--requests)");
+  return need;
+}
+
 int run(const Options& o, const MpiCommunicator& world) {
   const RuntimeLayout layout = const_cast<cli::LayoutFlags&>(o.layout).layout();
   if (world.size() != layout.size())
@@ -78,13 +95,17 @@ int run(const Options& o, const MpiCommunicator& world) {
     throw LayoutError("--show-group", "--show-group " + std::to_string(o.show_group) +
                                           ": an attention-DP group must be in [0, attn_dp = " + std::to_string(w.attn_dp) +
                                           ") (or -1: the first group with two rows)");
-  if (!(o.tolerance >= 0))
-    throw LayoutError("--tolerance", "--tolerance " + std::to_string(o.tolerance) + ": a tolerance must be >= 0");
   const model::Workload work = model::Workload::make(o.requests, o.placement, w.attn_dp);
+  const cli::MemoryEstimate need = require_size(o, w, work, world);
   const ProcessGroups groups(layout, world);
-  model::DistributedModel<MpiCommunicator, Kokkos::DefaultExecutionSpace, trace::JsonlSink> net(groups, o.dims, opts);
-  trace::JsonlSink sink;  // stays closed (inactive) without --trace
-  if (!o.trace.empty()) cli::open_trace(sink, o.trace, world.rank(), world.size(), "dsv4_layer");
+  model::DistributedModel<MpiCommunicator, Kokkos::DefaultExecutionSpace, cli::RunSink> net(groups, o.dims, opts);
+  cli::TraceDirLock trace_lock;  // held until the sink below is closed
+  cli::RunSink sink;             // its file stays closed without --trace
+  if (!o.trace.empty()) {
+    trace_lock.acquire(world, o.trace);
+    cli::open_trace(sink.file, o.trace, world.rank(), world.size(), "dsv4_layer", trace_lock.run_id());
+  }
+  if (world.rank() == 0 && need.flops > cli::kProgressFlops) sink.show_progress("dsv4_layer", o.dims.layers);
   net.trace_to(sink);
   const RankCoords me = groups.coords();
   const bool root = world.rank() == 0;
@@ -97,7 +118,7 @@ int run(const Options& o, const MpiCommunicator& world) {
     if (e.input() != "bridge") throw;
     failure = e.what();  // every rank of the job takes the same broken path and stops here
   }
-  sink.close();  // the trace is complete
+  sink.file.close();  // the trace is complete
 
   // Verification against the single-rank reference, matched by row owner.
   // A NaN or inf value fails the check by itself (std::max would drop a NaN): it is counted and
@@ -253,37 +274,37 @@ int run(const Options& o, const MpiCommunicator& world) {
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  Kokkos::initialize(argc, argv);
   int rc = 0;
   {
+    cli::KokkosArgs args(argc, argv);
     JobGuard job;  // a rank that fails alone ends the job instead of leaving the others waiting
     Options o;
     CLI::App app{"dsv4_layer: DeepSeek-V4-like layers on MPI ranks, verified against a single-rank reference"};
     o.layout.add_to(app);
-    app.add_option("--requests", o.requests, "prompt lengths, e.g. 5,3,4 (request i -> DP group i mod attn_dp)")->delimiter(',');
-    app.add_option("--placement", o.placement, "the DP group of each request, e.g. 0,0,2")->delimiter(',');
-    app.add_option("--hidden", o.dims.hidden, "hidden size");
-    app.add_option("--heads", o.dims.heads, "query heads (split over attn_tp)");
-    app.add_option("--head-dim", o.dims.head_dim, "head dimension (also the shared KV width)");
-    app.add_option("--q-lora", o.dims.q_lora, "wq_a output (query low-rank) dimension");
-    app.add_option("--experts", o.dims.experts, "routed experts (split over moe_ep)");
-    app.add_option("--topk", o.dims.topk, "experts per token");
-    app.add_option("--moe-inter", o.dims.moe_inter, "expert intermediate size (split over moe_tp)");
-    app.add_option("--shared-inter", o.dims.shared_inter, "shared expert intermediate size (0: none)");
-    app.add_option("--layers", o.dims.layers, "stacked decoder layers");
-    app.add_option("--window", o.dims.window, "sliding attention window (0: full causal)");
-    app.add_option("--seed", o.dims.seed, "seed of the counter-based weights and inputs");
+    cli::add_int_list(app, "--requests", o.requests, "prompt lengths, e.g. 5,3,4 (request i -> DP group i mod attn_dp)");
+    cli::add_int_list(app, "--placement", o.placement, "the DP group of each request, e.g. 0,0,2");
+    cli::add_int(app, "--hidden", o.dims.hidden, "hidden size");
+    cli::add_int(app, "--heads", o.dims.heads, "query heads (split over attn_tp)");
+    cli::add_int(app, "--head-dim", o.dims.head_dim, "head dimension (also the shared KV width)");
+    cli::add_int(app, "--q-lora", o.dims.q_lora, "wq_a output (query low-rank) dimension");
+    cli::add_int(app, "--experts", o.dims.experts, "routed experts (split over moe_ep)");
+    cli::add_int(app, "--topk", o.dims.topk, "experts per token");
+    cli::add_int(app, "--moe-inter", o.dims.moe_inter, "expert intermediate size (split over moe_tp)");
+    cli::add_int(app, "--shared-inter", o.dims.shared_inter, "shared expert intermediate size (0: none)");
+    cli::add_int(app, "--layers", o.dims.layers, "stacked decoder layers");
+    cli::add_int(app, "--window", o.dims.window, "sliding attention window (0: full causal)");
+    cli::add_int(app, "--seed", o.dims.seed, "seed of the counter-based weights and inputs");
     app.add_option("--padding", o.padding, "auto (SPEC §6 rule), max_len or sum_len");
     app.add_option("--restore", o.restore, "path A restore: reduce (reduce_scatterv sums) or scatter (MoE all-reduces, dp_scatter copies)");
     app.add_flag("--check", o.check, "compare every row with the single-rank reference; exit 1 on mismatch");
-    app.add_option("--tolerance", o.tolerance, "max abs error accepted by --check");
+    cli::add_float(app, "--tolerance", o.tolerance, "max abs error accepted by --check", 0.0);
     app.add_option("--format", o.format, "text or json")->check(CLI::IsMember({"text", "json"}));
-    app.add_option("--show-group", o.show_group, "attention-DP group whose rows the text output follows");
+    cli::add_int(app, "--show-group", o.show_group, "attention-DP group whose rows the text output follows");
     app.add_option("--trace", o.trace, "write a row-ownership trace, DIR/rank<R>.jsonl per rank (compare with `relayout trace diff`)");
+    cli::add_max_memory(app, o.max_memory);
     app.add_option("--inject", o.inject, "wire a known bug on purpose: double_reduce, skip_reduce, gather_partial, no_split");
-    rc = cli::run_mpi_main(app, argc, argv, job, [&] { return run(o, MpiCommunicator::world()); });
+    rc = cli::run_mpi_main(app, args, job, [&] { return run(o, MpiCommunicator::world()); });
   }
-  Kokkos::finalize();
   MPI_Finalize();
   return rc;
 }

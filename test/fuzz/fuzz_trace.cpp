@@ -5,8 +5,10 @@
 //    file" when there is no line); no other exception leaves it;
 //  - accept exactly the well-formed traces, judged here independently of the reader (the format of
 //    jsonl.hpp): line 1 the header of this rank, then one record per line with every field of its
-//    type (integers exact, non-negative and in range; no float, bool or string for them), then the
-//    end line, last, counting the records — so a truncated or partial file is never accepted;
+//    type (integers exact, non-negative and in range; no float, bool or string for them), no field
+//    the format does not name, a known state and group, a record consistent with itself (row_count
+//    = rows + pad_rows, checksums on all rows or none), then the end line, last, counting the
+//    records — so a truncated or partial file is never accepted;
 //  - give back exactly what the lines say (every field of every record compared);
 //  - reject the same text read as another rank's file, without its end line, or cut inside a line;
 //  - read back what JsonlSink writes of the trace it accepted (header_line, to_jsonl, end_line) as
@@ -14,6 +16,7 @@
 //    "not recorded", which the diff would skip);
 // and `trace diff` of an accepted trace against itself must end in 0 (agree) or 1 (diverge).
 // Violations trap (__builtin_trap) so libFuzzer keeps the input.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -103,9 +106,20 @@ std::optional<double> checksum(const json& v) {
   return std::nullopt;
 }
 
+// Only the fields the format names (jsonl.hpp), nothing else.
+bool only_fields(const json& j, const std::vector<std::string>& known) {
+  for (const auto& item : j.items())
+    if (std::find(known.begin(), known.end(), item.key()) == known.end()) return false;
+  return true;
+}
+
 // The record a well-formed line holds, or nullopt if the line is not one.
 std::optional<trace::Record> expected_record(const json& j, int rank) {
   if (!j.is_object()) return std::nullopt;
+  if (!only_fields(j, {"layer", "boundary", "state", "sharing", "copies", "global_rank", "attn_dp_rank", "attn_tp_rank",
+                       "moe_ep_rank", "group", "handle", "row_count", "pad_rows", "hidden", "global_num_tokens",
+                       "scaled_global_num_tokens", "error", "rows"}))
+    return std::nullopt;
   trace::Record r;
   const auto layer = int_field(j, "layer"), copies = int_field(j, "copies"), grank = int_field(j, "global_rank"),
              dp = int_field(j, "attn_dp_rank"), tp = int_field(j, "attn_tp_rank"), ep = int_field(j, "moe_ep_rank"),
@@ -114,6 +128,9 @@ std::optional<trace::Record> expected_record(const json& j, int rank) {
              sharing = string_field(j, "sharing");
   if (!layer || !copies || !grank || !dp || !tp || !ep || !hidden || !boundary || !state || !sharing) return std::nullopt;
   if (*sharing != "partial" && *sharing != "replicated") return std::nullopt;
+  const std::vector<std::string> states{"attn_out", "moe_in", "moe_partial", "moe_out", "dispatched", "layer_out"};
+  if (std::find(states.begin(), states.end(), *state) == states.end()) return std::nullopt;
+  if (*copies < 1) return std::nullopt;
   if (*grank != rank) return std::nullopt;  // a record of another rank's file
   r.layer = *layer;
   r.copies = *copies;
@@ -131,10 +148,13 @@ std::optional<trace::Record> expected_record(const json& j, int rank) {
     r.group = j.at("group").get<std::string>();
   }
   if (!j.at("handle").is_null()) {
-    const auto h = count(j.at("handle"), kInt);
+    const auto h = count(j.at("handle"), 5);  // one communicator per process group at most
     if (!h) return std::nullopt;
     r.handle = static_cast<int>(*h);
   }
+  const std::vector<std::string> groups{"tp", "attn_tp", "attn_cp", "moe_tp", "moe_ep", "moe_dp"};
+  if (!r.group.empty() && std::find(groups.begin(), groups.end(), r.group) == groups.end()) return std::nullopt;
+  if (r.group.empty() != (r.handle < 0)) return std::nullopt;  // a collective's group and handle, or neither
   if (!j.contains("row_count") || !j.contains("pad_rows")) return std::nullopt;
   const auto rows = count(j.at("row_count"), kInt64), pad = count(j.at("pad_rows"), kInt64);
   const auto gnt = counts_field(j, "global_num_tokens");
@@ -162,8 +182,11 @@ std::optional<trace::Record> expected_record(const json& j, int rank) {
     // All three null: not recorded. Otherwise recorded; a null entry was not finite.
     x.has_sum = !(row[3].is_null() && row[4].is_null() && row[5].is_null());
     if (x.has_sum) x.sum = {*s, *w, *l2};
+    if (!r.rows.empty() && x.has_sum != r.rows.front().has_sum) return std::nullopt;  // all or none recorded
     r.rows.push_back(x);
   }
+  if (r.hidden == 0 && !r.rows.empty() && r.rows.front().has_sum) return std::nullopt;
+  if (r.pad_rows > r.row_count || static_cast<std::uint64_t>(r.row_count - r.pad_rows) != r.rows.size()) return std::nullopt;
   return r;
 }
 
@@ -193,6 +216,8 @@ Expected judge(const std::vector<std::string>& lines, int rank) {
     if (j.is_discarded()) return bad();
     if (n == 1) {
       if (!j.is_object() || !j.contains("relayout_trace")) return bad();
+      if (!only_fields(j, {"relayout_trace", "rank", "world_size", "program", "run"})) return bad();
+      if (j.contains("run") && !j.at("run").is_string()) return bad();
       const auto version = count(j.at("relayout_trace"), kInt);
       const auto r = int_field(j, "rank"), w = int_field(j, "world_size");
       if (!version || *version != 1 || !r || !w || *r != rank || *w < 1 || *r >= *w) return bad();
@@ -202,6 +227,7 @@ Expected judge(const std::vector<std::string>& lines, int rank) {
         e.program = j.at("program").get<std::string>();
       }
     } else if (j.is_object() && j.contains("end")) {
+      if (!only_fields(j, {"end", "records"})) return bad();
       const auto k = j.contains("records") ? count(j.at("records"), kInt64) : std::nullopt;
       if (j.at("end") != true || !k || static_cast<std::size_t>(*k) != e.records.size()) return bad();
       ended = true;
@@ -341,6 +367,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   run.world_size = got.world_size;
   run.program = got.program;
   run.ranks.push_back(t);
+  try {
+    cli::check_run(run, trace::Tolerance{}, true);  // consistent with itself, or TraceInputError
+  } catch (const cli::TraceInputError&) {
+  }
   std::ostringstream out;
   const int rc = cli::trace_diff(run, run, cli::DiffOptions{}, out);
   require((rc == 0 || rc == 1) && !out.str().empty());

@@ -119,16 +119,19 @@ TEST_CASE("NullSink is compiled out; JsonlSink round-trips a record") {
   r.scaled_global_num_tokens = {28, 20};
   r.rows[1].step = 2;
   r.rows[1].sum.l2 = std::nan("");  // non-finite values are written as null and read back as NaN
-  r.rows.push_back({5, 7, 1, false, {}});
   r.error = "row \"conservation\"\nbroken";
+  trace::Record unseen = r;  // a boundary whose values this rank does not see: no checksums
+  unseen.rows = {{5, 7, 1, false, {}}};
+  unseen.row_count = 3;
   {
     trace::JsonlSink sink(dir.string(), 0, 1, "test");
     CHECK(sink.active());
     sink.write(r);
+    sink.write(unseen);
   }
   const cli::TraceRun run = cli::read_trace(dir.string());
   REQUIRE(run.world_size == 1);
-  REQUIRE(run.ranks.at(0).records.size() == 1);
+  REQUIRE(run.ranks.at(0).records.size() == 2);
   const trace::Record& b = run.ranks[0].records[0];
   CHECK(b.layer == 3);
   CHECK(b.boundary == "reduce_scatterv");
@@ -142,14 +145,16 @@ TEST_CASE("NullSink is compiled out; JsonlSink round-trips a record") {
   CHECK(b.global_num_tokens == std::vector<std::int64_t>{14, 10});
   CHECK(b.scaled_global_num_tokens == std::vector<std::int64_t>{28, 20});
   CHECK(b.error == r.error);
-  REQUIRE(b.rows.size() == 3);
+  REQUIRE(b.rows.size() == 2);
   CHECK(b.rows[0].sum.sum == r.rows[0].sum.sum);  // %.17g: bit-exact
   CHECK(b.rows[0].sum.wsum == r.rows[0].sum.wsum);
   CHECK(b.rows[1].step == 2);
   CHECK(std::isnan(b.rows[1].sum.l2));
-  CHECK_FALSE(b.rows[2].has_sum);
-  CHECK(b.rows[2].request == 5);
-  CHECK(b.rows[2].position == 7);
+  const trace::Record& u = run.ranks[0].records[1];
+  REQUIRE(u.rows.size() == 1);
+  CHECK_FALSE(u.rows[0].has_sum);
+  CHECK(u.rows[0].request == 5);
+  CHECK(u.rows[0].position == 7);
 }
 
 TEST_CASE("trace diff: 0 agree (across layouts), 1 diverge, 2 unreadable") {
@@ -178,6 +183,7 @@ TEST_CASE("trace diff: 0 agree (across layouts), 1 diverge, 2 unreadable") {
     trace::JsonlSink sink(few.string(), 1, 2, "test");  // rank 1 rewritten with one row missing
     trace::Record r = record(0, "attention all_reduce", "attn_out", 2, 1, {row(16), row(16, 0.5f), row(16, 2.0f)});
     r.rows.pop_back();
+    r.row_count = 2;
     sink.write(r);
     sink.write(record(0, "layer output", "layer_out", 2, 1, {row(16), row(16, 0.5f), row(16, 2.0f)}));
     sink.close();

@@ -12,6 +12,28 @@
 
 namespace relayout::cli {
 
+// "unknown subcommand 'X' of relayout; expected one of: a, b" for the first word that should name a
+// subcommand and does not (empty when the words are fine or the first word is an option).
+inline std::string unknown_subcommand(const CLI::App& app, int argc, const char* const* argv) {
+  const CLI::App* at = &app;
+  std::string path = "relayout";
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    const auto subs = at->get_subcommands([](const CLI::App*) { return true; });
+    if (subs.empty() || word.empty() || word[0] == '-') return "";
+    const CLI::App* next = nullptr;
+    std::string names;
+    for (const CLI::App* s : subs) {
+      if (s->check_name(word)) next = s;
+      names += (names.empty() ? "" : ", ") + s->get_name();
+    }
+    if (!next) return "unknown subcommand '" + word + "' of " + path + "; expected one of: " + names;
+    path += " " + next->get_name();
+    at = next;
+  }
+  return "";
+}
+
 inline int relayout_command(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"relayout: parallel layouts for DP-attention / EP-MoE inference engines"};
   app.require_subcommand(1);
@@ -21,7 +43,7 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
   int rank = -1;
   CLI::App* explain = app.add_subcommand("explain", "explain a layout given SGLang-style flags");
   flags.add_to(*explain);
-  explain->add_option("--rank", rank, "focus one rank of the domain");
+  add_int(*explain, "--rank", rank, "focus one rank of the domain");
   explain->add_option("--format", format, "text, json or dot")
       ->check(CLI::IsMember({"text", "json", "dot"}));
 
@@ -34,8 +56,16 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
   DiffOptions diff_opts;
   diff->add_option("BASELINE", baseline, "trace directory of the trusted run (e.g. one rank)")->required();
   diff->add_option("CANDIDATE", candidate, "trace directory of the layout under test")->required();
-  diff->add_option("--rtol", diff_opts.tolerance.rtol, "relative checksum tolerance (see relayout/trace/record.hpp)");
-  diff->add_option("--atol", diff_opts.tolerance.atol, "absolute checksum tolerance");
+  // At most 1: the checksums of O(1) activations, which a layout bug changes by O(1), would agree
+  // whatever the rows hold under a larger tolerance.
+  add_float(*diff, "--rtol", diff_opts.tolerance.rtol, "relative checksum tolerance, in [0, 1] (see relayout/trace/record.hpp)", 0.0, 1.0);
+  add_float(*diff, "--atol", diff_opts.tolerance.atol, "absolute checksum tolerance, in [0, 1]", 0.0, 1.0);
+
+  // A misspelt subcommand is named (CLI11 would take it for a stray argument and ask for one).
+  if (const std::string unknown = unknown_subcommand(app, argc, argv); !unknown.empty()) {
+    err << "error: " << unknown << "\n";
+    return 2;
+  }
 
   return run_main(app, argc, argv, out, err, [&] {
     if (diff->parsed()) return trace_diff(baseline, candidate, diff_opts, out, err);

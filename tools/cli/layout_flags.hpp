@@ -6,6 +6,7 @@
 #include <ostream>
 #include <string>
 
+#include "cli/numbers.hpp"
 #include "relayout/mesh.hpp"
 
 namespace relayout::cli {
@@ -19,14 +20,15 @@ struct LayoutFlags {
   CLI::Option* attn_dp_size_flag = nullptr;  // the value counts only when given
 
   void add_to(CLI::App& app) {
-    app.add_option("--tp,--tp-size", config.tp, "tensor-parallel width of the domain (ranks)");
-    app.add_option("--dp,--dp-size", config.dp, "data-parallel size (attention DP with --enable-dp-attention)");
-    app.add_option("--cp,--attn-cp-size", config.cp, "attention context-parallel width");
-    app.add_option("--ep,--ep-size", config.ep, "expert-parallel width (only honoured with backend none)");
-    app.add_option("--moe-dp-size", config.moe_dp, "MoE data-parallel width");
+    // Any int: the layout engine names the flag and the rule of a width out of its range.
+    add_int(app, "--tp,--tp-size", config.tp, "tensor-parallel width of the domain (ranks)");
+    add_int(app, "--dp,--dp-size", config.dp, "data-parallel size (attention DP with --enable-dp-attention)");
+    add_int(app, "--cp,--attn-cp-size", config.cp, "attention context-parallel width");
+    add_int(app, "--ep,--ep-size", config.ep, "expert-parallel width (only honoured with backend none)");
+    add_int(app, "--moe-dp-size", config.moe_dp, "MoE data-parallel width");
     app.add_flag("--enable-dp-attention", config.enable_dp_attention, "re-divide the tp ranks into dp attention groups");
-    attn_dp_size_flag = app.add_option("--attn-dp-size,--attention-data-parallel-size", attn_dp_size,
-                                       "attention-DP width (same as --dp-size N --enable-dp-attention)");
+    attn_dp_size_flag = add_int(app, "--attn-dp-size,--attention-data-parallel-size", attn_dp_size,
+                                "attention-DP width (same as --dp-size N --enable-dp-attention)");
     app.add_flag("--enable-prefill-cp", config.enable_prefill_cp,
                  "DeepSeek-V4 prefill context parallelism: DP attention on, attn_cp = tp / dp");
     app.add_option("--cp-strategy", cp_strategy, "prefill CP token order: interleave (zigzag is NPU-only)");

@@ -30,7 +30,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -43,6 +45,7 @@
 #include <tuple>
 #include <vector>
 
+#include "relayout/mesh/names.hpp"
 #include "relayout/model/workload.hpp"
 #include "relayout/trace/record.hpp"
 
@@ -63,8 +66,13 @@ struct TraceRun {
   std::string dir;
   int world_size = 0;
   std::string program;
+  std::string run;  // the header's run id ("" in files written without one)
   std::vector<RankTrace> ranks;
 };
+
+// A rank file larger than this is refused before it is read (a trace of 10^5 rows over a few
+// layers is a few hundred MB).
+inline constexpr std::uintmax_t kMaxTraceFile = std::uintmax_t(4) << 30;
 
 namespace detail {
 
@@ -108,13 +116,41 @@ inline double checksum_entry(const nlohmann::json& v) {
 
 }  // namespace detail
 
-// One record line (trace::to_jsonl). Throws on a missing field or one of the wrong type.
+namespace detail {
+
+// A field the reader does not know is refused: an edited or foreign file is not read half-way.
+inline void known_fields(const nlohmann::json& j, std::initializer_list<const char*> known, const char* what) {
+  for (const auto& item : j.items()) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || item.key() == k;
+    if (!ok) {
+      std::string list;
+      for (const char* k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+      throw std::runtime_error("field '" + item.key() + "' is not a field of " + what + " (known: " + list + ")");
+    }
+  }
+}
+
+inline constexpr const char* kStates[] = {"attn_out", "moe_in", "moe_partial", "moe_out", "dispatched", "layer_out"};
+
+}  // namespace detail
+
+// One record line (trace::to_jsonl). Throws on a missing field, one of the wrong type, a field or
+// word the reader does not know, or a record inconsistent with itself.
 inline trace::Record record_from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw std::runtime_error("a record must be a JSON object");
+  detail::known_fields(j, {"layer", "boundary", "state", "sharing", "copies", "global_rank", "attn_dp_rank",
+                           "attn_tp_rank", "moe_ep_rank", "group", "handle", "row_count", "pad_rows", "hidden",
+                           "global_num_tokens", "scaled_global_num_tokens", "error", "rows"},
+                       "a record");
   trace::Record r;
   r.layer = detail::int_field(j, "layer");
   r.boundary = j.at("boundary").get<std::string>();
   r.state = j.at("state").get<std::string>();
+  if (std::find_if(std::begin(detail::kStates), std::end(detail::kStates), [&](const char* k) { return r.state == k; }) ==
+      std::end(detail::kStates))
+    throw std::runtime_error("field 'state': \"" + r.state +
+                             "\" is not a state this reader knows (attn_out, moe_in, moe_partial, moe_out, dispatched, layer_out)");
   const std::string sharing = j.at("sharing").get<std::string>();
   if (sharing != "partial" && sharing != "replicated")
     throw std::runtime_error("sharing must be \"partial\" or \"replicated\", not \"" + sharing + "\"");
@@ -125,7 +161,16 @@ inline trace::Record record_from_json(const nlohmann::json& j) {
   r.attn_tp_rank = detail::int_field(j, "attn_tp_rank");
   r.moe_ep_rank = detail::int_field(j, "moe_ep_rank");
   r.group = j.at("group").is_null() ? "" : j.at("group").get<std::string>();
+  if (!r.group.empty() && std::none_of(kAllGroupKinds.begin(), kAllGroupKinds.end(),
+                                       [&](GroupKind g) { return to_string(g) == r.group; }))
+    throw std::runtime_error("field 'group': \"" + r.group + "\" is not a process group (tp, attn_tp, moe_ep, ...)");
   r.handle = j.at("handle").is_null() ? -1 : detail::int_field(j, "handle");
+  if (r.group.empty() != (r.handle < 0))
+    throw std::runtime_error("fields 'group' and 'handle': both are null (a local step) or neither is");
+  if (r.handle >= int(kAllGroupKinds.size()))
+    throw std::runtime_error("field 'handle': " + std::to_string(r.handle) + " is not a communicator handle (one per group at most: [0, " +
+                             std::to_string(kAllGroupKinds.size()) + "))");
+  if (r.copies < 1) throw std::runtime_error("field 'copies': a row is held at least once, not 0 times");
   r.row_count = detail::int64_field(j, "row_count");
   r.pad_rows = detail::int64_field(j, "pad_rows");
   r.hidden = detail::int_field(j, "hidden");
@@ -143,8 +188,18 @@ inline trace::Record record_from_json(const nlohmann::json& j) {
     w.has_sum = !(row[3].is_null() && row[4].is_null() && row[5].is_null());
     const trace::RowSum sum{detail::checksum_entry(row[3]), detail::checksum_entry(row[4]), detail::checksum_entry(row[5])};
     if (w.has_sum) w.sum = sum;
+    if (!r.rows.empty() && w.has_sum != r.rows.front().has_sum)
+      throw std::runtime_error("rows: row " + std::to_string(r.rows.size()) +
+                               (w.has_sum ? " has a checksum and row 0 none" : " has no checksum (null) and row 0 one") +
+                               "; a record's rows all have checksums or none do");
     r.rows.push_back(w);
   }
+  if (r.hidden < 1 && !r.rows.empty() && r.rows.front().has_sum)
+    throw std::runtime_error("field 'hidden': 0, but the rows have checksums (0 only where the values are not recorded)");
+  if (r.pad_rows > r.row_count || std::uint64_t(r.row_count - r.pad_rows) != r.rows.size())
+    throw std::runtime_error("field 'row_count': " + std::to_string(r.row_count) + " rows, but the record lists " +
+                             std::to_string(r.rows.size()) + " rows and pad_rows " + std::to_string(r.pad_rows) +
+                             " (row_count = rows + pad_rows)");
   return r;
 }
 
@@ -152,7 +207,7 @@ inline trace::Record record_from_json(const nlohmann::json& j) {
 // ("FILE:LINE: why") unless the text is a complete trace: the header line (of this rank), records,
 // and the end line counting them, last.
 inline RankTrace read_rank_trace(std::istream& in, const std::string& file, int rank, int* world_size,
-                                 std::string* program) {
+                                 std::string* program, std::string* run = nullptr) {
   RankTrace t{rank, file, {}};
   std::string line;
   int n = 0;
@@ -171,6 +226,7 @@ inline RankTrace read_rank_trace(std::istream& in, const std::string& file, int 
       if (n == 1) {
         if (!j.is_object() || !j.contains("relayout_trace"))
           throw TraceInputError(at + "not a relayout trace (the first line must be the trace header)");
+        detail::known_fields(j, {"relayout_trace", "rank", "world_size", "program", "run"}, "the header");
         const int version = detail::int_field(j, "relayout_trace");
         if (version != 1) throw TraceInputError(at + "trace format " + std::to_string(version) + ", this reader reads 1");
         const int header_rank = detail::int_field(j, "rank"), size = detail::int_field(j, "world_size");
@@ -179,8 +235,10 @@ inline RankTrace read_rank_trace(std::istream& in, const std::string& file, int 
           throw TraceInputError(at + "world_size " + std::to_string(size) + " does not hold rank " + std::to_string(rank));
         if (world_size) *world_size = size;
         if (program) *program = j.value("program", "");
+        if (run) *run = j.value("run", "");
       } else if (j.is_object() && j.contains("end")) {
         ended = true;
+        detail::known_fields(j, {"end", "records"}, "the end line");
         if (j.at("end") != true) throw TraceInputError(at + "the end line must say \"end\":true");
         const std::int64_t k = detail::int64_field(j, "records");
         if (static_cast<std::uint64_t>(k) != t.records.size())
@@ -203,28 +261,65 @@ inline RankTrace read_rank_trace(std::istream& in, const std::string& file, int 
   return t;
 }
 
-inline RankTrace read_rank_trace(const std::string& file, int rank, int* world_size, std::string* program) {
+namespace detail {
+
+// The file-system errors of a path (a symlink loop, a directory without permission) as unreadable
+// input, naming the path.
+template <class F>
+auto fs_checked(const std::string& path, F&& f) {
+  try {
+    return f();
+  } catch (const std::filesystem::filesystem_error& e) {
+    throw TraceInputError(path + ": " + e.code().message() + " (" + e.what() + ")");
+  }
+}
+
+}  // namespace detail
+
+// A rank file must be a regular file of at most kMaxTraceFile bytes: a FIFO would block the reader,
+// a directory or a device (/dev/zero) is not a trace, and neither is read.
+inline RankTrace read_rank_trace(const std::string& file, int rank, int* world_size, std::string* program,
+                                 std::string* run = nullptr) {
+  namespace fs = std::filesystem;
+  const fs::file_status st = detail::fs_checked(file, [&] { return fs::status(file); });
+  if (st.type() == fs::file_type::not_found) throw TraceInputError(file + ": cannot open (missing rank file?)");
+  if (st.type() != fs::file_type::regular) {
+    const char* kind = st.type() == fs::file_type::directory ? "a directory"
+                       : st.type() == fs::file_type::fifo    ? "a FIFO"
+                       : st.type() == fs::file_type::character || st.type() == fs::file_type::block ? "a device"
+                                                                                                    : "not a regular file";
+    throw TraceInputError(file + ": " + kind + ", not a rank file (a rank file is a regular file written by --trace)");
+  }
+  const std::uintmax_t size = detail::fs_checked(file, [&] { return fs::file_size(file); });
+  if (size > kMaxTraceFile)
+    throw TraceInputError(file + ": " + std::to_string(size) + " bytes, more than a rank file may have (" +
+                          std::to_string(kMaxTraceFile) + " bytes); not read");
   std::ifstream in(file);
-  if (!in) throw TraceInputError(file + ": cannot open (missing rank file?)");
-  return read_rank_trace(in, file, rank, world_size, program);
+  if (!in) throw TraceInputError(file + ": cannot open (" + std::strerror(errno) + ")");
+  return read_rank_trace(in, file, rank, world_size, program, run);
 }
 
 // All rank files of one run: rank0.jsonl names the world size, every rank below it must be there,
 // and every file's header must name the same world size and program (no file of another run).
 inline TraceRun read_trace(const std::string& dir) {
   namespace fs = std::filesystem;
-  if (!fs::is_directory(dir)) throw TraceInputError(dir + ": not a trace directory (missing?)");
+  if (!detail::fs_checked(dir, [&] { return fs::is_directory(dir); }))
+    throw TraceInputError(dir + ": not a trace directory (missing?)");
   TraceRun run;
   run.dir = dir;
   const std::string first = (fs::path(dir) / "rank0.jsonl").string();
-  if (!fs::exists(first)) throw TraceInputError(dir + ": no rank0.jsonl (not a trace directory?)");
-  run.ranks.push_back(read_rank_trace(first, 0, &run.world_size, &run.program));
+  if (detail::fs_checked(first, [&] { return fs::status(first); }).type() == fs::file_type::not_found)
+    throw TraceInputError(dir + ": no rank0.jsonl (not a trace directory?)");
+  run.ranks.push_back(read_rank_trace(first, 0, &run.world_size, &run.program, &run.run));
   if (run.world_size < 1) throw TraceInputError(first + ":1: world_size must be >= 1");
   for (int r = 1; r < run.world_size; ++r) {
     const std::string file = (fs::path(dir) / ("rank" + std::to_string(r) + ".jsonl")).string();
     int size = 0;
-    std::string program;
-    run.ranks.push_back(read_rank_trace(file, r, &size, &program));
+    std::string program, id;
+    run.ranks.push_back(read_rank_trace(file, r, &size, &program, &id));
+    if (id != run.run)
+      throw TraceInputError(file + ":1: files from different runs: this file's header says run \"" + id +
+                            "\", rank0.jsonl's run \"" + run.run + "\" (two jobs wrote into " + dir + "?)");
     if (size != run.world_size || program != run.program)
       throw TraceInputError(file + ":1: header says world_size " + std::to_string(size) + ", program \"" + program +
                             "\"; rank0.jsonl says " + std::to_string(run.world_size) + ", \"" + run.program +
@@ -340,6 +435,132 @@ inline int run_hidden(const TraceRun& run) {
 
 }  // namespace detail
 
+// A run consistent with itself, or TraceInputError naming file, line, field and rule: every record of
+// a rank has that rank's coordinates; one model width; a group always has the same communicator
+// handle; the records of one boundary (layer, name, n-th occurrence) agree over the ranks on
+// state, sharing, copies, group, handle and global_num_tokens; a file's records of one speculative
+// step carry one global_num_tokens; an attention-TP group's ranks are numbered 0..n-1; attention
+// and layer outputs are held `copies` = attention-TP group size times. A baseline must also hold every row
+// of a layer `copies` times at each boundary, and the holders of a replicated row must agree with
+// each other (within `tol`): the baseline is the reference, so it is refused rather than trusted.
+// (In a baseline, too, the attention output of a rank holds global_num_tokens[its group] rows.)
+inline void check_run(const TraceRun& run, const trace::Tolerance& tol, bool baseline) {
+  const std::string role = baseline ? "baseline" : "candidate";
+  const auto at = [](const RankTrace& t, std::size_t i) { return t.file + ":" + std::to_string(i + 2) + ": "; };
+  const auto list = [](const std::vector<std::int64_t>& v) {
+    std::string s;
+    for (std::int64_t x : v) s += (s.empty() ? "" : " ") + std::to_string(x);
+    return "[" + s + "]";
+  };
+  struct First {
+    const RankTrace* t;
+    std::size_t i;
+  };
+  std::optional<First> width;
+  std::map<std::string, First> handle_of;
+  std::map<std::tuple<int, std::string, int>, First> boundary;  // layer, name, occurrence
+  std::map<int, std::vector<int>> tp_ranks;                      // attn_dp_rank -> attn_tp_ranks
+  for (const RankTrace& t : run.ranks) {
+    std::map<std::pair<int, std::string>, int> seen;
+    std::map<int, std::size_t> step_first;  // step -> first record of it in this file
+    for (std::size_t i = 0; i < t.records.size(); ++i) {
+      const trace::Record& r = t.records[i];
+      const trace::Record& r0 = t.records.front();
+      if (r.attn_dp_rank != r0.attn_dp_rank || r.attn_tp_rank != r0.attn_tp_rank || r.moe_ep_rank != r0.moe_ep_rank)
+        throw TraceInputError(at(t, i) + "fields 'attn_dp_rank', 'attn_tp_rank', 'moe_ep_rank' (" + std::to_string(r.attn_dp_rank) +
+                              ", " + std::to_string(r.attn_tp_rank) + ", " + std::to_string(r.moe_ep_rank) +
+                              ") differ from the file's first record's (" + std::to_string(r0.attn_dp_rank) + ", " +
+                              std::to_string(r0.attn_tp_rank) + ", " + std::to_string(r0.moe_ep_rank) +
+                              "): a rank's coordinates do not change");
+      if (r.copies > run.world_size)
+        throw TraceInputError(at(t, i) + "field 'copies': " + std::to_string(r.copies) + " copies of a row in a run of " +
+                              std::to_string(run.world_size) + " ranks");
+      if (!width && r.hidden > 0) width = First{&t, i};
+      const trace::Record& w = width ? width->t->records[width->i] : r;
+      if (r.hidden > 0 && r.hidden != w.hidden)
+        throw TraceInputError(at(t, i) + "field 'hidden': " + std::to_string(r.hidden) + ", but " + at(*width->t, width->i) +
+                              "says " + std::to_string(w.hidden) + ": one run has one model width");
+      if (!r.group.empty()) {
+        const auto [it, fresh] = handle_of.try_emplace(r.group, First{&t, i});
+        const trace::Record& h = it->second.t->records[it->second.i];
+        if (!fresh && h.handle != r.handle)
+          throw TraceInputError(at(t, i) + "field 'handle': group " + r.group + " has handle " + std::to_string(r.handle) +
+                                " here and " + std::to_string(h.handle) + " at " + at(*it->second.t, it->second.i) +
+                                "one group, one communicator");
+      }
+      if (!r.rows.empty()) {
+        const auto [it, fresh] = step_first.try_emplace(r.rows.front().step, i);
+        const trace::Record& f = t.records[it->second];
+        if (!fresh && f.global_num_tokens != r.global_num_tokens)
+          throw TraceInputError(at(t, i) + "field 'global_num_tokens': " + list(r.global_num_tokens) + ", but line " +
+                                std::to_string(it->second + 2) + " of the same step says " + list(f.global_num_tokens));
+      }
+      if (baseline && r.state == "attn_out") {  // a candidate's rows are judged against the baseline's
+        if (std::size_t(r.attn_dp_rank) >= r.global_num_tokens.size() ||
+            r.global_num_tokens[std::size_t(r.attn_dp_rank)] != std::int64_t(r.rows.size()))
+          throw TraceInputError(at(t, i) + "field 'global_num_tokens': " + list(r.global_num_tokens) + " for attention-DP group " +
+                                std::to_string(r.attn_dp_rank) + ", whose attention output holds " +
+                                std::to_string(r.rows.size()) + " rows here");
+      }
+      const int occurrence = seen[{r.layer, r.boundary}]++;
+      const auto [it, fresh] = boundary.try_emplace({r.layer, r.boundary, occurrence}, First{&t, i});
+      if (fresh) continue;
+      const trace::Record& o = it->second.t->records[it->second.i];
+      const char* field = o.state != r.state                           ? "state"
+                          : o.sharing != r.sharing                     ? "sharing"
+                          : o.copies != r.copies                       ? "copies"
+                          : o.group != r.group                         ? "group"
+                          : o.global_num_tokens != r.global_num_tokens ? "global_num_tokens"
+                          : o.scaled_global_num_tokens != r.scaled_global_num_tokens ? "scaled_global_num_tokens"
+                                                                                     : nullptr;
+      if (field)
+        throw TraceInputError(at(t, i) + "field '" + field + "' of layer " + std::to_string(r.layer) + " boundary \"" +
+                              r.boundary + "\" differs from rank " + std::to_string(o.global_rank) + "'s record (" +
+                              at(*it->second.t, it->second.i) + "): the ranks of one boundary agree on it");
+    }
+    if (!t.records.empty()) tp_ranks[t.records.front().attn_dp_rank].push_back(t.records.front().attn_tp_rank);
+  }
+  for (auto& [group, ranks] : tp_ranks) {
+    std::sort(ranks.begin(), ranks.end());
+    for (std::size_t k = 0; k < ranks.size(); ++k)
+      if (ranks[k] != int(k))
+        throw TraceInputError(run.dir + ": field 'attn_tp_rank': attention-DP group " + std::to_string(group) + " has " +
+                              std::to_string(ranks.size()) + " ranks, so its attn_tp_ranks must be 0.." +
+                              std::to_string(ranks.size() - 1) + ", not " + list(std::vector<std::int64_t>(ranks.begin(), ranks.end())));
+  }
+  for (const RankTrace& t : run.ranks)
+    for (std::size_t i = 0; i < t.records.size(); ++i) {
+      const trace::Record& r = t.records[i];
+      const int group_size = int(tp_ranks[r.attn_dp_rank].size());
+      if ((r.state == "attn_out" || r.state == "layer_out") && r.copies != group_size)
+        throw TraceInputError(at(t, i) + "field 'copies': " + std::to_string(r.copies) + ", but a " + r.state +
+                              " row is held by every rank of its attention-TP group, which has " + std::to_string(group_size) +
+                              " ranks here");
+    }
+  if (!baseline) return;
+
+  // The baseline against itself: counts and replicated copies.
+  for (const auto& [layer, L] : aggregate(run))
+    for (const std::string& name : L.order) {
+      const BoundaryAgg& b = L.by_name.at(name);
+      const std::string where = run.dir + " (" + role + "): layer " + std::to_string(layer) + ", boundary \"" + name + "\": ";
+      for (const RowKey& k : L.all_rows) {
+        const auto it = b.rows.find(k);
+        const std::size_t held = it == b.rows.end() ? 0 : it->second.size();
+        if (int(held) != b.copies)
+          throw TraceInputError(where + detail::row_name(k) + " is held " + std::to_string(held) + " times, the record says copies " +
+                                std::to_string(b.copies) + ": a baseline must keep its own row count");
+        if (b.sharing != trace::Sharing::replicated || held < 2 || !it->second.front().has_sum) continue;
+        const Holding& first = it->second.front();
+        for (const Holding& h : it->second)
+          if (!trace::checksums_agree(first.sum, h.sum, b.hidden, tol))
+            throw TraceInputError(where + detail::row_name(k) + ": rank " + std::to_string(first.rank) + " holds " +
+                                  detail::fmt(first.sum) + ", rank " + std::to_string(h.rank) + " holds " + detail::fmt(h.sum) +
+                                  ": the replicated copies of a baseline row must agree with each other");
+      }
+    }
+}
+
 // Traces of different programs (dsv4_layer, the DSpark draft, the DSpark target) or of different
 // model widths come from different models: any "divergence" between them would say nothing about
 // the layout, so they are refused (exit 2) instead of compared.
@@ -433,12 +654,12 @@ inline int trace_diff(const TraceRun& base_run, const TraceRun& cand_run, const 
                 t.wsum += h.sum.wsum;
                 t.l2 += h.sum.l2;  // tolerance scale only (see expected_sum)
               }
-              ok = trace::checksums_agree(*want, t, c.hidden, opt.tolerance, false);
+              ok = trace::checksums_agree(*want, t, b->hidden, opt.tolerance, false);
               found = "total of " + std::to_string(held.size()) + " partial rows: " + detail::fmt(t, false);
             } else {
               found = "per holder:";
               for (const Holding& h : held) {
-                const bool agree = trace::checksums_agree(*want, h.sum, c.hidden, opt.tolerance, l2);
+                const bool agree = trace::checksums_agree(*want, h.sum, b->hidden, opt.tolerance, l2);
                 ok = ok && agree;
                 found += "\n    rank " + std::to_string(h.rank) + ": " + detail::fmt(h.sum, l2) + (agree ? "" : "   <- differs");
               }
@@ -496,6 +717,8 @@ inline int trace_diff(const std::string& baseline, const std::string& candidate,
   try {
     const TraceRun b = read_trace(baseline);
     const TraceRun c = read_trace(candidate);
+    check_run(b, opt.tolerance, true);
+    check_run(c, opt.tolerance, false);
     return trace_diff(b, c, opt, out);
   } catch (const TraceInputError& e) {
     err << "error: " << e.what() << "\n";

@@ -1,6 +1,7 @@
 // JsonlSink: one JSON Lines file per rank (DIR/rank<R>.jsonl) of trace records, written without a
 // JSON library so the core stays dependency-free. Format (read back by `relayout trace diff`):
-//   line 1: {"relayout_trace":1,"rank":R,"world_size":N,"program":"..."}
+//   line 1: {"relayout_trace":1,"rank":R,"world_size":N,"program":"...","run":"..."} ("run": the id
+//   every rank of one run shares, so files of two runs are told apart; absent when not given)
 //   then one record per line (fields of trace::Record; "rows": [[request,position,step,sum,wsum,l2],...],
 //   the three checksum entries null where not recorded, "nan"/"inf"/"-inf" where not finite),
 //   last line: {"end":true,"records":K} — a file without it was cut short.
@@ -8,8 +9,10 @@
 // integer field exact and non-negative, every record of the file's rank, one header and one end line.
 #pragma once
 
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -85,9 +88,9 @@ inline std::string to_jsonl(const Record& r) {
 }
 
 // The first and the last line of a rank's file.
-inline std::string header_line(int rank, int world_size, const std::string& program) {
+inline std::string header_line(int rank, int world_size, const std::string& program, const std::string& run = "") {
   return "{\"relayout_trace\":1,\"rank\":" + std::to_string(rank) + ",\"world_size\":" + std::to_string(world_size) +
-         ",\"program\":" + json_string(program) + "}";
+         ",\"program\":" + json_string(program) + (run.empty() ? "" : ",\"run\":" + json_string(run)) + "}";
 }
 inline std::string end_line(std::int64_t records) {
   return "{\"end\":true,\"records\":" + std::to_string(records) + "}";
@@ -102,40 +105,60 @@ class JsonlSink {
   static constexpr bool enabled = true;
 
   JsonlSink() = default;
-  JsonlSink(const std::string& dir, int rank, int world_size, const std::string& program = "") {
-    open(dir, rank, world_size, program);
+  JsonlSink(const std::string& dir, int rank, int world_size, const std::string& program = "",
+            const std::string& run = "") {
+    open(dir, rank, world_size, program, run);
   }
   JsonlSink(const JsonlSink&) = delete;
   JsonlSink& operator=(const JsonlSink&) = delete;
-  ~JsonlSink() { close(); }
+  ~JsonlSink() {
+    try {
+      close();
+    } catch (const std::exception&) {  // a destructor cannot report it; call close() to see it
+    }
+  }
 
-  // Creates DIR if needed and truncates this rank's file.
-  void open(const std::string& dir, int rank, int world_size, const std::string& program = "") {
+  // Creates DIR if needed and truncates this rank's file. `run` goes into the header.
+  void open(const std::string& dir, int rank, int world_size, const std::string& program = "",
+            const std::string& run = "") {
     close();
     std::filesystem::create_directories(dir);
     path_ = trace_file(dir, rank);
+    error_.clear();
     out_.open(path_, std::ios::out | std::ios::trunc);
-    if (!out_) throw std::runtime_error("trace: cannot write " + path_);
-    out_ << header_line(rank, world_size, program) << "\n";
+    if (!out_) throw std::runtime_error("trace: cannot write " + path_ + " (" + std::strerror(errno) + ")");
+    out_ << header_line(rank, world_size, program, run) << "\n";
+    check();
     records_ = 0;
   }
   bool active() const { return out_.is_open(); }
+  // A failed write is kept and reported by close(): the run goes on, its trace is known incomplete.
   void write(const Record& r) {
     if (!active()) return;
     out_ << to_jsonl(r) << "\n";
+    check();
     ++records_;
   }
-  // Writes the end line; only a closed file is complete.
+  // Writes the end line; only a closed file is complete. Throws std::runtime_error naming the file
+  // when any write, the flush or the close failed (a full disk, /dev/full).
   void close() {
     if (!active()) return;
     out_ << end_line(records_) << "\n";
+    check();
     out_.close();
+    if (out_.fail() && error_.empty()) error_ = errno ? std::strerror(errno) : "close failed";
+    if (!error_.empty()) throw std::runtime_error("trace: cannot write " + path_ + " (" + error_ + "); the trace is incomplete");
   }
   const std::string& path() const { return path_; }
 
  private:
+  void check() {
+    if (!out_ && error_.empty()) error_ = errno ? std::strerror(errno) : "write failed";
+  }
+
   std::ofstream out_;
   std::string path_;
+  std::string error_;  // the first write error
   std::int64_t records_ = 0;
 };
 
