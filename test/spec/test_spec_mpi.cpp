@@ -1,9 +1,12 @@
 // SPEC §7 on MPI ranks: SpecTpSync broadcasts from the group's rank 0, an idle attention-DP group
 // joins every collective of the draft and verify forwards, MoE and dense drafts on several layouts
-// give the same accepted lengths and committed tokens as a single-rank run, sync off with per-rank
-// sampling is detected, and the start-up check rejects DP attention + MoE draft + attn_tp > 1.
+// give the same accepted lengths and committed tokens as a single-rank run (the same code at tp = 1)
+// and MoE drafts as a plain speculative loop over the reference model (no distributed code), sync
+// off with per-rank sampling is detected, and the start-up check rejects DP attention + MoE draft +
+// attn_tp > 1.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -11,6 +14,7 @@
 
 #include <relayout/comm.hpp>
 #include <relayout/comm/single.hpp>
+#include <relayout/model.hpp>
 #include <relayout/spec/decoder.hpp>
 
 #include "mpi_world.hpp"
@@ -70,6 +74,62 @@ std::map<int, RequestRecord> single_rank(Draft draft, SpecConfig cfg) {
   return out;
 }
 
+
+// Speculative decoding written as a plain loop on one process, with no relayout distributed code
+// (no SpecDecoder, no DistributedModel, no communicator): the hidden rows come from the single-rank
+// reference model, and only the vocabulary head (a bigram table of the previous token plus a
+// projection of the normalised hidden row, part of the toy model's definition) is restated from
+// decoder.hpp. Greedy draft, greedy verification: each round a request commits its longest prefix
+// of draft tokens the target agrees with, then the target's own token at the first disagreement.
+std::map<int, RequestRecord> plain_speculative_decoding(const SpecConfig& cfg, int requests) {
+  const int T = cfg.width.value, V = cfg.vocab, H = cfg.target_dims.hidden;
+  const auto head = [&](const model::ReferenceRows& h, int row, int prev, int which) {
+    double ss = 0;
+    for (int f = 0; f < H; ++f) ss += h.rows(row, f) * h.rows(row, f);
+    const double inv = 1.0 / std::sqrt(ss / H + 1e-6);
+    const auto bigram = model::tensor_key(cfg.seed, 1001, model::Tensor::embedding);
+    const auto proj = model::tensor_key(cfg.seed, 1002, model::Tensor::router, which);
+    int best = 0;
+    double best_z = 0;
+    for (int v = 0; v < V; ++v) {
+      double dot = 0;
+      for (int f = 0; f < H; ++f)
+        dot += double(model::counter_uniform(proj, std::uint64_t(v * H + f), 1.0f)) * h.rows(row, f) * inv;
+      const double z = 2.0 * double(model::counter_uniform(bigram, std::uint64_t(prev * V + v), 1.0f)) +
+                       cfg.hidden_weight * dot / std::sqrt(double(H));
+      if (v == 0 || z > best_z) best = v, best_z = z;
+    }
+    return best;
+  };
+  // Every request verifies T positions each round; the forwards see the model's inputs for
+  // (request, position), the same every round.
+  const model::Workload work = model::Workload::make(std::vector<int>(std::size_t(requests), T),
+                                                     std::vector<int>(std::size_t(requests), 0), 1);
+  const model::ReferenceRows draft_h = model::reference_forward(cfg.draft_dims, work);
+  const model::ReferenceRows target_h = model::reference_forward(cfg.target_dims, work);
+  std::map<int, RequestRecord> out;
+  for (int id = 0; id < requests; ++id) {
+    RequestRecord rec{id, {}, {int(model::mix64(cfg.seed ^ model::mix64(std::uint64_t(id) + 17)) % std::uint64_t(V))}};
+    for (int round = 0; round < cfg.rounds; ++round) {
+      std::vector<int> draft;
+      for (int j = 0; j < T; ++j) draft.push_back(head(draft_h, id * T + j, j == 0 ? rec.committed.back() : draft.back(), 1));
+      int a = 0;
+      int correction = -1;
+      for (; a < T; ++a) {
+        const int want = head(target_h, id * T + a, a == 0 ? rec.committed.back() : draft[std::size_t(a - 1)], 2);
+        if (want != draft[std::size_t(a)]) {
+          correction = want;
+          break;
+        }
+      }
+      rec.accepted.push_back(a);
+      rec.committed.insert(rec.committed.end(), draft.begin(), draft.begin() + a);
+      if (correction >= 0) rec.committed.push_back(correction);
+    }
+    out[id] = rec;
+  }
+  return out;
+}
 }  // namespace
 
 TEST_CASE("SpecTpSync: broadcast from the attention-TP group's rank 0, not world rank 0; off leaves ranks apart") {
@@ -156,6 +216,38 @@ TEST_CASE("distributed rounds equal a single-rank run: MoE and dense drafts, DP 
       REQUIRE(ref.count(r.id) == 1);
       CHECK(r.accepted == ref.at(r.id).accepted);
       CHECK(r.committed == ref.at(r.id).committed);
+    }
+  }
+}
+
+TEST_CASE("distributed rounds commit what a plain speculative loop over the reference model commits") {
+  const int n = world().size();
+  const std::vector<LayoutConfig> layouts{
+      {.tp = n, .dp = n, .enable_dp_attention = true, .draft = Draft::moe},
+      {.tp = n, .draft = Draft::moe},
+      {.tp = n, .dp = n, .enable_dp_attention = true, .moe_a2a_backend = Backend::deepep, .draft = Draft::moe},
+  };
+  for (const LayoutConfig& c : layouts) {
+    const ProcessGroups groups(RuntimeLayout(c), world());
+    SpecConfig cfg = small_config(requests_for(groups.layout().widths().attn_dp));
+    cfg.rounds = 3;
+    int total = 0;
+    for (int r : cfg.requests_per_group) total += r;
+    CAPTURE(c.dp);
+    CAPTURE(c.enable_dp_attention);
+    CAPTURE(to_string(c.moe_a2a_backend));
+    SpecDecoder<MpiCommunicator> dec(groups, cfg, SyncSites{});
+    dec.run();
+    const auto plain = plain_speculative_decoding(cfg, total);
+    int corrections = 0;
+    for (const auto& [id, rec] : plain)
+      for (int a : rec.accepted) corrections += a < cfg.width.value;
+    CHECK(corrections > 0);  // the target disagrees sometimes: the correction path is exercised
+    for (const RequestRecord& r : dec.requests()) {
+      CAPTURE(r.id);
+      REQUIRE(plain.count(r.id) == 1);
+      CHECK(r.accepted == plain.at(r.id).accepted);
+      CHECK(r.committed == plain.at(r.id).committed);
     }
   }
 }
