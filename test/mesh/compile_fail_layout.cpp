@@ -10,6 +10,8 @@ int main() {
   return Layout<Tp<8>, Ep<3>>::moe_tp;
 #elif defined(RELAYOUT_CF_CASE_zero_width)
   return Layout<Tp<0>>::tp;
+#elif defined(RELAYOUT_CF_CASE_width_limit)
+  return Layout<Tp<(1 << 20) + 1>>::tp;
 #elif defined(RELAYOUT_CF_CASE_dspark_moe_draft)
   return Layout<Tp<32>, Dp<16>, DpAttention<true>, DraftModel<Draft::moe>>::attn_tp;
 #elif defined(RELAYOUT_CF_CASE_rank_out_of_range)
