@@ -1,12 +1,16 @@
-// On real MPI ranks: every rank derives the same layout, and splitting MPI_COMM_WORLD by the layout
-// engine's group index reproduces its membership for every group kind (tp = world size).
+// On real MPI ranks (tp = world size): splitting MPI_COMM_WORLD by the layout engine's group index
+// and group rank gives communicators whose actual members (MPI_Group_translate_ranks) are the ranks
+// SPEC §3 puts in each group, in group-rank order, for every group kind.
 #include <doctest/doctest.h>
 #include <mpi.h>
 
 #include <relayout/mesh.hpp>
 #include <vector>
 
+#include "spec_model.hpp"
+
 using namespace relayout;
+using namespace relayout::spec_model;
 
 namespace {
 
@@ -16,7 +20,8 @@ int world(int (*f)(MPI_Comm, int*)) {
   return v;
 }
 
-// Every valid layout of `np` ranks with DP attention on, backends none and deepep.
+// Every valid layout of `np` ranks with DP attention on, backends none and deepep (cp = 1: every
+// split costs a collective on oversubscribed ranks; test_sweep covers cp without MPI).
 std::vector<LayoutConfig> layouts_of(int np) {
   std::vector<LayoutConfig> out;
   for (int dp = 1; dp <= np; ++dp)
@@ -33,39 +38,36 @@ std::vector<LayoutConfig> layouts_of(int np) {
 
 }  // namespace
 
-TEST_CASE("mpi: communicators split by group index have the layout's members") {
+TEST_CASE("mpi: communicators split by group index have the members SPEC §3 lists") {
   const int np = world(MPI_Comm_size);
   const int me = world(MPI_Comm_rank);
   const auto configs = layouts_of(np);
   REQUIRE(!configs.empty());
+  MPI_Group world_group;
+  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
   for (const LayoutConfig& c : configs) {
     const RuntimeLayout l(c);
     for (GroupKind g : kAllGroupKinds) {
+      CAPTURE(c.dp);
+      CAPTURE(c.ep);
+      CAPTURE(c.moe_dp);
+      CAPTURE(to_string(c.moe_a2a_backend));
+      CAPTURE(to_string(g));
       MPI_Comm sub;
       MPI_Comm_split(MPI_COMM_WORLD, l.group_index(g, me), l.group_rank(g, me), &sub);
-      int size = 0, rank = 0;
+      // The communicator's actual members, in its rank order, as MPI_COMM_WORLD ranks.
+      int size = 0;
       MPI_Comm_size(sub, &size);
-      MPI_Comm_rank(sub, &rank);
-      std::vector<int> members(static_cast<std::size_t>(size));
-      MPI_Allgather(&me, 1, MPI_INT, members.data(), 1, MPI_INT, sub);
+      MPI_Group sub_group;
+      MPI_Comm_group(sub, &sub_group);
+      std::vector<int> pos(static_cast<std::size_t>(size)), members(pos.size());
+      for (int i = 0; i < size; ++i) pos[static_cast<std::size_t>(i)] = i;
+      MPI_Group_translate_ranks(sub_group, size, pos.data(), world_group, members.data());
+      MPI_Group_free(&sub_group);
+      CHECK(members == spec_members(g, spec_widths(c), np, me));
       CHECK(members == l.group_members(g, me));
-      CHECK(rank == l.group_rank(g, me));
       MPI_Comm_free(&sub);
     }
   }
-}
-
-TEST_CASE("mpi: every rank computes the same coordinates for every rank") {
-  const int np = world(MPI_Comm_size);
-  const RuntimeLayout l({.tp = np, .dp = np, .enable_dp_attention = true,
-                         .moe_a2a_backend = Backend::deepep});
-  std::vector<int> mine;
-  for (int r = 0; r < np; ++r) {
-    const RankCoords k = l.coords(r);
-    mine.insert(mine.end(), {k.attn_dp_rank, k.attn_tp_rank, k.moe_ep_rank});
-  }
-  std::vector<int> root = mine;
-  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_INT, 0, MPI_COMM_WORLD);
-  CHECK(root == mine);
-  CHECK(l.coords(world(MPI_Comm_rank)).attn_dp_rank == world(MPI_Comm_rank));
+  MPI_Group_free(&world_group);
 }
