@@ -253,7 +253,7 @@ class MpiCommunicator {
     std::vector<int> silent;
     std::vector<int> waiting;
     if (call && agreement_)  // live peers pass their own deadlines within moments of this one
-      waiting = agreement_->ask_who_is_waiting(rank_, size_, call->seq, std::clamp(timeout_s / 4, 0.5, 2.0), silent);
+      waiting = agreement_->ask_who_is_waiting(rank_, size_, call->seq, impl::inquiry_window(timeout_s), silent);
     if (!silent.empty() || !waiting.empty()) {
       waiting.insert(std::lower_bound(waiting.begin(), waiting.end(), rank_), rank_);
       msg += "; every member had arrived at the call; still waiting inside it: " + g.members(waiting) +

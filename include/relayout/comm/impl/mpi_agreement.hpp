@@ -7,6 +7,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <cstdio>
@@ -34,6 +35,12 @@ inline constexpr double kForever = std::numeric_limits<double>::infinity();
 
 // RELAYOUT_COLLECTIVE_TIMEOUT's convention (0: no deadline) as a wait limit.
 inline double collective_deadline(double timeout_s) { return timeout_s > 0 ? timeout_s : kForever; }
+
+// How long a member whose deadline passed waits before it aborts the job: inside a collective it
+// asks the others meanwhile. A member that started waiting earlier (e.g. for a member that stopped,
+// while this one waits for that member in its next collective) then reaches its abort first, and
+// the message that ends the job names the member at the root of the wait, not one held up by it.
+inline double inquiry_window(double timeout_s) { return std::clamp(timeout_s / 4, 0.5, 2.0); }
 
 // Waits until every request completes, or `limit_s` seconds pass (kForever: no limit; 0: test once).
 // Returns false on expiry; done[i] then says which requests completed.
@@ -123,15 +130,23 @@ class MpiAgreement {
     got[me] = sent[me];
     pending_ = mine;  // the collective that follows reports its stall against this call
     has_pending_ = true;
+    // Past the deadline (and the inquiry window), the receives still open name the members missing.
     std::vector<char> done;
-    if (!wait_with_deadline(reqs, done, collective_deadline(s.timeout_s))) {
-      std::vector<int> missing;
+    const auto expired = [&] {
+      return !wait_with_deadline(reqs, done, collective_deadline(s.timeout_s)) &&
+             !wait_with_deadline(reqs, done, inquiry_window(s.timeout_s));
+    };
+    const auto missing = [&] {
+      std::vector<int> m;
       for (std::size_t i = 0; i < n_recv; ++i)
-        if (!done[i]) missing.push_back(peer[i]);
+        if (reqs[i] != MPI_REQUEST_NULL) m.push_back(peer[i]);
+      return m;
+    };
+    if (expired()) {
       const GroupText g = group_text(comm, name);
       abort_job("relayout watchdog: member " + std::to_string(rank) + " of " + g.header(n) +
                     " waited " + seconds_text(s.timeout_s) + " s (RELAYOUT_COLLECTIVE_TIMEOUT) at " +
-                    describe(mine) + "; not arrived: " + g.members(missing) + ". Aborting the job.",
+                    describe(mine) + "; not arrived: " + g.members(missing()) + ". Aborting the job.",
                 kWatchdogExitCode);
     }
     for (std::size_t p = 0; p < n; ++p)
@@ -142,10 +157,27 @@ class MpiAgreement {
       throw CollectiveMismatch(v);
     if (!pairwise) return;
     // Each member knows only what its peers send it; share the findings so all members agree.
-    const PairFinding f = pair_finding(got, call.recv_counts);
+    // Point to point under the same deadline: a member that stops (or loses its link) between the
+    // two exchanges must not leave the others blocked in an MPI_Allgather.
     std::vector<PairFinding> all(n);
-    RELAYOUT_MPI_CHECK(MPI_Allgather(&f, sizeof(PairFinding), MPI_BYTE, all.data(),
-                                     sizeof(PairFinding), MPI_BYTE, shadow_));
+    all[me] = pair_finding(got, call.recv_counts);
+    reqs.clear();
+    for (std::size_t i = 0; i < n_recv; ++i) {
+      reqs.emplace_back();
+      RELAYOUT_MPI_CHECK(MPI_Irecv(&all[static_cast<std::size_t>(peer[i])], sizeof(PairFinding), MPI_BYTE, peer[i],
+                                   kPairTag, shadow_, &reqs.back()));
+    }
+    for (std::size_t i = 0; i < n_recv; ++i) {
+      reqs.emplace_back();
+      RELAYOUT_MPI_CHECK(MPI_Isend(&all[me], sizeof(PairFinding), MPI_BYTE, peer[i], kPairTag, shadow_, &reqs.back()));
+    }
+    if (expired()) {
+      const GroupText g = group_text(comm, name);
+      abort_job("relayout watchdog: member " + std::to_string(rank) + " of " + g.header(n) +
+                    " waited " + seconds_text(s.timeout_s) + " s (RELAYOUT_COLLECTIVE_TIMEOUT) for the all_to_allv count findings at " +
+                    describe(mine) + "; not arrived: " + g.members(missing()) + ". Aborting the job.",
+                kWatchdogExitCode);
+    }
     if (std::string v = pair_verdict(all, mine, group_text(comm, name)); !v.empty())
       throw CollectiveMismatch(v);
   }
@@ -223,6 +255,7 @@ class MpiAgreement {
  private:
   static constexpr int kTag = 7411;
   static constexpr int kStallTag = 7412;
+  static constexpr int kPairTag = 7413;
 
   // The private duplicate the signatures travel on, made at the first checked call (a collective
   // itself, so it runs under the same deadline).
