@@ -17,9 +17,9 @@ if reason=$(mh_unsupported) && [ -n "$reason" ]; then
   echo "bench-multihost: cannot run here: $reason" >&2
   exit 1
 fi
-trap 'mh_cleanup; mh_assert_clean' EXIT
-trap 'exit 1' INT TERM
 OUT=$(mktemp -d /tmp/relayout-bench-multihost.XXXXXX)
+trap 'mh_cleanup; mh_assert_clean; rm -rf "$OUT"' EXIT
+trap 'exit 1' INT TERM
 
 has_netem() {
   local ns="${MH_PREFIX}netem" ok=1
@@ -110,4 +110,3 @@ echo
 echo "| link | TCP RTT (us) | ranks | path | KiB / rank / forward | ms / forward | forwards |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
 cat "$OUT/rows"
-rm -rf "$OUT"
