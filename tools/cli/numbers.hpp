@@ -38,8 +38,9 @@ T parse_int(const std::string& flag, const std::string& text, T lo = std::numeri
   const std::string rule = "expected a decimal integer in " + int_range(lo, hi);
   const char* b = text.data();
   const char* e = b + text.size();
-  if (b != e && *b == '+') ++b;
-  const bool negative = b != e && *b == '-';
+  const bool plus = b != e && *b == '+';
+  if (plus) ++b;
+  const bool negative = !plus && b != e && *b == '-';
   if (b == e || (negative && b + 1 == e)) throw number_error(flag, text, rule);
   for (const char* p = negative ? b + 1 : b; p != e; ++p)
     if (*p < '0' || *p > '9') throw number_error(flag, text, rule);

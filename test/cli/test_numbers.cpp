@@ -1,0 +1,66 @@
+// Number flags: decimal integers in range, finite floats, lists without empty items, byte sizes.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "cli/memory.hpp"
+#include "cli/numbers.hpp"
+
+using namespace relayout::cli;
+
+namespace {
+std::string why(auto&& f) {
+  try {
+    f();
+  } catch (const CLI::ConversionError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+}  // namespace
+
+TEST_CASE("integers are decimal, whole and in range") {
+  CHECK(parse_int<int>("--tp", "010") == 10);  // not octal
+  CHECK(parse_int<int>("--tp", "+7") == 7);
+  CHECK(parse_int<int>("--dp", "-2") == -2);
+  CHECK(parse_int<std::uint64_t>("--seed", "18446744073709551615") == std::numeric_limits<std::uint64_t>::max());
+  CHECK(why([] { parse_int<int>("--tp", "0x10"); }) == "--tp = 0x10: expected a decimal integer in [-2147483648, 2147483647]");
+  CHECK(why([] { parse_int<int>("--tp", ""); }) == "--tp: empty value; expected a decimal integer in [-2147483648, 2147483647]");
+  CHECK(why([] { parse_int<int>("--tp", "+-5"); }) != "accepted");
+  CHECK(why([] { parse_int<int>("--tp", "1e3"); }) != "accepted");
+  CHECK(why([] { parse_int<int>("--tp", "-"); }) != "accepted");
+  CHECK(why([] { parse_int<std::uint64_t>("--seed", "-1"); }) ==
+        "--seed = -1: out of range: expected a decimal integer in [0, 18446744073709551615]");
+  CHECK(why([] { parse_int<std::uint64_t>("--seed", "18446744073709551616"); }) ==
+        "--seed = 18446744073709551616: out of range: expected a decimal integer in [0, 18446744073709551615]");
+  CHECK(why([] { parse_int<int>("--tp", "2147483648"); }) != "accepted");
+  CHECK(why([] { parse_int<int>("--tp", "-2147483649"); }) != "accepted");
+  CHECK(why([] { parse_int<int>("--target-layers", "0", 1, 5); }) ==
+        "--target-layers = 0: out of range: expected a decimal integer in [1, 5]");
+}
+
+TEST_CASE("floats are finite and in range") {
+  CHECK(parse_finite("--tolerance", "1e-4", 0.0) == doctest::Approx(1e-4));
+  CHECK(parse_finite("--w", "-0.5") == -0.5);
+  for (const char* bad : {"nan", "inf", "-inf", "1e309", "", " 1", "1x"})
+    CHECK(why([&] { parse_finite("--w", bad); }) != "accepted");
+  CHECK(why([] { parse_finite("--rtol", "1e300", 0.0, 1.0); }) == "--rtol = 1e300: expected a finite number in [0, 1]");
+  CHECK(why([] { parse_finite("--tolerance", "-1", 0.0); }) == "--tolerance = -1: expected a finite number >= 0");
+}
+
+TEST_CASE("lists have no empty item") {
+  CHECK(parse_int_list<int>("--requests", {"5,3", "4"}, 1, 9) == std::vector<int>{5, 3, 4});
+  for (const char* bad : {"5,,3", ",5", "5,", ""})
+    CHECK(why([&] { parse_int_list<int>("--requests", {bad}, 1, 9); }) != "accepted");
+  CHECK(why([] { parse_int_list<int>("--requests", {"5,x"}, 1, 9); }) == "--requests = x: expected a decimal integer in [1, 9]");
+}
+
+TEST_CASE("byte sizes take K, M, G, T suffixes") {
+  CHECK(parse_bytes("--max-memory", "512") == 512u);
+  CHECK(parse_bytes("--max-memory", "100K") == 102400u);
+  CHECK(parse_bytes("--max-memory", "2g") == (std::uint64_t(2) << 30));
+  for (const char* bad : {"12X", "0", "K", "-1M", "99999999999T"})
+    CHECK(why([&] { parse_bytes("--max-memory", bad); }) != "accepted");
+}
