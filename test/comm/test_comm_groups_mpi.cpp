@@ -35,8 +35,8 @@ std::vector<LayoutConfig> covering_layouts(int n) {
   const auto seen = [](const auto& list, std::pair<int, int> p) {
     return std::find(list.begin(), list.end(), p) != list.end();
   };
-  for (const auto [dp, cp] : factor_pairs(n))
-    for (const auto [ep, moe_dp] : factor_pairs(n)) {
+  for (const auto& [dp, cp] : factor_pairs(n))
+    for (const auto& [ep, moe_dp] : factor_pairs(n)) {
       const LayoutConfig c{.tp = n, .dp = dp, .cp = cp, .ep = ep, .moe_dp = moe_dp, .enable_dp_attention = true};
       if (derive_widths(c).rule != LayoutRule::ok) continue;
       if (seen(seen_attn, {dp, cp}) && seen(seen_moe, {ep, moe_dp})) continue;
