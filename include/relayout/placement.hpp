@@ -6,8 +6,10 @@
 
 #include "relayout/placement/any_rows.hpp"
 #include "relayout/placement/dp_slots.hpp"
+#include "relayout/placement/ep.hpp"
 #include "relayout/placement/rows.hpp"
 #include "relayout/placement/rules.hpp"
 #include "relayout/placement/split.hpp"
 #include "relayout/placement/tags.hpp"
+#include "relayout/placement/traffic.hpp"
 #include "relayout/placement/transitions.hpp"

@@ -7,3 +7,4 @@
 #include "relayout/comm.hpp"
 #include "relayout/kernels.hpp"
 #include "relayout/placement.hpp"
+#include "relayout/bridge.hpp"

@@ -14,7 +14,9 @@
 #include "relayout/kernels/impl/gemm.hpp"
 #include "relayout/kernels/impl/simd.hpp"
 #include "relayout/kernels/linear.hpp"
+#include "relayout/kernels/router.hpp"
 #include "relayout/kernels/types.hpp"
+#include "relayout/placement/ep.hpp"
 
 namespace relayout::kernels {
 
@@ -261,5 +263,68 @@ void moe_combine(const ExecSpace& exec, const Y& y_sorted,
         }
       });
 }
+
+}  // namespace relayout::kernels
+
+namespace relayout::kernels {
+
+// SwiGLU experts on rows already grouped by local expert (an ExpertBatch from ep_dispatch or the
+// bridge): y(i) = FFN_e(x(i)) for the rows of group e, unweighted.
+template <class ExecSpace, class T, MutableRowMatrixView Y>
+void expert_ffn(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch, const ExpertWeights<T, ExecSpace>& w,
+                const Y& y) {
+  using impl::require;
+  using impl::str;
+  require(w.count() == batch.experts(), "expert_ffn", "weights",
+          "must hold the batch's " + str(batch.experts()) + " local experts, got " + str(w.count()));
+  require(batch.rows() == 0 || int(batch.x.extent(1)) == w.hidden(), "expert_ffn", "batch",
+          "rows must have hidden " + str(w.hidden()) + " columns, got " + str(batch.x.extent(1)));
+  require(std::int64_t(y.extent(0)) == batch.rows() && (batch.rows() == 0 || int(y.extent(1)) == w.hidden()),
+          "expert_ffn", "y", "must be batch.rows() x hidden = " + str(batch.rows()) + " x " + str(w.hidden()));
+  std::int64_t max_rows = 0;
+  for (int e = 0; e < batch.experts(); ++e) max_rows = batch.count(e) > max_rows ? batch.count(e) : max_rows;
+  if (max_rows == 0) return;
+  impl::FfnWorkspace<ExecSpace, T> ws(max_rows, w.hidden(), w.intermediate());
+  const std::int64_t ldx = std::int64_t(batch.x.stride(0)), ldy = std::int64_t(y.stride(0));
+  for (int e = 0; e < batch.experts(); ++e)
+    impl::swiglu_rows(exec, batch.x.data() + batch.offset(e) * ldx, ldx, static_cast<const int*>(nullptr),
+                      int(batch.count(e)), w, e, y.data() + batch.offset(e) * ldy, ldy, false, ws.gu.data(),
+                      ws.h.data(), ws.a_pack.data());
+}
+
+// relayout's ready-made Experts (ExpertsFor): SwiGLU routed experts, and a shared SwiGLU expert
+// when `shared_experts` holds one (its count is 0 otherwise). Engines with other experts bring
+// their own callable.
+template <class T, class ExecSpace = Kokkos::DefaultExecutionSpace>
+struct SwigluExperts {
+  ExpertWeights<T, ExecSpace> routed;
+  ExpertWeights<T, ExecSpace> shared_experts;
+
+  void operator()(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch,
+                  const relayout::impl::RowsView<T, ExecSpace>& y) const {
+    expert_ffn(exec, batch, routed, y);
+  }
+  void shared(const ExecSpace& exec, const relayout::impl::RowsView<T, ExecSpace>& x,
+              const relayout::impl::RowsView<T, ExecSpace>& y) const {
+    if (shared_experts.count() > 0 && x.extent(0) > 0) swiglu_ffn(exec, x, shared_experts, y, true);
+  }
+};
+
+// relayout's ready-made router (RouterFor): a gate projection, then route() (softmax or sigmoid
+// scoring, grouped top-k, renormalisation and scaling as `config` says).
+template <class T, class ExecSpace = Kokkos::DefaultExecutionSpace>
+struct LinearTopkRouter {
+  PackedWeights<T, ExecSpace> gate;  // experts x hidden
+  RouterConfig config;
+
+  int top_k() const { return config.top_k; }
+  void operator()(const ExecSpace& exec, const relayout::impl::RowsView<T, ExecSpace>& x, TopK<T, ExecSpace>& out) const {
+    relayout::impl::RowsView<T, ExecSpace> logits(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::router_logits")), x.extent(0),
+        std::size_t(gate.out_features));
+    linear(exec, x, gate, logits);
+    route(exec, logits, config, out.ids, out.weights);
+  }
+};
 
 }  // namespace relayout::kernels

@@ -49,6 +49,10 @@ void check_meta(const RowsData<T, Space>& d, Placement p) {
 
 }  // namespace impl
 
+// The storage of token rows: rows x hidden, LayoutRight, in the execution space's memory.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+using RowsView = impl::RowsView<T, Space>;
+
 template <CommScalar T, RowStateTag State, RowScopeTag Scope = DpLocal,
           class Space = Kokkos::DefaultExecutionSpace>
 class Rows {

@@ -172,6 +172,121 @@ std::remove_cvref_t<R> dp_reduce_scatter(const ProcessGroupsOf<C>&, const R& x) 
   return impl::reject<Transition::dp_reduce_scatter>(x);
 }
 
+// ---- the same transitions on the caller's execution-space instance: it is fenced (only it)
+// before memory goes to MPI and runs every copy; `log`, when given, counts the bytes moved.
+
+namespace impl {
+template <class Sp>
+MoveCtx<Sp> ctx(const Sp& exec, TrafficLog* log) {
+  return MoveCtx<Sp>{exec, log};
+}
+template <class Sp>
+concept ExecInstance = Kokkos::is_execution_space<Sp>::value;
+}  // namespace impl
+
+template <impl::ExecInstance Sp, class C, class T, GroupTag G, RowScopeTag Sc>
+Rows<T, Replicated<G>, Sc, Sp> all_reduce(const Sp& exec, const ProcessGroupsOf<C>& pg,
+                                          const Rows<T, Partial<G>, Sc, Sp>& x, TrafficLog* log = nullptr) {
+  return Rows<T, Replicated<G>, Sc, Sp>(impl::all_reduce_rows(pg.comm(G::kind), x.data(), G::kind, impl::ctx(exec, log)));
+}
+template <impl::ExecInstance Sp, class C, class T, GroupTag G, RowScopeTag Sc>
+Rows<T, Replicated<G>, Sc, Sp> all_reduce(const Sp& exec, const ProcessGroupsOf<C>& pg,
+                                          Rows<T, Partial<G>, Sc, Sp>&& x, TrafficLog* log = nullptr) {
+  return Rows<T, Replicated<G>, Sc, Sp>(
+      impl::all_reduce_rows_in_place(pg.comm(G::kind), std::move(x).data(), G::kind, impl::ctx(exec, log)));
+}
+template <impl::ExecInstance Sp, class C, RowsType R>
+  requires(!impl::legal<Transition::all_reduce, R>)
+std::remove_cvref_t<R> all_reduce(const Sp&, const ProcessGroupsOf<C>&, const R& x, TrafficLog* = nullptr) {
+  return impl::reject<Transition::all_reduce>(x);
+}
+
+template <impl::ExecInstance Sp, class C, class T, GroupTag G, RowScopeTag Sc>
+Rows<T, RowShard<G>, Sc, Sp> reduce_scatter(const Sp& exec, const ProcessGroupsOf<C>& pg,
+                                            const Rows<T, Partial<G>, Sc, Sp>& x, TrafficLog* log = nullptr) {
+  return Rows<T, RowShard<G>, Sc, Sp>(impl::reduce_scatter_rows(pg.comm(G::kind), x.data(), G::kind, impl::ctx(exec, log)));
+}
+
+template <impl::ExecInstance Sp, class C, class T, GroupTag G, RowScopeTag Sc>
+Rows<T, Replicated<G>, Sc, Sp> all_gather(const Sp& exec, const ProcessGroupsOf<C>& pg,
+                                          const Rows<T, RowShard<G>, Sc, Sp>& x, TrafficLog* log = nullptr) {
+  return Rows<T, Replicated<G>, Sc, Sp>(impl::all_gather_rows(pg.comm(G::kind), x.data(), G::kind, impl::ctx(exec, log)));
+}
+template <impl::ExecInstance Sp, class C, RowsType R>
+  requires(!impl::legal<Transition::all_gather, R>)
+std::remove_cvref_t<R> all_gather(const Sp&, const ProcessGroupsOf<C>&, const R& x, TrafficLog* = nullptr) {
+  return impl::reject<Transition::all_gather>(x);
+}
+
+template <impl::ExecInstance Sp, class C, class T, class Sc>
+Rows<T, Replicated<group::Tp>, DpGlobal, Sp> dp_gather_replicate(const Sp& exec, const ProcessGroupsOf<C>& pg,
+                                                                 const Rows<T, Replicated<AttnTp>, Sc, Sp>& x,
+                                                                 DpSlotsPtr slots, TrafficLog* log = nullptr) {
+  static_assert(std::same_as<Sc, DpLocal>, "relayout: dp_gather_replicate gathers DpLocal rows");
+  return Rows<T, Replicated<group::Tp>, DpGlobal, Sp>(
+      impl::dp_gather_replicate_rows(pg, x.data(), std::move(slots), impl::ctx(exec, log)));
+}
+template <impl::ExecInstance Sp, class C, RowsType R>
+  requires(!impl::legal<Transition::dp_gather_replicate, R>)
+std::remove_cvref_t<R> dp_gather_replicate(const Sp&, const ProcessGroupsOf<C>&, const R& x, const DpSlotsPtr&,
+                                           TrafficLog* = nullptr) {
+  return impl::reject<Transition::dp_gather_replicate>(x);
+}
+
+template <impl::ExecInstance Sp, class C, class T>
+Rows<T, Replicated<group::Tp>, DpGlobal, Sp> dp_gather_partial(const Sp& exec, const ProcessGroupsOf<C>& pg,
+                                                               const Rows<T, Partial<AttnTp>, DpLocal, Sp>& x,
+                                                               DpSlotsPtr slots, TrafficLog* log = nullptr) {
+  return Rows<T, Replicated<group::Tp>, DpGlobal, Sp>(
+      impl::dp_gather_partial_rows(pg, x.data(), std::move(slots), impl::ctx(exec, log)));
+}
+
+template <impl::ExecInstance Sp, class C, class T>
+Rows<T, Replicated<AttnTp>, DpLocal, Sp> dp_scatter(const Sp& exec, const ProcessGroupsOf<C>& pg,
+                                                    const Rows<T, Replicated<group::Tp>, DpGlobal, Sp>& x,
+                                                    TrafficLog* log = nullptr) {
+  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::dp_scatter_rows(pg, x.data(), impl::ctx(exec, log)));
+}
+template <impl::ExecInstance Sp, class C, RowsType R>
+  requires(!impl::legal<Transition::dp_scatter, R>)
+std::remove_cvref_t<R> dp_scatter(const Sp&, const ProcessGroupsOf<C>&, const R& x, TrafficLog* = nullptr) {
+  return impl::reject<Transition::dp_scatter>(x);
+}
+
+template <impl::ExecInstance Sp, class C, class T>
+Rows<T, Replicated<AttnTp>, DpLocal, Sp> reduce_scatterv(const Sp& exec, const ProcessGroupsOf<C>& pg,
+                                                         const Rows<T, Partial<group::Tp>, DpGlobal, Sp>& x,
+                                                         TrafficLog* log = nullptr) {
+  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::reduce_scatterv_rows(pg, x.data(), impl::ctx(exec, log)));
+}
+template <impl::ExecInstance Sp, class C, RowsType R>
+  requires(!impl::legal<Transition::reduce_scatterv, R>)
+std::remove_cvref_t<R> reduce_scatterv(const Sp&, const ProcessGroupsOf<C>&, const R& x, TrafficLog* = nullptr) {
+  return impl::reject<Transition::reduce_scatterv>(x);
+}
+
+template <impl::ExecInstance Sp, class C, class T>
+Rows<T, Replicated<AttnTp>, DpLocal, Sp> dp_reduce_scatter(const Sp& exec, const ProcessGroupsOf<C>& pg,
+                                                           const Rows<T, Partial<group::Tp>, DpGlobal, Sp>& x,
+                                                           TrafficLog* log = nullptr) {
+  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::dp_reduce_scatter_rows(pg, x.data(), impl::ctx(exec, log)));
+}
+template <impl::ExecInstance Sp, class C, RowsType R>
+  requires(!impl::legal<Transition::dp_reduce_scatter, R>)
+std::remove_cvref_t<R> dp_reduce_scatter(const Sp&, const ProcessGroupsOf<C>&, const R& x, TrafficLog* = nullptr) {
+  return impl::reject<Transition::dp_reduce_scatter>(x);
+}
+
+// Rows Replicated over attn_tp are Replicated over tp when the two groups have the same members
+// (attn_dp == attn_cp == 1): the no-DP-attention layouts, where the MoE runs on every rank's rows.
+template <class C, class T, RowScopeTag Sc, class Sp>
+Rows<T, Replicated<AttnTp>, Sc, Sp> as_attn_tp(const ProcessGroupsOf<C>& pg, Rows<T, Replicated<group::Tp>, Sc, Sp> x) {
+  if (pg.attn_tp().size() != pg.tp().size())
+    throw LayoutError("rows", "as_attn_tp: rows Replicated over tp are Replicated over attn_tp only when attn_tp == tp; "
+                              "attn_tp = " + std::to_string(pg.attn_tp().size()) + ", tp = " + std::to_string(pg.tp().size()));
+  return Rows<T, Replicated<AttnTp>, Sc, Sp>(std::move(x).data());
+}
+
 // The per-step token counts: every rank all-gathers its count over tp and keeps one entry per
 // attention-DP group (that of attn_tp_rank 0), so no group is listed attn_tp times. Members of an
 // attention-TP group must report the same count; otherwise every rank throws the same error.

@@ -14,8 +14,28 @@
 #include "relayout/placement/dp_slots.hpp"
 #include "relayout/placement/rows.hpp"
 #include "relayout/placement/split.hpp"
+#include "relayout/placement/traffic.hpp"
 
 namespace relayout::impl {
+
+// The caller's execution-space instance (fenced before memory goes to MPI, and the one every copy
+// runs on) and the traffic log to count into (none: not counted).
+template <class Space>
+struct MoveCtx {
+  Space exec{};
+  TrafficLog* log = nullptr;
+
+  template <Communicator C>
+  void count(TrafficOp op, const C& comm, GroupKind g, std::int64_t bytes) const {
+    if (log && comm.size() > 1) log->add(op, g, bytes);
+  }
+  void ready() const { exec.fence(); }
+};
+
+template <class V>
+std::int64_t bytes_of(const V& v) {
+  return static_cast<std::int64_t>(v.size() * sizeof(typename V::value_type));
+}
 
 template <class T, class Space>
 RowsView<T, Space> alloc_rows(const char* label, std::int64_t n, std::int64_t hidden) {
@@ -40,32 +60,42 @@ inline IntCounts split_counts(std::int64_t n, int parts, std::int64_t hidden) {
 }
 
 template <Communicator C, class T, class Space>
-RowsData<T, Space> all_reduce_rows(const C& comm, const RowsData<T, Space>& in) {
+RowsData<T, Space> all_reduce_rows(const C& comm, const RowsData<T, Space>& in, GroupKind g = GroupKind::tp,
+                                   const MoveCtx<Space>& cx = {}) {
   auto out = alloc_rows<T, Space>("relayout::all_reduce", static_cast<std::int64_t>(in.view.extent(0)),
                                   hidden_of(in.view.extent(1)));
+  cx.ready();
+  cx.count(TrafficOp::all_reduce, comm, g, bytes_of(in.view));
   all_reduce(comm, in.view, out);
   return {out, in.full_rows, in.slots};
 }
 
 template <Communicator C, class T, class Space>
-RowsData<T, Space> all_reduce_rows_in_place(const C& comm, RowsData<T, Space>&& in) {
+RowsData<T, Space> all_reduce_rows_in_place(const C& comm, RowsData<T, Space>&& in, GroupKind g = GroupKind::tp,
+                                            const MoveCtx<Space>& cx = {}) {
+  cx.ready();
+  cx.count(TrafficOp::all_reduce, comm, g, bytes_of(in.view));
   all_reduce_in_place(comm, in.view);
   return std::move(in);
 }
 
 template <Communicator C, class T, class Space>
-RowsData<T, Space> reduce_scatter_rows(const C& comm, const RowsData<T, Space>& in) {
+RowsData<T, Space> reduce_scatter_rows(const C& comm, const RowsData<T, Space>& in, GroupKind g = GroupKind::tp,
+                                       const MoveCtx<Space>& cx = {}) {
   const auto n = static_cast<std::int64_t>(in.view.extent(0));
   const auto h = hidden_of(in.view.extent(1));
   const RowRange mine = tensor_split_range(n, comm.size(), comm.rank());
   auto out = alloc_rows<T, Space>("relayout::reduce_scatter", mine.count, h);
+  cx.ready();
+  cx.count(n % comm.size() == 0 ? TrafficOp::reduce_scatter : TrafficOp::reduce_scatterv, comm, g, bytes_of(in.view));
   if (n % comm.size() == 0) reduce_scatter(comm, in.view, out);
   else reduce_scatterv(comm, in.view, out, split_counts(n, comm.size(), h).span());
   return {out, n, in.slots};
 }
 
 template <Communicator C, class T, class Space>
-RowsData<T, Space> all_gather_rows(const C& comm, const RowsData<T, Space>& in) {
+RowsData<T, Space> all_gather_rows(const C& comm, const RowsData<T, Space>& in, GroupKind g = GroupKind::tp,
+                                   const MoveCtx<Space>& cx = {}) {
   const std::int64_t n = in.full_rows;
   const auto h = hidden_of(in.view.extent(1));
   const RowRange mine = tensor_split_range(n, comm.size(), comm.rank());
@@ -75,6 +105,8 @@ RowsData<T, Space> all_gather_rows(const C& comm, const RowsData<T, Space>& in) 
                                   std::to_string(n) + " rows split over " + std::to_string(comm.size()) +
                                   " members has " + std::to_string(mine.count) + " (tensor_split)");
   auto out = alloc_rows<T, Space>("relayout::all_gather", n, h);
+  cx.ready();
+  cx.count(n % comm.size() == 0 ? TrafficOp::all_gather : TrafficOp::all_gatherv, comm, g, bytes_of(out));
   if (n % comm.size() == 0) all_gather(comm, in.view, out);
   else all_gatherv(comm, in.view, out, split_counts(n, comm.size(), h).span());
   return {out, -1, in.slots};
@@ -133,14 +165,14 @@ void require_global_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>&
 }
 
 // Rows of this member's chunk copied into a new buffer of `chunk` rows, zero past the end.
-template <class V>
-V padded_copy(const V& v, std::int64_t begin, std::int64_t chunk) {
+template <class Space, class V>
+V padded_copy(const Space& exec, const V& v, std::int64_t begin, std::int64_t chunk) {
   const auto n = static_cast<std::int64_t>(v.extent(0));
   V out(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::padded")),
         static_cast<std::size_t>(chunk), v.extent(1));
   const std::int64_t have = std::max<std::int64_t>(0, std::min(chunk, n - begin));
-  if (have > 0) Kokkos::deep_copy(row_slice(out, 0, have), row_slice(v, begin, have));
-  if (have < chunk) Kokkos::deep_copy(row_slice(out, have, chunk - have), typename V::value_type{});
+  if (have > 0) Kokkos::deep_copy(exec, row_slice(out, 0, have), row_slice(v, begin, have));
+  if (have < chunk) Kokkos::deep_copy(exec, row_slice(out, have, chunk - have), typename V::value_type{});
   return out;
 }
 
@@ -149,7 +181,7 @@ V padded_copy(const V& v, std::int64_t begin, std::int64_t chunk) {
 // slot through one all_gather, so every row still comes from exactly one replica, never a sum.
 template <class C, class T, class Space>
 RowsData<T, Space> dp_gather_replicate_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
-                                            DpSlotsPtr slots) {
+                                            DpSlotsPtr slots, const MoveCtx<Space>& cx = {}) {
   require_local_rows(pg, in, *slots, "dp_gather_replicate");
   const int A = pg.layout().widths().attn_tp, t = pg.coords().attn_tp_rank, tp = pg.layout().size();
   const auto h = hidden_of(in.view.extent(1));
@@ -158,10 +190,15 @@ RowsData<T, Space> dp_gather_replicate_rows(const ProcessGroupsOf<C>& pg, const 
     IntCounts counts(static_cast<std::size_t>(tp));
     for (int r = 0; r < tp; ++r)
       counts[static_cast<std::size_t>(r)] = r % A == 0 ? static_cast<int>(slots->count(r / A) * h) : 0;
+    cx.ready();
+    cx.count(TrafficOp::all_gatherv, pg.tp(), GroupKind::tp, bytes_of(out));
     all_gatherv(pg.tp(), t == 0 ? in.view : row_slice(in.view, 0, 0), out, counts.span());
   } else {
     const std::int64_t chunk = slots->slot_rows() / A;
-    all_gather(pg.tp(), padded_copy(in.view, t * chunk, chunk), out);
+    const auto mine = padded_copy(cx.exec, in.view, t * chunk, chunk);
+    cx.ready();
+    cx.count(TrafficOp::all_gather, pg.tp(), GroupKind::tp, bytes_of(out));
+    all_gather(pg.tp(), mine, out);
   }
   return {out, -1, std::move(slots)};
 }
@@ -170,7 +207,7 @@ RowsData<T, Space> dp_gather_replicate_rows(const ProcessGroupsOf<C>& pg, const 
 // chunk, then all-gather(v) over tp assembles every DP group's complete rows.
 template <class C, class T, class Space>
 RowsData<T, Space> dp_gather_partial_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
-                                          DpSlotsPtr slots) {
+                                          DpSlotsPtr slots, const MoveCtx<Space>& cx = {}) {
   require_local_rows(pg, in, *slots, "dp_gather_partial");
   const int A = pg.layout().widths().attn_tp, t = pg.coords().attn_tp_rank, tp = pg.layout().size();
   const auto h = hidden_of(in.view.extent(1));
@@ -178,17 +215,23 @@ RowsData<T, Space> dp_gather_partial_rows(const ProcessGroupsOf<C>& pg, const Ro
   auto out = alloc_rows<T, Space>("relayout::dp_gather_partial", slots->total_rows(), h);
   if (slots->mode() == PaddingMode::sum_len) {
     auto part = alloc_rows<T, Space>("relayout::dp_gather_partial.chunk", tensor_split_range(n, A, t).count, h);
+    cx.ready();
+    cx.count(TrafficOp::reduce_scatterv, pg.attn_tp(), GroupKind::attn_tp, bytes_of(in.view));
     reduce_scatterv(pg.attn_tp(), in.view, part, split_counts(n, A, h).span());
     IntCounts counts(static_cast<std::size_t>(tp));
     for (int r = 0; r < tp; ++r)
       counts[static_cast<std::size_t>(r)] =
           static_cast<int>(tensor_split_range(slots->count(r / A), A, r % A).count * h);
+    cx.count(TrafficOp::all_gatherv, pg.tp(), GroupKind::tp, bytes_of(out));
     all_gatherv(pg.tp(), part, out, counts.span());
   } else {
     const std::int64_t slot = slots->slot_rows();
-    const auto padded = n == slot ? in.view : padded_copy(in.view, 0, slot);
+    const auto padded = n == slot ? in.view : padded_copy(cx.exec, in.view, 0, slot);
     auto part = alloc_rows<T, Space>("relayout::dp_gather_partial.chunk", slot / A, h);
+    cx.ready();
+    cx.count(TrafficOp::reduce_scatter, pg.attn_tp(), GroupKind::attn_tp, bytes_of(padded));
     reduce_scatter(pg.attn_tp(), padded, part);
+    cx.count(TrafficOp::all_gather, pg.tp(), GroupKind::tp, bytes_of(out));
     all_gather(pg.tp(), part, out);
   }
   return {out, -1, std::move(slots)};
@@ -196,12 +239,13 @@ RowsData<T, Space> dp_gather_partial_rows(const ProcessGroupsOf<C>& pg, const Ro
 
 // Copy only: this DP group's rows out of the global buffer.
 template <class C, class T, class Space>
-RowsData<T, Space> dp_scatter_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in) {
+RowsData<T, Space> dp_scatter_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
+                                   const MoveCtx<Space>& cx = {}) {
   require_dp_bridge_layout(pg, "dp_scatter");
   require_slots(pg, *in.slots, "dp_scatter");
   const int g = pg.coords().attn_dp_rank;
   auto out = alloc_rows<T, Space>("relayout::dp_scatter", in.slots->count(g), hidden_of(in.view.extent(1)));
-  Kokkos::deep_copy(out, row_slice(in.view, in.slots->offset(g), in.slots->count(g)));
+  Kokkos::deep_copy(cx.exec, out, row_slice(in.view, in.slots->offset(g), in.slots->count(g)));
   return {out, -1, nullptr};
 }
 
@@ -209,7 +253,8 @@ RowsData<T, Space> dp_scatter_rows(const ProcessGroupsOf<C>& pg, const RowsData<
 // attn_tp == 1; otherwise each member receives its tensor_split chunk and an all_gatherv over
 // attn_tp rebuilds the group's rows.
 template <class C, class T, class Space>
-RowsData<T, Space> reduce_scatterv_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in) {
+RowsData<T, Space> reduce_scatterv_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
+                                        const MoveCtx<Space>& cx = {}) {
   require_global_rows(pg, in, "reduce_scatterv", PaddingMode::sum_len, "dp_reduce_scatter");
   const DpSlots& s = *in.slots;
   const int A = pg.layout().widths().attn_tp, t = pg.coords().attn_tp_rank, tp = pg.layout().size();
@@ -219,11 +264,14 @@ RowsData<T, Space> reduce_scatterv_rows(const ProcessGroupsOf<C>& pg, const Rows
   for (int r = 0; r < tp; ++r)
     counts[static_cast<std::size_t>(r)] = static_cast<int>(tensor_split_range(s.count(r / A), A, r % A).count * h);
   auto out = alloc_rows<T, Space>("relayout::reduce_scatterv", s.count(g), h);
+  cx.ready();
+  cx.count(TrafficOp::reduce_scatterv, pg.tp(), GroupKind::tp, bytes_of(in.view));
   if (A == 1) {
     reduce_scatterv(pg.tp(), in.view, out, counts.span());
   } else {
     auto part = alloc_rows<T, Space>("relayout::reduce_scatterv.chunk", tensor_split_range(s.count(g), A, t).count, h);
     reduce_scatterv(pg.tp(), in.view, part, counts.span());
+    cx.count(TrafficOp::all_gatherv, pg.attn_tp(), GroupKind::attn_tp, bytes_of(out));
     all_gatherv(pg.attn_tp(), part, out, split_counts(s.count(g), A, h).span());
   }
   return {out, -1, nullptr};
@@ -231,15 +279,19 @@ RowsData<T, Space> reduce_scatterv_rows(const ProcessGroupsOf<C>& pg, const Rows
 
 // max_len: equal blocks, so reduce_scatter over tp, then all_gather over attn_tp and drop padding.
 template <class C, class T, class Space>
-RowsData<T, Space> dp_reduce_scatter_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in) {
+RowsData<T, Space> dp_reduce_scatter_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
+                                          const MoveCtx<Space>& cx = {}) {
   require_global_rows(pg, in, "dp_reduce_scatter", PaddingMode::max_len, "reduce_scatterv");
   const DpSlots& s = *in.slots;
   const int A = pg.layout().widths().attn_tp, g = pg.coords().attn_dp_rank;
   const auto h = hidden_of(in.view.extent(1));
   auto part = alloc_rows<T, Space>("relayout::dp_reduce_scatter.chunk", s.slot_rows() / A, h);
+  cx.ready();
+  cx.count(TrafficOp::reduce_scatter, pg.tp(), GroupKind::tp, bytes_of(in.view));
   reduce_scatter(pg.tp(), in.view, part);
   if (A == 1) return {row_slice(part, 0, s.count(g)), -1, nullptr};
   auto full = alloc_rows<T, Space>("relayout::dp_reduce_scatter", s.slot_rows(), h);
+  cx.count(TrafficOp::all_gather, pg.attn_tp(), GroupKind::attn_tp, bytes_of(full));
   all_gather(pg.attn_tp(), part, full);
   return {row_slice(full, 0, s.count(g)), -1, nullptr};
 }

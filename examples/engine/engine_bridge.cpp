@@ -1,0 +1,217 @@
+// An inference engine's MoE hand-over built on the installed relayout package, the way an engine
+// team would write it: its own communicator (split from MPI_COMM_WORLD), its own router, its own
+// double-precision experts (a two-layer tanh MLP per expert, not SwiGLU, with a shared expert),
+// its own execution-space instance. For every bridge path 4 ranks allow it runs the hand-over on
+// uneven per-DP-group batches (one group idle) and compares every row with a serial computation
+// of its own. Prints one line per path with the max error and the element type; exits 1 on any
+// mismatch.
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <relayout/relayout.hpp>
+
+namespace {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+using Scalar = double;
+using View = relayout::RowsView<Scalar, Exec>;
+
+constexpr int kHidden = 12, kExperts = 8, kTopK = 3, kInter = 8, kSharedInter = 4;
+
+// Deterministic parameters: any rank computes the same value for the same index.
+Scalar param(int tensor, int i, int j) {
+  const std::uint64_t h = (std::uint64_t(tensor) * 1000003u + std::uint64_t(i) * 7919u + std::uint64_t(j) * 104729u) % 2003u;
+  return (Scalar(h) / 2003.0 - 0.5) * 0.6;
+}
+Scalar input(std::int64_t token, int f) { return std::sin(0.37 * Scalar(token) + 0.11 * f) + 0.05 * f; }
+
+// The engine's router: a gate projection, softmax, top-k (ties to the lower id), renormalised.
+struct Router {
+  int top_k() const { return kTopK; }
+  static void route_row(const Scalar* x, int* ids, Scalar* w) {
+    Scalar logit[kExperts];
+    for (int e = 0; e < kExperts; ++e) {
+      logit[e] = 0;
+      for (int f = 0; f < kHidden; ++f) logit[e] += param(1, e, f) * x[f];
+    }
+    bool taken[kExperts] = {};
+    Scalar sum = 0;
+    for (int k = 0; k < kTopK; ++k) {
+      int best = -1;
+      for (int e = 0; e < kExperts; ++e)
+        if (!taken[e] && (best < 0 || logit[e] > logit[best])) best = e;
+      taken[best] = true;
+      ids[k] = best;
+      w[k] = std::exp(logit[best]);
+      sum += w[k];
+    }
+    for (int k = 0; k < kTopK; ++k) w[k] /= sum;
+  }
+  void operator()(const Exec& exec, const View& x, relayout::TopK<Scalar, Exec>& out) const {
+    auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+    auto ih = Kokkos::create_mirror_view(out.ids);
+    auto wh = Kokkos::create_mirror_view(out.weights);
+    for (std::size_t i = 0; i < x.extent(0); ++i) route_row(&xh(i, 0), &ih(i, 0), &wh(i, 0));
+    Kokkos::deep_copy(exec, out.ids, ih);
+    Kokkos::deep_copy(exec, out.weights, wh);
+    exec.fence();
+  }
+};
+
+// Expert e: y = A_e tanh(B_e x) with an intermediate of kInter; a moe_tp member holds a slice of the
+// intermediate and returns its partial sum. The shared expert has its own tensors (e = kExperts).
+Scalar mlp(int e, const Scalar* x, int f_out, int i_begin, int i_end, int inter) {
+  Scalar y = 0;
+  for (int i = i_begin; i < i_end; ++i) {
+    Scalar h = 0;
+    for (int f = 0; f < kHidden; ++f) h += param(10 + 2 * e, i, f) * x[f];
+    y += param(11 + 2 * e, f_out, i) * std::tanh(h);
+  }
+  static_cast<void>(inter);
+  return y;
+}
+
+struct Experts {
+  int moe_tp = 1, moe_tp_rank = 0;
+  std::pair<int, int> slice(int inter) const { return {inter * moe_tp_rank / moe_tp, inter * (moe_tp_rank + 1) / moe_tp}; }
+  void operator()(const Exec& exec, const relayout::ExpertBatch<Scalar, Exec>& b, const View& y) const {
+    auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b.x);
+    auto yh = Kokkos::create_mirror_view(y);
+    const auto [i0, i1] = slice(kInter);
+    for (int e = 0; e < b.experts(); ++e)
+      for (std::int64_t r = b.offset(e); r < b.offset(e) + b.count(e); ++r)
+        for (int f = 0; f < kHidden; ++f) yh(r, f) = mlp(b.first_expert + e, &xh(r, 0), f, i0, i1, kInter);
+    Kokkos::deep_copy(exec, y, yh);
+    exec.fence();
+  }
+  void shared(const Exec& exec, const View& x, const View& y) const {
+    auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+    auto yh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+    const auto [i0, i1] = slice(kSharedInter);
+    for (std::size_t r = 0; r < x.extent(0); ++r)
+      for (int f = 0; f < kHidden; ++f) yh(r, f) += mlp(kExperts, &xh(r, 0), f, i0, i1, kSharedInter);
+    Kokkos::deep_copy(exec, y, yh);
+    exec.fence();
+  }
+};
+
+// The serial answer for one row: the weighted top-k experts plus the shared expert, unsharded.
+void serial_moe(const Scalar* x, Scalar* y) {
+  int ids[kTopK];
+  Scalar w[kTopK];
+  Router::route_row(x, ids, w);
+  for (int f = 0; f < kHidden; ++f) {
+    y[f] = mlp(kExperts, x, f, 0, kSharedInter, kSharedInter);
+    for (int k = 0; k < kTopK; ++k) y[f] += w[k] * mlp(ids[k], x, f, 0, kInter, kInter);
+  }
+}
+
+struct Case {
+  const char* name;
+  relayout::BridgePath path;  // the path the case is about; skipped where np does not give it
+  relayout::LayoutConfig config;
+  relayout::BridgeOptions options;
+};
+
+// Runs one layout; returns the max error over every rank's rows (every rank gets the same value).
+double run_case(MPI_Comm comm, const Case& c, std::string& path) {
+  using namespace relayout;
+  const MpiCommunicator world = MpiCommunicator::adopt(comm);
+  const ProcessGroups pg(RuntimeLayout(c.config), world);
+  const RankCoords k = pg.coords();
+  const Widths& w = pg.layout().widths();
+  path = std::string(to_string(pg.layout().bridge_path()));
+
+  // DP group g has 5 + 3g tokens, except the last group, which is idle this step.
+  const auto tokens_of = [&](int g) { return g == w.attn_dp - 1 && w.attn_dp > 1 ? 0 : 5 + 3 * g; };
+  std::int64_t first = 0;
+  for (int g = 0; g < k.attn_dp_rank; ++g) first += tokens_of(g);
+  const std::int64_t n = tokens_of(k.attn_dp_rank);
+
+  Exec exec;  // the engine's instance; relayout fences only this one
+  View x("x", std::size_t(n), kHidden);
+  auto xh = Kokkos::create_mirror_view(x);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (int f = 0; f < kHidden; ++f) xh(i, f) = input(first + i, f);
+  Kokkos::deep_copy(exec, x, xh);
+  exec.fence();
+
+  MoeBridge<MpiCommunicator, Scalar, Exec> bridge(pg, kExperts, c.options);
+  const std::vector<std::int64_t> counts = gather_num_tokens(pg, n);
+  const DpSlotsPtr slots = pg.layout().bridge_path() == BridgePath::dp_gather ? bridge.slots(counts) : nullptr;
+  Router router;
+  Experts experts{w.moe_tp, k.moe_tp_rank};
+  const auto y = bridge.run(exec, Rows<Scalar, Replicated<AttnTp>, DpLocal, Exec>(x), slots, router, experts);
+
+  double err = y.rows() == n ? 0.0 : 1e30;
+  if (y.rows() == n) {
+    auto yh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y.view());
+    Scalar ref[kHidden];
+    for (std::int64_t i = 0; i < n; ++i) {
+      serial_moe(&xh(i, 0), ref);
+      for (int f = 0; f < kHidden; ++f) {
+        const double d = std::abs(double(yh(i, f) - ref[f]));
+        err = std::isfinite(d) ? std::max(err, d) : 1e30;
+      }
+    }
+  }
+  all_reduce_in_place(world, std::span<double>(&err, 1), ReduceOp::max);
+  return err;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int failures = 0;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    int size = 0, rank = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm engine;  // the engine's own communicator
+    MPI_Comm_split(MPI_COMM_WORLD, 0, rank, &engine);
+    using relayout::Backend;
+    using relayout::BridgeRestore;
+    using relayout::PaddingMode;
+    const int np = size, half = std::max(1, size / 2);
+    const Case cases[] = {
+        {"path A, sum_len", relayout::BridgePath::dp_gather, {.tp = np, .dp = half, .enable_dp_attention = true}, {.padding = PaddingMode::sum_len}},
+        {"path A, max_len", relayout::BridgePath::dp_gather, {.tp = np, .dp = half, .enable_dp_attention = true}, {.padding = PaddingMode::max_len}},
+        {"path A, all_reduce + dp_scatter", relayout::BridgePath::dp_gather, {.tp = np, .dp = np, .enable_dp_attention = true},
+         {.padding = std::nullopt, .restore = BridgeRestore::scatter}},
+        {"path B", relayout::BridgePath::a2a_split, {.tp = np, .dp = half, .enable_dp_attention = true, .moe_a2a_backend = Backend::deepep}, {}},
+        {"direct", relayout::BridgePath::direct, {.tp = np, .dp = np, .enable_dp_attention = true, .moe_a2a_backend = Backend::deepep}, {}},
+        {"tp_moe, ep = tp / 2", relayout::BridgePath::tp_moe, {.tp = np, .ep = half}, {}},
+        {"tp_moe, ep = tp", relayout::BridgePath::tp_moe, {.tp = np, .ep = np}, {}},
+    };
+    for (const Case& c : cases) {
+      if (relayout::RuntimeLayout(c.config).bridge_path() != c.path) {
+        if (rank == 0) std::printf("engine: %-32s skipped: %d ranks do not give this path\n", c.name, np);
+        continue;
+      }
+      try {
+        std::string path;
+        const double err = run_case(engine, c, path);
+        const bool ok = err < 1e-12;
+        failures += ok ? 0 : 1;
+        if (rank == 0)
+          std::printf("engine: %-32s path %-9s double  max_err %.3g  %s\n", c.name, path.c_str(), err,
+                      ok ? "OK" : "MISMATCH");
+      } catch (const std::exception& e) {
+        ++failures;
+        std::fprintf(stderr, "engine: %s: rank %d: %s\n", c.name, rank, e.what());
+      }
+    }
+    MPI_Comm_free(&engine);
+  }
+  MPI_Finalize();
+  return failures == 0 ? 0 : 1;
+}

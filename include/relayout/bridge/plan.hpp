@@ -1,0 +1,133 @@
+// The Attention -> MoE hand-over of one decoder layer as a constexpr plan: for each bridge path
+// (and, on path dp_gather, each padding mode and restore) the ordered steps, the group each runs
+// on and the placement the rows have after it. The executor (bridge.hpp) runs exactly these steps
+// and checks it as it goes; `relayout explain` prints them. One source, so the description and
+// the execution cannot drift apart. See docs/bridge.md.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "relayout/mesh/names.hpp"
+
+namespace relayout {
+
+// Path dp_gather's restore: a collective that sums the expert partials (reduce_scatterv with
+// sum_len padding, dp_reduce_scatter with max_len), or an all-reduce over tp and a copy
+// (dp_scatter). Either way the partials are summed exactly once.
+enum class BridgeRestore : std::uint8_t { reduce, scatter };
+
+enum class BridgeStep : std::uint8_t {
+  dp_gather,          // dp_gather_replicate over tp: one contributor per attention-TP group
+  split_rows,         // keep this attn_tp member's tensor_split chunk (local)
+  route,              // the engine's router on the rows this rank routes (local)
+  local_experts,      // this rank's experts on rows every MoE rank holds: Partial<tp> (local)
+  dispatch,           // EP dispatch over moe_ep: each row once per destination rank
+  experts,            // the engine's experts on the rows dispatched here (local)
+  combine,            // EP combine over moe_ep: weighted, summed rows back in order
+  shared_expert,      // the engine's shared expert, if it has one (local)
+  all_reduce,         // sum of the expert partials over tp
+  reduce_scatterv,    // sum and return each DP group's rows (sum_len)
+  dp_reduce_scatter,  // sum and return each DP group's rows (max_len)
+  dp_scatter,         // copy this DP group's rows out of the global buffer (local)
+  all_gather,         // concatenate the attn_tp chunks back (not a sum)
+};
+
+struct PlanStep {
+  BridgeStep step;
+  std::optional<GroupKind> group;  // the collective's group; nullopt for a local step
+  std::string_view name;           // boundary name (trace records, explain)
+  std::string_view state;          // what the values mean afterwards: moe_in, moe_partial, dispatched, moe_out
+  std::string_view placement;      // the rows' placement afterwards
+  std::string_view what;           // one sentence for people
+};
+
+namespace impl {
+using G = GroupKind;
+inline constexpr PlanStep kRoute{BridgeStep::route, std::nullopt, "route", "moe_in", "", "the engine's router picks each row's top-k experts"};
+
+inline constexpr std::array<PlanStep, 4> kPlanGatherSum{{
+    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
+     "every DP group's rows into one buffer (attn_tp_rank 0 of each group contributes; sum_len: packed)"},
+    kRoute,
+    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpGlobal",
+     "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"},
+    {BridgeStep::reduce_scatterv, G::tp, "reduce_scatterv", "moe_out", "Replicated<attn_tp>, DpLocal",
+     "sums the partials over tp and returns each DP group its rows, in one collective (the only sum)"},
+}};
+inline constexpr std::array<PlanStep, 4> kPlanGatherMax{{
+    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
+     "every DP group's rows into one buffer, each group padded to the longest (max_len)"},
+    kRoute,
+    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpGlobal",
+     "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"},
+    {BridgeStep::dp_reduce_scatter, G::tp, "dp_reduce_scatter", "moe_out", "Replicated<attn_tp>, DpLocal",
+     "reduce-scatter over tp of equal slots, all-gather over attn_tp, padding dropped (the only sum)"},
+}};
+inline constexpr std::array<PlanStep, 5> kPlanGatherScatter{{
+    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
+     "every DP group's rows into one buffer (attn_tp_rank 0 of each group contributes)"},
+    kRoute,
+    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpGlobal",
+     "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"},
+    {BridgeStep::all_reduce, G::tp, "all_reduce", "moe_out", "Replicated<tp>, DpGlobal",
+     "the MoE sums its partials over tp (the only sum)"},
+    {BridgeStep::dp_scatter, std::nullopt, "dp_scatter", "moe_out", "Replicated<attn_tp>, DpLocal",
+     "copy this DP group's rows out of the global buffer (no sum)"},
+}};
+inline constexpr std::array<PlanStep, 3> kPlanTpMoe{{
+    kRoute,
+    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpLocal",
+     "this rank's experts (and moe_tp share) on every row; no sum yet"},
+    {BridgeStep::all_reduce, G::tp, "all_reduce", "moe_out", "Replicated<attn_tp>, DpLocal",
+     "sums the partials over tp (attn_tp == tp here; the only sum)"},
+}};
+inline constexpr std::array<PlanStep, 7> kPlanA2a{{
+    {BridgeStep::split_rows, std::nullopt, "split_rows", "moe_in", "RowShard<attn_tp>, DpLocal",
+     "keep this rank's tensor_split chunk of its group's replicated rows (earlier chunks one row larger)"},
+    kRoute,
+    {BridgeStep::dispatch, G::moe_ep, "dispatch", "dispatched", "rows grouped by local expert",
+     "each row to every moe_ep rank holding one of its experts, once per rank, with their weights"},
+    {BridgeStep::experts, std::nullopt, "dispatch+experts", "dispatched", "expert outputs",
+     "the engine's experts on the rows that arrived"},
+    {BridgeStep::combine, G::moe_ep, "combine", "moe_out", "RowShard<attn_tp>, DpLocal",
+     "weighted sums back to the rows' owners, summed over destination ranks: complete rows"},
+    {BridgeStep::shared_expert, std::nullopt, "shared_expert", "moe_out", "RowShard<attn_tp>, DpLocal",
+     "the shared expert on this rank's own rows, added"},
+    {BridgeStep::all_gather, G::attn_tp, "all_gather", "moe_out", "Replicated<attn_tp>, DpLocal",
+     "concatenate the chunks over attn_tp (restores split rows; not a sum)"},
+}};
+}  // namespace impl
+
+// The steps of one layer's hand-over for a path; `padding` and `restore` matter on dp_gather only.
+constexpr std::span<const PlanStep> bridge_plan(BridgePath path, PaddingMode padding = PaddingMode::sum_len,
+                                                BridgeRestore restore = BridgeRestore::reduce) {
+  switch (path) {
+    case BridgePath::dp_gather:
+      if (restore == BridgeRestore::scatter) return impl::kPlanGatherScatter;
+      return padding == PaddingMode::max_len ? std::span<const PlanStep>(impl::kPlanGatherMax)
+                                             : std::span<const PlanStep>(impl::kPlanGatherSum);
+    case BridgePath::tp_moe: return impl::kPlanTpMoe;
+    case BridgePath::a2a_split:
+    case BridgePath::direct: return impl::kPlanA2a;
+  }
+  return {};
+}
+
+// How many times a plan sums the expert partials: exactly once on every path that has partials.
+constexpr int plan_sums(std::span<const PlanStep> plan) {
+  int n = 0;
+  for (const PlanStep& s : plan)
+    n += s.step == BridgeStep::all_reduce || s.step == BridgeStep::reduce_scatterv ||
+         s.step == BridgeStep::dp_reduce_scatter || s.step == BridgeStep::combine;
+  return n;
+}
+static_assert(plan_sums(impl::kPlanGatherSum) == 1 && plan_sums(impl::kPlanGatherMax) == 1 &&
+                  plan_sums(impl::kPlanGatherScatter) == 1 && plan_sums(impl::kPlanTpMoe) == 1 &&
+                  plan_sums(impl::kPlanA2a) == 1,
+              "every bridge plan sums the expert outputs exactly once");
+
+}  // namespace relayout
