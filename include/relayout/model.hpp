@@ -11,5 +11,4 @@
 #include "relayout/model/traffic.hpp"
 #include "relayout/model/weights.hpp"
 #include "relayout/model/workload.hpp"
-#include "relayout/moe/moe_block.hpp"
-#include "relayout/moe/wire.hpp"
+#include "relayout/model/wire.hpp"

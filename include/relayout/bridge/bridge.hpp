@@ -180,8 +180,9 @@ class MoeBridge {
     }
     template <class V>
     void see(const PlanStep& s, bool partial, int copies, std::span<const std::int64_t> own, const V& values,
-             std::int64_t first = 0) {
-      if constexpr (std::remove_cvref_t<Obs>::enabled) obs(BoundaryInfo{&s, partial, copies, s.name}, own, values, first);
+             std::int64_t first = 0, std::string_view name = {}) {
+      if constexpr (std::remove_cvref_t<Obs>::enabled)
+        obs(BoundaryInfo{&s, partial, copies, name.empty() ? s.name : name}, own, values, first);
     }
     int group_ranks() const { return widths().tp / widths().attn_dp; }
     int moe_holders() const { return widths().tp / widths().moe_dp; }
@@ -280,7 +281,7 @@ class MoeBridge {
         if (fault() == BridgeFault::skip_reduce) {  // a copy where a sum was due
           const PlanStep& r_step = step(s.mode() == PaddingMode::sum_len ? BridgeStep::reduce_scatterv : BridgeStep::dp_reduce_scatter);
           Out o = dp_scatter(exec, pg(), Rows<T, Replicated<group::Tp>, DpGlobal, Space>(std::move(p).data()), traffic);
-          see(r_step, false, group_ranks(), span_of(out_owners), o.view());
+          see(r_step, false, group_ranks(), span_of(out_owners), o.view(), 0, "dp_scatter");
           return o;
         }
         if (s.mode() == PaddingMode::sum_len) {
@@ -355,7 +356,17 @@ class MoeBridge {
       const PlanStep& e_step = step(BridgeStep::experts);
       auto y = impl::alloc_rows<T, Space>("relayout::expert_out", d.batch.rows(), impl::hidden_of(chunk.view().extent(1)));
       experts(exec, d.batch, y);
-      see(e_step, false, router.top_k(), span_of(d.tags), view_type());
+      if constexpr (std::remove_cvref_t<Obs>::enabled) {
+        // One owner per (row, local expert): over all ranks each row appears top_k times.
+        std::vector<std::int64_t> batch_owners(static_cast<std::size_t>(d.batch.rows()));
+        if (owners) {
+          auto so = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), d.slot_of);
+          for (std::size_t i = 0; i < so.extent(0); ++i)
+            for (std::size_t j = 0; j < so.extent(1); ++j)
+              if (so(i, j) >= 0) batch_owners[static_cast<std::size_t>(so(i, j))] = d.tags[i];
+        }
+        see(e_step, false, router.top_k(), owners ? span_of(batch_owners) : std::span<const std::int64_t>{}, view_type());
+      }
       const PlanStep& c_step = step(BridgeStep::combine);
       Rows<T, RowShard<AttnTp>, DpLocal, Space> combined = ep_combine(exec, pg(), d, y, traffic);
       const PlanStep& h_step = step(BridgeStep::shared_expert);

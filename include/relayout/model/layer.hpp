@@ -14,10 +14,12 @@
 #include "relayout/comm.hpp"
 #include "relayout/kernels/attention.hpp"
 #include "relayout/kernels/linear.hpp"
+#include "relayout/kernels/moe.hpp"
 #include "relayout/kernels/rms_norm.hpp"
 #include "relayout/model/bridge.hpp"
 #include "relayout/model/config.hpp"
 #include "relayout/model/layer_weights.hpp"
+#include "relayout/model/wire.hpp"
 #include "relayout/model/workload.hpp"
 
 namespace relayout::model {
@@ -86,8 +88,7 @@ class DistributedModel {
     gather_counts(std::int64_t(work.owners_of(k.attn_dp_rank).size()));
     Kokkos::View<int*, typename ExecSpace::memory_space> cu_view("relayout::cu_seqlens", cu.size());
     Kokkos::deep_copy(cu_view, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(cu.data(), cu.size()));
-    Bridge<C, ExecSpace, Sink> bridge(groups_, wire_, dims_, opts_, exec_, recorder_);
-    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, bridge, x, cu_view);
+    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, cu_view);
     return x;
   }
 
@@ -130,11 +131,12 @@ class DistributedModel {
                                                    std::to_string(all[std::size_t(r - k.attn_tp_rank)]) +
                                                    ": members of an attention-DP group must hold the same rows");
     }
-    mode_ = opts_.padding ? *opts_.padding : groups_.layout().padding_mode(counts_);
+    mode_ = bridge_.padding(counts_);
+    slots_ = groups_.layout().bridge_path() == BridgePath::dp_gather ? bridge_.slots(counts_) : nullptr;
   }
 
   template <class Cu>
-  Rows<ExecSpace> layer_forward(int layer, Bridge<C, ExecSpace, Sink>& bridge, const Rows<ExecSpace>& x, const Cu& cu) {
+  Rows<ExecSpace> layer_forward(int layer, const Rows<ExecSpace>& x, const Cu& cu) {
     const LayerShard<ExecSpace>& w = shards_[std::size_t(layer)];
     const std::size_t n = x.values.extent(0), H = std::size_t(dims_.hidden), Q = std::size_t(dims_.q_lora),
                       D = std::size_t(dims_.head_dim), HD = std::size_t(w.spec.heads) * D;
@@ -162,7 +164,7 @@ class DistributedModel {
     Kokkos::deep_copy(exec_, residual, x.values);
     kernels::add_rms_norm(exec_, a, residual, w.ffn_norm, dims_.rms_eps);  // residual = x + attn
     exec_.fence();
-    const Rows<ExecSpace> y = bridge.run(layer, w, Rows<ExecSpace>{a, x.owners}, counts_, mode_);
+    const Rows<ExecSpace> y = moe(layer, w, a, x.owners);
     if (y.values.extent(0) != n)
       throw LayoutError("bridge", "layer " + std::to_string(layer) + ": the bridge returned " +
                                       std::to_string(y.values.extent(0)) + " rows for " + std::to_string(n) +
@@ -176,13 +178,37 @@ class DistributedModel {
     return {residual, y.owners};
   }
 
+  // The hand-over through the library's bridge, with this model's router and SwiGLU experts.
+  Rows<ExecSpace> moe(int layer, const LayerShard<ExecSpace>& w, const View& a, const std::vector<std::int64_t>& owners) {
+    const int group_ranks = groups_.layout().widths().tp / groups_.layout().widths().attn_dp;
+    recorder_(layer, {"bridge input", "moe_in", trace::Sharing::replicated, group_ranks, {}, false}, owners, a);
+    const kernels::LinearTopkRouter<float, ExecSpace> router{w.router, dims_.router()};
+    const kernels::SwigluExperts<float, ExecSpace> experts{w.experts, w.shared};
+    Rows<ExecSpace> out;
+    out.owners = owners;
+    try {
+      out.values = bridge_
+                       .run(exec_, relayout::Rows<float, Replicated<AttnTp>, DpLocal, ExecSpace>(a), slots_, router,
+                            experts, opts_.track_owners ? &out.owners : nullptr, RecordBoundaries<Recorder>{recorder_, layer},
+                            &traffic_)
+                       .view();
+    } catch (const LayoutError& e) {
+      if (e.input() == "bridge")
+        recorder_.fail(layer, {"row conservation", "moe_out", trace::Sharing::replicated, group_ranks, {}, false}, e.what());
+      throw LayoutError(e.input(), "layer " + std::to_string(layer) + ": " + e.what());
+    }
+    return out;
+  }
+
   const ProcessGroupsOf<C>& groups_;
   ModelDims dims_;
   BridgeOptions opts_;
   ExecSpace exec_;
+  relayout::MoeBridge<C, float, ExecSpace> bridge_{groups_, dims_.experts, bridge_options(opts_)};
+  DpSlotsPtr slots_;
   std::vector<LayerShard<ExecSpace>> shards_;
   TrafficLog traffic_;
-  moe::Wire<C> wire_{groups_, &traffic_};
+  Wire<C> wire_{groups_, &traffic_};
   std::vector<Boundary> boundaries_;
   std::vector<std::int64_t> counts_;
   Recorder recorder_{groups_, opts_, &boundaries_, nullptr, &counts_};

@@ -13,15 +13,13 @@
 #include "relayout/comm.hpp"
 #include "relayout/model/traffic.hpp"
 
-namespace relayout::moe {
-
-using model::Op;
+namespace relayout::model {
 
 template <class C>
 struct Wire {
   using Site = std::source_location;
   const ProcessGroupsOf<C>& groups;
-  model::TrafficLog* log;  // null: bookkeeping traffic (row owners), not counted
+  TrafficLog* log;  // null: bookkeeping traffic (row owners), not counted
 
   // The same collectives, uncounted: for the row-owner bookkeeping that travels beside the rows.
   Wire bookkeeping() const { return {groups, nullptr}; }
@@ -87,4 +85,4 @@ struct Wire {
   }
 };
 
-}  // namespace relayout::moe
+}  // namespace relayout::model
