@@ -29,7 +29,7 @@
 #include "cli/sync_report.hpp"
 #include "cli/trace_flag.hpp"
 #include "relayout/comm.hpp"
-#include "relayout/spec/decoder.hpp"
+#include "demo/decoder.hpp"
 #include "relayout/trace.hpp"
 
 using namespace relayout;

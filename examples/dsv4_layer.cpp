@@ -24,7 +24,7 @@
 #include "cli/progress.hpp"
 #include "cli/trace_flag.hpp"
 #include "relayout/comm.hpp"
-#include "relayout/model.hpp"
+#include "demo/model.hpp"
 #include "relayout/trace.hpp"
 
 using namespace relayout;
@@ -42,6 +42,7 @@ struct Options {
   int show_group = -1;
   double tolerance = 1e-4;
   std::uint64_t max_memory = 0;  // --max-memory (0: the available memory is the limit)
+  int repeat = 0;
 };
 
 std::string labels(const std::vector<std::int64_t>& owners, std::size_t max = 12) {
@@ -164,6 +165,21 @@ int run(const Options& o, const MpiCommunicator& world) {
     bounds.insert(bounds.end(), b.owners.begin(), b.owners.end());
   }
   const auto all_bounds = cli::gather_all(world, bounds);
+
+  // --repeat: the verified forward was the warm-up; time N more, each as the slowest rank's time.
+  double best = 0.0;
+  if (o.repeat > 0 && failure.empty()) {
+    best = 1e300;
+    for (int i = 0; i < o.repeat; ++i) {
+      MPI_Barrier(world.native());
+      const double t0 = MPI_Wtime();
+      net.forward(work);
+      double dt = MPI_Wtime() - t0;
+      all_reduce_in_place(world, std::span<double>(&dt, 1), ReduceOp::max);
+      best = std::min(best, dt);
+    }
+  }
+  const double tokens_per_s = best > 0 ? double(work.total_rows()) / best : 0.0;
   if (!root) return passed ? 0 : 1;
 
   const BridgePath path = layout.bridge_path();
@@ -181,6 +197,8 @@ int run(const Options& o, const MpiCommunicator& world) {
     j["passed"] = passed;
     j["failure"] = failure.empty() ? nlohmann::json(nullptr) : nlohmann::json(failure);
     j["inject"] = o.inject;
+    if (o.repeat > 0)
+      j["timing"] = {{"repeats", o.repeat}, {"best_forward_s", best}, {"tokens_per_s", tokens_per_s}};
     for (int r = 0; r < world.size(); ++r) {
       const RankCoords k = layout.coords(r);
       nlohmann::json rank{{"rank", r}, {"attn_dp_rank", k.attn_dp_rank}, {"attn_tp_rank", k.attn_tp_rank},
@@ -255,6 +273,12 @@ int run(const Options& o, const MpiCommunicator& world) {
       any = true;
     }
   s << "\n";
+  if (o.repeat > 0 && failure.empty()) {
+    char line[160];
+    std::snprintf(line, sizeof line, "\ntiming: best forward %.6f s of %d (after a warm-up), %.0f tokens/s\n", best,
+                  o.repeat, tokens_per_s);
+    s << line;
+  }
   if (!failure.empty()) s << "\nFAILED: " << failure << "\n";
   if (o.check && failure.empty()) {
     char line[256];
@@ -302,6 +326,8 @@ int main(int argc, char** argv) {
     cli::add_int(app, "--show-group", o.show_group, "attention-DP group whose rows the text output follows");
     app.add_option("--trace", o.trace, "write a row-ownership trace, DIR/rank<R>.jsonl per rank (compare with `relayout trace diff`)");
     cli::add_max_memory(app, o.max_memory);
+    app.add_option("--repeat", o.repeat, "after the (verified) forward, time N more forwards; report the best and tokens/s")
+        ->check(CLI::Range(0, 1000000));
     app.add_option("--inject", o.inject, "wire a known bug on purpose: double_reduce, skip_reduce, gather_partial, no_split");
     rc = cli::run_mpi_main(app, args, job, [&] { return run(o, MpiCommunicator::world()); });
   }

@@ -4,7 +4,7 @@
 #include <benchmark/benchmark.h>
 
 #include <relayout/comm.hpp>
-#include <relayout/model.hpp>
+#include <demo/model.hpp>
 #include <string>
 
 #include "support/mpi_bench.hpp"

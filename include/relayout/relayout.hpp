@@ -8,3 +8,5 @@
 #include "relayout/kernels.hpp"
 #include "relayout/placement.hpp"
 #include "relayout/bridge.hpp"
+#include "relayout/trace.hpp"
+#include "relayout/spec.hpp"

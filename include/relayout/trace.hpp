@@ -4,4 +4,5 @@
 #pragma once
 
 #include "relayout/trace/jsonl.hpp"
+#include "relayout/trace/owner.hpp"
 #include "relayout/trace/record.hpp"

@@ -1,5 +1,5 @@
 # ctest script: install the build tree into WORK_DIR/prefix, configure and build the downstream
-# project against it with find_package(relayout CONFIG), and run the result.
+# project against it with find_package(relayout CONFIG), and run the result (EXE, on NP ranks).
 file(REMOVE_RECURSE "${WORK_DIR}")
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -12,4 +12,10 @@ run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
 run(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/build" -DCMAKE_BUILD_TYPE=Release
     "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
 run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
-run(${MPIEXEC} -n 1 "${WORK_DIR}/build/downstream")
+if(NOT EXE)
+  set(EXE downstream)
+endif()
+if(NOT NP)
+  set(NP 1)
+endif()
+run(${MPIEXEC} -n ${NP} "${WORK_DIR}/build/${EXE}")

@@ -9,7 +9,7 @@
 #include <limits>
 #include <map>
 #include <relayout/comm.hpp>
-#include <relayout/model.hpp>
+#include <demo/model.hpp>
 
 namespace relayout::test {
 

@@ -4,7 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <relayout/comm.hpp>
-#include <relayout/model.hpp>
+#include <demo/model.hpp>
 #include <algorithm>
 #include <limits>
 #include <string>

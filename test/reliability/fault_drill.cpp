@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "relayout/model/layer.hpp"
+#include "demo/model/layer.hpp"
 
 using namespace relayout;
 

@@ -14,8 +14,8 @@
 
 #include <relayout/comm.hpp>
 #include <relayout/comm/single.hpp>
-#include <relayout/model.hpp>
-#include <relayout/spec/decoder.hpp>
+#include <demo/decoder.hpp>
+#include <demo/model.hpp>
 
 #include "mpi_world.hpp"
 

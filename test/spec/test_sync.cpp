@@ -10,6 +10,8 @@
 #include <relayout/spec/idle.hpp>
 #include <relayout/spec/sync.hpp>
 
+#include "demo/decoder.hpp"
+
 using namespace relayout;
 using namespace relayout::spec;
 

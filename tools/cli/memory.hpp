@@ -21,7 +21,7 @@
 #include "cli/numbers.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/mesh.hpp"
-#include "relayout/model/config.hpp"
+#include "demo/model/config.hpp"
 
 namespace relayout::cli {
 

@@ -46,7 +46,7 @@
 #include <vector>
 
 #include "relayout/mesh/names.hpp"
-#include "relayout/model/workload.hpp"
+#include "relayout/trace/owner.hpp"
 #include "relayout/trace/record.hpp"
 
 namespace relayout::cli {
@@ -393,7 +393,7 @@ inline std::string fmt(const trace::RowSum& s, bool l2 = true) {
 }
 
 inline std::string row_name(const RowKey& k) {
-  return "request " + model::RowOwner::request_name(std::get<0>(k)) + " (id " + std::to_string(std::get<0>(k)) +
+  return "request " + trace::RowOwner::request_name(std::get<0>(k)) + " (id " + std::to_string(std::get<0>(k)) +
          "), position " + std::to_string(std::get<1>(k)) + ", step " + std::to_string(std::get<2>(k));
 }
 

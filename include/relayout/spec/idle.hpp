@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "relayout/comm.hpp"
-#include "relayout/model/workload.hpp"
 #include "relayout/spec/tokens.hpp"
 
 namespace relayout::spec {
@@ -49,18 +48,6 @@ inline SpecBatch make_batch(const DpSyncMetadata& meta, int group) {
   return b;
 }
 
-// The whole round as a model::Workload over `attn_dp` groups: every request has `width` rows
-// (draft tokens), placed on its group. An idle group simply owns no request, so the model's
-// forward runs it with zero rows and it joins every collective (SPEC §6 IDLE forward).
-inline model::Workload round_workload(const DpSyncMetadata& meta, int attn_dp) {
-  std::vector<int> lengths, placement;
-  for (std::size_t g = 0; g < meta.raw.size(); ++g)
-    for (std::int64_t i = 0; i < meta.raw[g].value; ++i) {
-      lengths.push_back(meta.width.value);
-      placement.push_back(int(g));
-    }
-  return model::Workload::make(std::move(lengths), std::move(placement), attn_dp);
-}
 
 // Every rank contributes its group's request count; the all-gather over the TP group yields one
 // raw entry per attention-DP group (taken from each group's attention-TP rank 0), scaled by width.

@@ -12,6 +12,14 @@
 
 namespace relayout::spec {
 
+// The built-in site names, for code that names one site.
+inline constexpr const char* kSiteDraftGreedy = "DRAFT_GREEDY";
+inline constexpr const char* kSiteDraftSample = "DRAFT_SAMPLE";
+inline constexpr const char* kSitePlan = "PLAN";
+inline constexpr const char* kSiteAcceptGreedy = "ACCEPT_GREEDY";
+inline constexpr const char* kSiteAcceptSample = "ACCEPT_SAMPLE";
+inline constexpr const char* kSiteTarget = "TARGET";
+
 class SyncSites {
  public:
   // The built-in sites, in this order; engines may register more with add_site().

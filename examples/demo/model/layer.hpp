@@ -16,11 +16,11 @@
 #include "relayout/kernels/linear.hpp"
 #include "relayout/kernels/moe.hpp"
 #include "relayout/kernels/rms_norm.hpp"
-#include "relayout/model/bridge.hpp"
-#include "relayout/model/config.hpp"
-#include "relayout/model/layer_weights.hpp"
-#include "relayout/model/wire.hpp"
-#include "relayout/model/workload.hpp"
+#include "demo/model/bridge.hpp"
+#include "demo/model/config.hpp"
+#include "demo/model/layer_weights.hpp"
+#include "demo/model/wire.hpp"
+#include "demo/model/workload.hpp"
 
 namespace relayout::model {
 

@@ -9,25 +9,12 @@
 #include <vector>
 
 #include "relayout/mesh/error.hpp"
-#include "relayout/model/weights.hpp"
+#include "relayout/trace/owner.hpp"
+#include "demo/model/weights.hpp"
 
 namespace relayout::model {
 
-// A token row's owner: request id and position, packed in 64 bits (-1: a padding row).
-struct RowOwner {
-  static constexpr std::int64_t kPad = -1;
-  static constexpr std::int64_t pack(int request, int position) {
-    return (std::int64_t(request) << 32) | std::uint32_t(position);
-  }
-  static constexpr int request(std::int64_t id) { return int(id >> 32); }
-  static constexpr int position(std::int64_t id) { return int(id & 0xffffffff); }
-  // Request 0 is "A", ..., 25 is "Z", then "R26" and so on.
-  static std::string request_name(int r) { return r < 26 ? std::string(1, char('A' + r)) : "R" + std::to_string(r); }
-  // "A3": request A, position 3; padding is "pad".
-  static std::string label(std::int64_t id) {
-    return id == kPad ? "pad" : request_name(request(id)) + std::to_string(position(id));
-  }
-};
+using RowOwner = trace::RowOwner;
 
 struct Workload {
   std::vector<int> lengths;    // prompt length of request i

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "relayout/comm.hpp"
-#include "relayout/model/traffic.hpp"
+#include "demo/model/traffic.hpp"
 
 namespace relayout::model {
 

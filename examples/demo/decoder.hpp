@@ -23,8 +23,8 @@
 #include "relayout/comm.hpp"
 #include "relayout/kernels/linear.hpp"
 #include "relayout/kernels/rms_norm.hpp"
-#include "relayout/model/layer.hpp"
-#include "relayout/model/weights.hpp"
+#include "demo/model/layer.hpp"
+#include "demo/model/weights.hpp"
 #include "relayout/spec/draft.hpp"
 #include "relayout/spec/idle.hpp"
 #include "relayout/spec/sync.hpp"
@@ -71,11 +71,19 @@ struct RequestRecord {
   std::vector<int> committed;  // prompt token, then every committed token
 };
 
-inline constexpr const char* kSitePlan = "PLAN";
-inline constexpr const char* kSiteDraftGreedy = "DRAFT_GREEDY";
-inline constexpr const char* kSiteDraftSample = "DRAFT_SAMPLE";
-inline constexpr const char* kSiteTarget = "TARGET";
-inline constexpr const char* kSiteAcceptGreedy = "ACCEPT_GREEDY";
+
+// The whole round as a model::Workload over `attn_dp` groups: every request has `width` rows
+// (draft tokens), placed on its group. An idle group simply owns no request, so the model's
+// forward runs it with zero rows and it joins every collective (SPEC §6 IDLE forward).
+inline model::Workload round_workload(const DpSyncMetadata& meta, int attn_dp) {
+  std::vector<int> lengths, placement;
+  for (std::size_t g = 0; g < meta.raw.size(); ++g)
+    for (std::int64_t i = 0; i < meta.raw[g].value; ++i) {
+      lengths.push_back(meta.width.value);
+      placement.push_back(int(g));
+    }
+  return model::Workload::make(std::move(lengths), std::move(placement), attn_dp);
+}
 
 // Sink: the row-ownership trace sink of the draft and target models (trace::NullSink: no trace).
 template <class C, class ExecSpace = Kokkos::DefaultExecutionSpace, class Sink = trace::NullSink>

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "relayout/kernels/reference.hpp"
-#include "relayout/model/layer_weights.hpp"
-#include "relayout/model/workload.hpp"
+#include "demo/model/layer_weights.hpp"
+#include "demo/model/workload.hpp"
 
 namespace relayout::model {
 

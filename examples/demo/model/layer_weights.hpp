@@ -10,8 +10,8 @@
 #include "relayout/kernels/linear.hpp"
 #include "relayout/kernels/moe.hpp"
 #include "relayout/kernels/reference.hpp"
-#include "relayout/model/config.hpp"
-#include "relayout/model/weights.hpp"
+#include "demo/model/config.hpp"
+#include "demo/model/weights.hpp"
 
 namespace relayout::model {
 

@@ -14,9 +14,9 @@
 
 #include "relayout/bridge.hpp"
 #include "relayout/mesh/layout.hpp"
-#include "relayout/model/rows.hpp"
-#include "relayout/model/traffic.hpp"
-#include "relayout/model/workload.hpp"
+#include "demo/model/rows.hpp"
+#include "demo/model/traffic.hpp"
+#include "demo/model/workload.hpp"
 #include "relayout/trace/record.hpp"
 
 namespace relayout::model {

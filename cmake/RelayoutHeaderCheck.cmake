@@ -1,0 +1,21 @@
+# Every public header compiles on its own: one generated translation unit per header, built by a
+# ctest (header_self_contained) so a missing include fails the tests, not only some later user.
+file(GLOB_RECURSE _rl_headers RELATIVE "${PROJECT_SOURCE_DIR}/include" CONFIGURE_DEPENDS
+     "${PROJECT_SOURCE_DIR}/include/relayout/*.hpp")
+set(_rl_sources "")
+foreach(h IN LISTS _rl_headers)
+  string(MAKE_C_IDENTIFIER "${h}" id)
+  set(src "${PROJECT_BINARY_DIR}/header_check/${id}.cpp")
+  file(CONFIGURE OUTPUT "${src}" CONTENT "#include <${h}>\n")
+  list(APPEND _rl_sources "${src}")
+endforeach()
+add_library(relayout_header_check OBJECT EXCLUDE_FROM_ALL ${_rl_sources})
+target_link_libraries(relayout_header_check PRIVATE relayout::relayout)
+target_compile_options(relayout_header_check PRIVATE -O0)
+add_test(NAME header_self_contained
+         COMMAND ${CMAKE_COMMAND} --build ${PROJECT_BINARY_DIR} --target relayout_header_check)
+set_tests_properties(header_self_contained PROPERTIES LABELS "install" TIMEOUT 1200 RUN_SERIAL TRUE)
+add_test(NAME header_layers COMMAND ${CMAKE_COMMAND} -DINCLUDE_DIR=${PROJECT_SOURCE_DIR}/include
+                                    -P ${PROJECT_SOURCE_DIR}/cmake/RelayoutLayers.cmake)
+set_tests_properties(header_layers PROPERTIES LABELS "install"
+                     PASS_REGULAR_EXPRESSION "every include points down")

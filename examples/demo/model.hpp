@@ -1,0 +1,14 @@
+// The distributed DeepSeek-V4-like layer (attention, the Attention->MoE bridge, the MoE block), its
+// workload and deterministic weights, and the single-rank reference it is verified against.
+#pragma once
+
+#include "demo/model/bridge.hpp"
+#include "demo/model/config.hpp"
+#include "demo/model/layer.hpp"
+#include "demo/model/layer_weights.hpp"
+#include "demo/model/reference.hpp"
+#include "demo/model/rows.hpp"
+#include "demo/model/traffic.hpp"
+#include "demo/model/weights.hpp"
+#include "demo/model/workload.hpp"
+#include "demo/model/wire.hpp"
