@@ -73,7 +73,8 @@ test-large: build
 
 # The main job: the distributed layer on 8 MPI ranks, path B (DeepEP) and path A (DP gather), each
 # verified row by row against the single-rank reference.
-demo: build
+demo: configure
+	cmake --build $(BUILD) -j $(JOBS) --target dsv4_layer
 	$(MPIEXEC) -n 8 $(BIN)/dsv4_layer --tp 8 --dp 4 --enable-dp-attention --moe-a2a-backend deepep --check
 	@echo
 	$(MPIEXEC) -n 8 $(BIN)/dsv4_layer --tp 8 --dp 4 --enable-dp-attention --check

@@ -115,22 +115,12 @@ class DistributedModel {
     return x;
   }
 
-  // SPEC §6: every rank all-gathers its DP group's token count; all pick the padding mode from it.
+  // Every rank all-gathers its DP group's token count (relayout::gather_num_tokens, which checks
+  // that the members of an attention-TP group agree); all pick the padding mode from the result.
   void gather_counts(std::int64_t mine) {
-    const Widths& w = groups_.layout().widths();
-    std::vector<std::int64_t> all(static_cast<std::size_t>(w.tp));
-    wire_.all_gather(GroupKind::tp, std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all),
-                     Op::all_gather_counts);
-    counts_.assign(std::size_t(w.attn_dp), 0);
-    for (int r = 0; r < w.tp; ++r) {
-      const RankCoords k = groups_.layout().coords(r);
-      if (k.attn_tp_rank == 0) counts_[std::size_t(k.attn_dp_rank)] = all[std::size_t(r)];
-      else if (all[std::size_t(r)] != all[std::size_t(r - k.attn_tp_rank)])
-        throw LayoutError("global_num_tokens", "rank " + std::to_string(r) + " holds " + std::to_string(all[std::size_t(r)]) +
-                                                   " rows but its attention-TP group's rank 0 holds " +
-                                                   std::to_string(all[std::size_t(r - k.attn_tp_rank)]) +
-                                                   ": members of an attention-DP group must hold the same rows");
-    }
+    counts_ = gather_num_tokens(groups_, mine);
+    if (groups_.layout().size() > 1)
+      traffic_.add(Op::all_gather_counts, GroupKind::tp, std::int64_t(groups_.layout().size() * sizeof(std::int64_t)));
     mode_ = bridge_.padding(counts_);
     slots_ = groups_.layout().bridge_path() == BridgePath::dp_gather ? bridge_.slots(counts_) : nullptr;
   }

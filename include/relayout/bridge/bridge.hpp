@@ -326,7 +326,7 @@ class MoeBridge {
       const view_type ps = impl::row_slice(partial, mine.begin, mine.count);
       const TopK<T, Space> r = route(xs);
       const int local = b.experts_ / widths().moe_ep;
-      local_experts(exec, xs, r, pg().coords().moe_ep_rank * local, local, experts, ps);
+      local_experts(exec, xs, r, pg().coords().moe_ep_rank * local, local, b.experts_, experts, ps);
       if constexpr (HasSharedExpert<E, T, Space>)
         if (pg().coords().moe_ep_rank == 0) experts.shared(exec, xs, ps);
       exec.fence();

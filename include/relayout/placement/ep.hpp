@@ -110,7 +110,8 @@ ExpertBatch<T, Space> group_by_expert(const Space& exec, const X& x, const Lid& 
   slot_of = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem>(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::slot_of")), static_cast<std::size_t>(n),
       static_cast<std::size_t>(K));
-  Kokkos::View<std::int64_t*, Mem> starts("relayout::expert_starts", static_cast<std::size_t>(experts) + 1);
+  Kokkos::View<std::int64_t*, Mem> starts(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::expert_starts")), static_cast<std::size_t>(experts) + 1);
+  Kokkos::deep_copy(exec, starts, std::int64_t(0));
   auto so = slot_of;
   // One scan over (expert, slot), expert-major: the running count is the batch row.
   if (slots > 0) {
@@ -187,7 +188,8 @@ inline std::vector<int> times(const std::vector<int>& c, std::int64_t f) {
 }
 
 template <class T, class Space>
-void check_topk(const TopK<T, Space>& route, std::int64_t rows, int experts, int ep, const char* call) {
+void check_topk(const Space& exec, const TopK<T, Space>& route, std::int64_t rows, int experts, int ep,
+                const char* call) {
   if (route.rows() != rows || static_cast<std::int64_t>(route.weights.extent(0)) != rows ||
       route.weights.extent(1) != route.ids.extent(1))
     throw LayoutError("route", std::string(call) + ": the router output has " + std::to_string(route.rows()) +
@@ -204,12 +206,13 @@ void check_topk(const TopK<T, Space>& route, std::int64_t rows, int experts, int
   const int K = route.k();
   std::int64_t bad = 0;
   Kokkos::parallel_reduce(
-      "relayout::check_topk", Kokkos::RangePolicy<Space>(0, rows * K),
+      "relayout::check_topk", Kokkos::RangePolicy<Space>(exec, 0, rows * K),
       KOKKOS_LAMBDA(const std::int64_t s, std::int64_t& b) {
         const int e = ids(s / K, static_cast<int>(s % K));
         if (e < 0 || e >= experts) ++b;
       },
       bad);
+  exec.fence();
   if (bad > 0)
     throw LayoutError("route", std::string(call) + ": " + std::to_string(bad) + " expert id(s) outside [0, " +
                                    std::to_string(experts) + ")");
@@ -231,16 +234,17 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
   const auto& comm = pg.moe_ep();
   const int ep = comm.size();
   const std::int64_t m = x.rows(), H = x.hidden();
-  impl::check_topk(route, m, experts, ep, "ep_dispatch");
+  impl::check_topk(exec, route, m, experts, ep, "ep_dispatch");
   const int K = route.k(), per_rank = experts / ep, me = comm.rank();
 
   Dispatched<T, Space> d;
   d.rows = m;
   d.full_rows = x.full_rows();
   d.hidden = static_cast<int>(H);
-  d.send_pos = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem>("relayout::send_pos", static_cast<std::size_t>(m),
+  d.send_pos = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::send_pos")), static_cast<std::size_t>(m),
                                                                       static_cast<std::size_t>(ep));
-  Kokkos::View<std::int64_t*, Mem> starts("relayout::send_starts", static_cast<std::size_t>(ep) + 1);
+  Kokkos::View<std::int64_t*, Mem> starts(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::send_starts")), static_cast<std::size_t>(ep) + 1);
+  Kokkos::deep_copy(exec, starts, std::int64_t(0));
   const auto ids = route.ids;
   const auto pos = d.send_pos;
   // Send order is destination-major: one scan over (rank, row) gives each (row, rank) its send row.
@@ -269,9 +273,9 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
 
   // Pack: each sent row with its local expert ids at the destination (-1: none) and weights.
   auto send = impl::alloc_rows<T, Space>("relayout::ep_send", d.sent, H);
-  Kokkos::View<int**, Kokkos::LayoutRight, Mem> send_ids("relayout::ep_send_ids", static_cast<std::size_t>(d.sent),
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> send_ids(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ep_send_ids")), static_cast<std::size_t>(d.sent),
                                                          static_cast<std::size_t>(K));
-  Kokkos::View<T**, Kokkos::LayoutRight, Mem> send_w("relayout::ep_send_w", static_cast<std::size_t>(d.sent),
+  Kokkos::View<T**, Kokkos::LayoutRight, Mem> send_w(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ep_send_w")), static_cast<std::size_t>(d.sent),
                                                      static_cast<std::size_t>(K));
   const auto xv = x.view();
   const auto wv = route.weights;
@@ -294,9 +298,9 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
   all_to_all(comm, std::span<const int>(d.send_rows), std::span<int>(d.recv_rows), site);
   for (int c : d.recv_rows) d.received += c;
   auto recv = impl::alloc_rows<T, Space>("relayout::ep_recv", d.received, H);
-  Kokkos::View<int**, Kokkos::LayoutRight, Mem> recv_ids("relayout::ep_recv_ids", static_cast<std::size_t>(d.received),
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> recv_ids(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ep_recv_ids")), static_cast<std::size_t>(d.received),
                                                          static_cast<std::size_t>(K));
-  d.recv_weights = Kokkos::View<T**, Kokkos::LayoutRight, Mem>("relayout::ep_recv_w", static_cast<std::size_t>(d.received),
+  d.recv_weights = Kokkos::View<T**, Kokkos::LayoutRight, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ep_recv_w")), static_cast<std::size_t>(d.received),
                                                                static_cast<std::size_t>(K));
   all_to_allv(comm, send, impl::times(d.send_rows, H), recv, impl::times(d.recv_rows, H), site);
   all_to_allv(comm, send_ids, impl::times(d.send_rows, K), recv_ids, impl::times(d.recv_rows, K), site);
@@ -369,16 +373,18 @@ void ep_dispatch(const Space&, const ProcessGroupsOf<C>&, const R&, const Rest&.
 }
 
 // The local half of a MoE on rows every rank of the MoE holds (paths dp_gather and tp_moe): this
-// rank's experts on the rows [begin, end) routed to them, weighted and summed per row. The result
+// rank's experts (global ids [first_expert, first_expert + local) of experts_total) on the rows x
+// routed to them, weighted and summed per row. The result
 // is this rank's partial output for every row (zero outside [begin, end) and for rows none of its
 // experts takes); summing the partials over the MoE group completes it. No communication.
 template <class T, class Space, class X, ExpertsFor<T, Space> E>
 void local_experts(const Space& exec, const X& x, const TopK<T, Space>& route, int first_expert, int local,
-                   E& experts, const impl::RowsView<T, Space>& out) {
+                   int experts_total, E& experts, const impl::RowsView<T, Space>& out) {
   using Mem = typename Space::memory_space;
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0));
+  impl::check_topk(exec, route, n, experts_total, 1, "local_experts");
   const int K = route.k();
-  Kokkos::View<int**, Kokkos::LayoutRight, Mem> lid("relayout::local_ids", static_cast<std::size_t>(n),
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> lid(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::local_ids")), static_cast<std::size_t>(n),
                                                     static_cast<std::size_t>(K));
   const auto ids = route.ids;
   Kokkos::parallel_for(
