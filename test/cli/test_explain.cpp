@@ -30,13 +30,15 @@ TEST_CASE("explain json: seed layout TP32/DP16 deepep") {
   CHECK(j["dspark"]["error"].is_null());
   CHECK(j["focus"]["groups"]["attn_tp"]["members"] == json::array({10, 11}));
   CHECK(j["focus"]["groups"]["attn_tp"]["group_rank"] == 1);
-  // Path B: all-reduce, split, dispatch, experts, combine, all-gather.
+  // Path B: all-reduce, split, route, dispatch, experts, combine, shared expert, all-gather.
   const json& steps = j["bridge"]["steps"];
-  REQUIRE(steps.size() == 6);
+  REQUIRE(steps.size() == 8);
   CHECK(steps[0]["op"] == "all_reduce");
   CHECK(steps[1]["op"] == "split_rows");
-  CHECK(steps[5]["op"] == "all_gather + concat");
-  CHECK(steps[5]["group"] == "attn_tp");
+  CHECK(steps[3]["op"] == "dispatch");
+  CHECK(steps[3]["group"] == "moe_ep");
+  CHECK(steps[7]["op"] == "all_gather");
+  CHECK(steps[7]["group"] == "attn_tp");
 }
 
 TEST_CASE("explain json: DSpark rejection carries the exact message") {
@@ -63,19 +65,32 @@ TEST_CASE("explain text: formulas filled in, rank grid, groups, verdict") {
   CHECK(has("DSpark start-up check (draft none): allowed (no draft; a MoE draft here would be rejected"));
 }
 
-TEST_CASE("bridge steps: path A restores with the sum decided once; tp_moe sums once over tp") {
+TEST_CASE("bridge steps: explain lists the bridge's own plan around the attention all-reduce") {
   const RuntimeLayout a({.tp = 4, .dp = 2, .enable_dp_attention = true});
   const auto sa = cli::bridge_steps(a);
-  REQUIRE(sa.size() == 5);
-  CHECK(sa[2].op == "dp_gather_replicate");
-  CHECK(sa[4].op == "reduce_scatterv | dp_reduce_scatter | dp_scatter");
+  REQUIRE(sa.size() == 6);  // attention all_reduce, counts, then the 4 plan steps
+  CHECK(sa[2].op == "dp_gather");
+  CHECK(sa[2].group == "tp");
+  CHECK(sa[3].op == "route");
+  CHECK(sa[4].op == "experts");
+  CHECK(sa[5].op == "reduce_scatterv | dp_reduce_scatter");
 
   const RuntimeLayout t({.tp = 4, .ep = 2});
   const auto st = cli::bridge_steps(t);
-  REQUIRE(st.size() == 3);
-  CHECK(st[1].op == "moe");
-  CHECK(st[2].op == "all_reduce");
-  CHECK(st[2].group == "tp");
+  REQUIRE(st.size() == 4);
+  CHECK(st[2].op == "experts");
+  CHECK(st[3].op == "all_reduce");
+  CHECK(st[3].group == "tp");
+
+  const RuntimeLayout b({.tp = 4, .dp = 2, .enable_dp_attention = true, .moe_a2a_backend = Backend::deepep});
+  const auto sb = cli::bridge_steps(b);
+  const auto plan = bridge_plan(BridgePath::a2a_split);
+  REQUIRE(sb.size() == plan.size() + 1);
+  for (std::size_t i = 0; i < plan.size(); ++i) CHECK(sb[i + 1].op == plan[i].name);
+  CHECK(sb[3].op == "dispatch");
+  CHECK(sb[3].group == "moe_ep");
+  CHECK(sb.back().op == "all_gather");
+  CHECK(sb.back().group == "attn_tp");
 }
 
 TEST_CASE("explain dot: one cluster per attention-TP group, MoE-EP edges") {

@@ -1,5 +1,6 @@
 // `relayout explain`: a layout as text for a human, as JSON for tools, and as a Graphviz picture.
-// Everything shown is read from relayout::RuntimeLayout; nothing here re-derives a formula.
+// Everything shown is read from relayout::RuntimeLayout and the bridge plan; nothing here
+// re-derives a formula.
 #pragma once
 
 #include <cstdint>
@@ -9,53 +10,42 @@
 #include <string>
 #include <vector>
 
+#include "relayout/bridge/plan.hpp"
 #include "relayout/mesh.hpp"
 
 namespace relayout::cli {
 
-struct BridgeStep {
+struct ExplainStep {
   std::string op;     // the collective or local step
   std::string group;  // the group it runs on ("local" when no communication)
   std::string what;   // what it does to the rows
 };
 
-// The Attention→MoE hand-over of one decoder layer, in execution order (SPEC §5, §6).
-inline std::vector<BridgeStep> bridge_steps(const RuntimeLayout& l) {
+// The Attention->MoE hand-over of one decoder layer, in execution order: the attention all-reduce
+// and the token-count gather around the bridge's own plan (relayout::bridge_plan, the steps
+// MoeBridge runs), so explain and execution cannot drift apart. Path dp_gather's restore depends
+// on the step's padding mode; both are listed.
+inline std::vector<ExplainStep> bridge_steps(const RuntimeLayout& l) {
   const Widths& w = l.widths();
-  const std::string moe_sum =
-      w.moe_tp > 1 ? "partial sums over moe_tp (intermediate dim sharded)" : "complete expert outputs";
-  std::vector<BridgeStep> s;
+  std::vector<ExplainStep> s;
   if (w.attn_tp > 1)
     s.push_back({"all_reduce", "attn_tp", "wo_b partial sums -> identical complete rows (Replicated)"});
   else
     s.push_back({"none", "local", "attn_tp == 1: wo_b output is already complete"});
-  switch (l.bridge_path()) {
-    case BridgePath::dp_gather:
-      s.push_back({"all_gather", "tp", "token counts of every attention-DP group (global_num_tokens), rounded up to attn_tp"});
-      s.push_back({"dp_gather_replicate", "tp", "rows of every DP group into one global buffer; only attn_tp_rank 0 contributes (never a sum of replicas)"});
-      s.push_back({"moe", "moe_ep x moe_tp", "router + experts on all global rows: " + moe_sum});
-      s.push_back({"reduce_scatterv | dp_reduce_scatter | dp_scatter", "tp",
-                   "restore this DP group's rows: sum_len -> reduce_scatterv, max_len -> dp_reduce_scatter "
-                   "(both sum expert/TP partials, so the MoE skips its own all-reduce); dp_scatter copies "
-                   "only, after the MoE summed. Decided once per layer."});
-      break;
-    case BridgePath::a2a_split:
-      s.push_back({"split_rows", "local", "tensor_split(attn_tp): keep chunk attn_tp_rank (earlier chunks one row larger); input ids split alike"});
-      s.push_back({"dispatch (all_to_allv)", "moe_ep", "route and send only the local chunk to its experts"});
-      s.push_back({"experts", "local", moe_sum});
-      s.push_back({"combine (all_to_allv)", "moe_ep", "weighted top-k outputs back to the rows' owners"});
-      s.push_back({"all_gather + concat", "attn_tp", "restore the replicated rows of the DP group (not a sum, not a second combine)"});
-      break;
-    case BridgePath::direct:
-      s.push_back({"dispatch (all_to_allv)", "moe_ep", "each rank routes and sends its own rows"});
-      s.push_back({"experts", "local", moe_sum});
-      s.push_back({"combine (all_to_allv)", "moe_ep", "weighted top-k outputs back to the rows' owners"});
-      break;
-    case BridgePath::tp_moe:
-      s.push_back({"moe", "moe_ep x moe_tp", "router + experts on all rows (every rank holds them): " + moe_sum});
-      s.push_back({w.tp > 1 ? "all_reduce" : "none", w.tp > 1 ? "tp" : "local",
-                   "sum expert (EP) and intermediate (moe_tp) partials once"});
-      break;
+  if (l.bridge_path() == BridgePath::dp_gather)
+    s.push_back({"all_gather", "tp", "token counts of every attention-DP group (global_num_tokens)"});
+  const auto plan = bridge_plan(l.bridge_path());
+  for (const PlanStep& p : plan) {
+    ExplainStep e{std::string(p.name), p.group ? std::string(to_string(*p.group)) : "local",
+                  std::string(p.what) + (p.placement.empty() ? "" : " -> " + std::string(p.placement))};
+    if (p.step == relayout::BridgeStep::local_experts && w.moe_tp > 1)
+      e.what += " (moe_tp shards of the intermediate: partial sums)";
+    if (p.step == relayout::BridgeStep::reduce_scatterv) {
+      const auto max_plan = bridge_plan(BridgePath::dp_gather, PaddingMode::max_len);
+      e.op += " | " + std::string(max_plan.back().name);
+      e.what += "; with max_len padding: " + std::string(max_plan.back().what);
+    }
+    s.push_back(std::move(e));
   }
   return s;
 }
@@ -120,6 +110,7 @@ inline std::vector<std::string> resolution_steps(const RuntimeLayout& l) {
   return out;
 }
 
+
 inline std::string bridge_reason(const RuntimeLayout& l) {
   const std::string b(to_string(l.backend()));
   switch (l.bridge_path()) {
@@ -168,7 +159,7 @@ inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> fo
   j["bridge"]["path"] = std::string(to_string(l.bridge_path()));
   j["bridge"]["reason"] = bridge_reason(l);
   j["bridge"]["steps"] = json::array();
-  for (const BridgeStep& s : bridge_steps(l))
+  for (const ExplainStep& s : bridge_steps(l))
     j["bridge"]["steps"].push_back({{"op", s.op}, {"group", s.group}, {"what", s.what}});
   j["padding"]["rule"] = forces_max_len(c.moe_a2a_backend)
                              ? "max_len always (" + std::string(to_string(c.moe_a2a_backend)) + ")"
@@ -298,7 +289,7 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
   o << "Attention -> MoE bridge: " << to_string(l.bridge_path()) << "   (" << bridge_reason(l)
     << ")\n";
   int n = 1;
-  for (const BridgeStep& s : bridge_steps(l)) {
+  for (const ExplainStep& s : bridge_steps(l)) {
     o << "  " << n++ << ". " << s.op;
     if (s.group == "local") {
       o << " (local)";
