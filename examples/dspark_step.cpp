@@ -1,4 +1,4 @@
-// dspark_step: speculative decode rounds (SPEC §7) on real MPI ranks. A MoE draft (a small
+// dspark_step: speculative decode rounds (docs/dspark.md) on real MPI ranks. A MoE draft (a small
 // DistributedModel with full DP/MoE participation) or a dense draft (a TP MLP inside the
 // attention-TP group) proposes --tokens-per-req tokens per request, the target verifies them in one
 // forward, greedy acceptance commits. Shows raw and scaled global_num_tokens, idle participation and
@@ -6,7 +6,7 @@
 //
 // Exit codes: 0 ok; 1 the decisions of an attention-TP group disagreed (possible only with a
 // SpecTpSync site switched off and --rank-local-rng) or another error; 2 bad input or a layout the
-// SPEC §7 start-up check rejects (unless --bypass-guard).
+// docs/dspark.md start-up check rejects (unless --bypass-guard).
 #include <mpi.h>
 
 #include <nlohmann/json.hpp>
@@ -243,7 +243,7 @@ int run(Options& o, const MpiCommunicator& world) {
     << w.moe_dp << " x " << w.moe_ep << " x " << w.moe_tp << ", draft " << to_string(layout.config().draft)
     << ", DP attention " << (layout.config().enable_dp_attention ? "on" : "off") << "\n";
   if (guard_fails)
-    s << "*** DEVELOPER EXPERIMENT: the SPEC §7 start-up check was BYPASSED (--bypass-guard); this layout is "
+    s << "*** DEVELOPER EXPERIMENT: the DSpark start-up check was BYPASSED (--bypass-guard); this layout is "
          "rejected in production ***\n";
   s << "draft context: " << (ctx.patched ? "patched to " : "") << "tp group " << to_string(ctx.tp_group)
     << ", dp_moe_sync " << (ctx.dp_moe_sync ? "on" : "off") << "; SpecTpSync over " << to_string(ctx.sync_group)
@@ -310,7 +310,7 @@ int main(int argc, char** argv) {
     app.add_flag("--rank-local-rng", o.cfg.rank_local_rng,
                  "seed each rank's sampler differently (implies --sample): only SpecTpSync makes a group agree");
     app.add_flag("--bypass-guard", o.cfg.bypass_guard,
-                 "DEVELOPER EXPERIMENT: run a layout the SPEC §7 start-up check rejects");
+                 "DEVELOPER EXPERIMENT: run a layout the DSpark start-up check rejects");
     app.add_option("--trace", o.trace,
                    "write row-ownership traces of every round, DIR/draft (MoE draft) and DIR/target, one "
                    "DIR/*/rank<R>.jsonl per rank (compare each with `relayout trace diff`)");

@@ -1,5 +1,5 @@
 // dsv4_layer: DeepSeek-V4-like decoder layers on real MPI ranks in any valid layout, taking the
-// layout steps of SPEC §5-§6, checked row by row against a single-rank reference (--check).
+// layout steps of docs/bridge.md-docs/bridge.md#padding, checked row by row against a single-rank reference (--check).
 // Run with mpiexec -n <tp>. The text output shows, for one attention-DP group, which rows each of
 // its ranks holds after every boundary of the first layer (the seeds' A B C D picture, real rows).
 #include <mpi.h>
@@ -318,7 +318,7 @@ int main(int argc, char** argv) {
     cli::add_int(app, "--layers", o.dims.layers, "stacked decoder layers");
     cli::add_int(app, "--window", o.dims.window, "sliding attention window (0: full causal)");
     cli::add_int(app, "--seed", o.dims.seed, "seed of the counter-based weights and inputs");
-    app.add_option("--padding", o.padding, "auto (SPEC §6 rule), max_len or sum_len");
+    app.add_option("--padding", o.padding, "auto (docs/bridge.md#padding rule), max_len or sum_len");
     app.add_option("--restore", o.restore, "path A restore: reduce (reduce_scatterv sums) or scatter (MoE all-reduces, dp_scatter copies)");
     app.add_flag("--check", o.check, "compare every row with the single-rank reference; exit 1 on mismatch");
     cli::add_float(app, "--tolerance", o.tolerance, "max abs error accepted by --check", 0.0);

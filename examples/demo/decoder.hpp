@@ -1,4 +1,4 @@
-// A small, honest speculative decode loop on the ranks of one TP domain (SPEC §7), for the
+// A small, honest speculative decode loop on the ranks of one TP domain (docs/dspark.md), for the
 // dspark_step example and the tests: a draft (MoE: a DistributedModel with full DP/MoE
 // participation; dense: a tensor-parallel MLP inside the draft context's TP group) proposes `width`
 // tokens per request, the target (a deeper DistributedModel) verifies them in one forward, greedy
@@ -39,7 +39,7 @@ struct SpecConfig {
   int vocab = 16;
   bool sample = false;          // draft samples (site DRAFT_SAMPLE) instead of argmax (DRAFT_GREEDY)
   bool rank_local_rng = false;  // each rank seeds its sampler differently (implies sample)
-  bool bypass_guard = false;    // developer experiment: skip the SPEC §7 start-up check
+  bool bypass_guard = false;    // developer experiment: skip the docs/dspark.md start-up check
   bool check_agreement = true;  // after each site, compare the decision across the sync group
   double temperature = 1.0;
   double hidden_weight = 0.3;   // weight of the hidden-row projection against the bigram table
@@ -74,7 +74,7 @@ struct RequestRecord {
 
 // The whole round as a model::Workload over `attn_dp` groups: every request has `width` rows
 // (draft tokens), placed on its group. An idle group simply owns no request, so the model's
-// forward runs it with zero rows and it joins every collective (SPEC §6 IDLE forward).
+// forward runs it with zero rows and it joins every collective (docs/bridge.md#padding IDLE forward).
 inline model::Workload round_workload(const DpSyncMetadata& meta, int attn_dp) {
   std::vector<int> lengths, placement;
   for (std::size_t g = 0; g < meta.raw.size(); ++g)
@@ -91,7 +91,7 @@ class SpecDecoder {
  public:
   using View = typename model::Rows<ExecSpace>::View;
 
-  // Collective over the domain. Runs the SPEC §7 start-up check first (throws LayoutError with the
+  // Collective over the domain. Runs the docs/dspark.md start-up check first (throws LayoutError with the
   // exact message) unless cfg.bypass_guard.
   SpecDecoder(const ProcessGroupsOf<C>& groups, SpecConfig cfg, SyncSites sites = SyncSites::from_env())
       : groups_(groups), cfg_(std::move(cfg)), sync_(groups, std::move(sites)), ctx_(draft_context(groups.layout())) {

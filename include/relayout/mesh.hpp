@@ -1,4 +1,4 @@
-// The layout engine: widths, coordinates, groups, bridge path, padding and DSpark rules (SPEC §1–§7),
+// The layout engine: widths, coordinates, groups, bridge path, padding and DSpark rules (docs/layout.md#widths–docs/dspark.md),
 // compile-time policies and their runtime twin. Pure arithmetic: no MPI, no Kokkos.
 #pragma once
 

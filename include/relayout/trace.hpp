@@ -1,4 +1,4 @@
-// Row-ownership tracing (SPEC §8): records of who holds which row after every layout boundary, with
+// Row-ownership tracing (docs/trace.md): records of who holds which row after every layout boundary, with
 // value checksums, sent to a sink (none by default; JSON Lines per rank), and compared across
 // layouts by `relayout trace diff`.
 #pragma once

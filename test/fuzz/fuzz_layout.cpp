@@ -1,5 +1,5 @@
 // libFuzzer target: arbitrary LayoutConfigs through the layout engine. A config is either rejected
-// with a LayoutError or satisfies every invariant of SPEC §1–§3 and SGLang's further launch rules
+// with a LayoutError or satisfies every invariant of docs/layout.md#widths–docs/layout.md#groups and SGLang's further launch rules
 // (checked here independently).
 #include <cstddef>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// SPEC §1-§5 and SGLang's launch rules written out plainly, independent of the layout engine
+// docs/layout.md#widths-docs/bridge.md and SGLang's launch rules written out plainly, independent of the layout engine
 // (widths.hpp, radix.hpp, layout.hpp): the brute-force statement the mesh tests compare it with.
 #pragma once
 
@@ -73,7 +73,7 @@ inline Sglang sglang_launch(const LayoutConfig& c) {
 inline bool spec_valid(const LayoutConfig& c) { return sglang_launch(c).starts; }
 inline Expected spec_widths(const LayoutConfig& c) { return sglang_launch(c).w; }
 
-// SPEC §2 formulas verbatim.
+// docs/layout.md#rank-coordinates formulas verbatim.
 inline RankCoords spec_coords(const Expected& e, int tp, int r) {
   RankCoords k;
   k.rank = r;
@@ -86,7 +86,7 @@ inline RankCoords spec_coords(const Expected& e, int tp, int r) {
   return k;
 }
 
-// SPEC §3: a group is the set of ranks sharing the coordinates named here.
+// docs/layout.md#groups: a group is the set of ranks sharing the coordinates named here.
 inline std::tuple<int, int, int> group_key(GroupKind g, const RankCoords& k) {
   switch (g) {
     case GroupKind::tp: return {0, 0, 0};
@@ -118,7 +118,7 @@ inline int expected_group_size(GroupKind g, const Expected& e, int tp) {
   return 0;
 }
 
-// SPEC §5 path selection.
+// docs/bridge.md path selection.
 inline BridgePath spec_path(const Expected& e, Backend b) {
   if (b == Backend::none) return e.attn_dp > 1 ? BridgePath::dp_gather : BridgePath::tp_moe;
   return e.attn_tp > 1 ? BridgePath::a2a_split : BridgePath::direct;

@@ -1,6 +1,6 @@
 // On real MPI ranks (tp = world size): splitting MPI_COMM_WORLD by the layout engine's group index
 // and group rank gives communicators whose actual members (MPI_Group_translate_ranks) are the ranks
-// SPEC §3 puts in each group, in group-rank order, for every group kind.
+// docs/layout.md#groups puts in each group, in group-rank order, for every group kind.
 #include <doctest/doctest.h>
 #include <mpi.h>
 
@@ -38,7 +38,7 @@ std::vector<LayoutConfig> layouts_of(int np) {
 
 }  // namespace
 
-TEST_CASE("mpi: communicators split by group index have the members SPEC §3 lists") {
+TEST_CASE("mpi: communicators split by group index have the members docs/layout.md#groups lists") {
   const int np = world(MPI_Comm_size);
   const int me = world(MPI_Comm_rank);
   const auto configs = layouts_of(np);

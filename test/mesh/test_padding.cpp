@@ -1,4 +1,4 @@
-// SPEC §6: the padding-mode rule and token-count rounding.
+// docs/bridge.md#padding: the padding-mode rule and token-count rounding.
 #include <doctest/doctest.h>
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The compile-time policy answers what SPEC and SGLang's rules say (the brute-force statement of
+// The compile-time policy answers what the documented rules (docs/layout.md) and SGLang's rules say (the brute-force statement of
 // spec_model.hpp), over a sweep of every valid layout with tp in {1, 2, 3, 4, 6, 8, 12, 16}
 // (backends with and without their own DP rules, prefill CP on and off), instantiated as
 // Layout<...> types; RuntimeLayout is checked against the same statement in test_sweep.cpp.
@@ -75,7 +75,7 @@ struct Answers {
   std::vector<std::array<int, 3>> groups;  // per rank and kind: group index, group rank, group size
 };
 
-// The policy's answers against SPEC and SGLang's rules written out in spec_model.hpp, not against
+// The policy's answers against the documented rules and SGLang's rules written out in spec_model.hpp, not against
 // RuntimeLayout: both forms share rank_coords() and group_geometry(), so comparing them with each
 // other would pass whatever those shared rules compute.
 int spec_mismatches(const LayoutConfig& c, const Answers& a) {
@@ -86,11 +86,11 @@ int spec_mismatches(const LayoutConfig& c, const Answers& a) {
   bad += w.tp != c.tp || w.attn_dp != e.attn_dp || w.attn_cp != e.attn_cp || w.attn_tp != e.attn_tp;
   bad += w.moe_dp != e.moe_dp || w.moe_ep != e.moe_ep || w.moe_tp != e.moe_tp;
   bad += a.path != spec_path(e, c.moe_a2a_backend);
-  // SPEC §7: DP attention (prefill CP turns it on; the sweep sets no --attn-dp-size) + MoE draft
+  // docs/dspark.md: DP attention (prefill CP turns it on; the sweep sets no --attn-dp-size) + MoE draft
   // needs attn_tp == 1. The sweep keeps what the library allows, so a too permissive rule shows here.
   const bool dp_attention = c.enable_dp_attention || c.enable_prefill_cp;
   bad += a.dspark_allowed != !(dp_attention && c.draft == Draft::moe && e.attn_tp > 1);
-  // SPEC §1.1: prefill CP deals token i to CP rank i mod cp; plain CP splits contiguously.
+  // docs/layout.md#what-is-checked: prefill CP deals token i to CP rank i mod cp; plain CP splits contiguously.
   bad += a.cp_split != (c.enable_prefill_cp ? CpTokenSplit::round_robin : CpTokenSplit::contiguous);
   for (int r = 0; r < c.tp; ++r) {
     bad += !(a.coords[std::size_t(r)] == spec_coords(e, c.tp, r));
@@ -132,7 +132,7 @@ int all_mismatches(std::index_sequence<I...>) {
 
 static_assert(kCount > 500, "the twin sweep covers hundreds of layouts");
 
-TEST_CASE("twin: compile-time Layout<...> answers what the SPEC says over every swept layout") {
+TEST_CASE("twin: compile-time Layout<...> answers what the documented rules say over every swept layout") {
   CHECK(all_mismatches(std::make_index_sequence<kCount>{}) == 0);
   MESSAGE("compared " << kCount << " layouts instantiated as types");
 }

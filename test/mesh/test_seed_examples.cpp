@@ -112,7 +112,7 @@ TEST_CASE("attention CP: cp groups share (dp, tp) coordinates with stride attn_t
   CHECK(c.attn_tp_rank == 0);
 }
 
-TEST_CASE("bridge path: each (attn_dp, attn_tp, backend) case of SPEC §5") {
+TEST_CASE("bridge path: each (attn_dp, attn_tp, backend) case of docs/bridge.md") {
   CHECK(RuntimeLayout({.tp = 8, .dp = 4, .enable_dp_attention = true}).bridge_path() ==
         BridgePath::dp_gather);
   CHECK(RuntimeLayout({.tp = 8, .dp = 4, .enable_dp_attention = true,
@@ -126,7 +126,7 @@ TEST_CASE("bridge path: each (attn_dp, attn_tp, backend) case of SPEC §5") {
         BridgePath::direct);
 }
 
-TEST_CASE("every backend but none spans EP over tp (SPEC §4)") {
+TEST_CASE("every backend but none spans EP over tp (docs/layout.md#derived-widths)") {
   for (const auto& [backend, name] : impl::kBackendNames.entries) {
     CAPTURE(name);
     CHECK(parse_backend(name) == backend);

@@ -70,7 +70,7 @@ TEST_CASE("sweep: every valid layout with tp <= 64 matches the brute-force enume
     for (int r = 0; r < c.tp; ++r) {
       const RankCoords k = l.coords(r);
       REQUIRE(k == spec_coords(e, c.tp, r));
-      // Coordinates invert (SPEC §2).
+      // Coordinates invert (docs/layout.md#rank-coordinates).
       REQUIRE(r == (k.attn_dp_rank * e.attn_cp + k.attn_cp_rank) * e.attn_tp + k.attn_tp_rank);
       REQUIRE(r == (k.moe_dp_rank * e.moe_ep + k.moe_ep_rank) * e.moe_tp + k.moe_tp_rank);
       ++ranks_checked;

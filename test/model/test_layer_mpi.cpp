@@ -92,7 +92,7 @@ Outcome run(const MpiCommunicator& world, const LayoutConfig& c, model::BridgeOp
   const auto ref = model::reference_forward(dims, work);
   const RankCoords k = groups.coords();
   const auto cmp = test::compare_with_reference(dims, work, ref, k.attn_dp_rank, out);
-  // Which rows this rank holds after the row split over attn_tp (SPEC §5 path B) is part of the
+  // Which rows this rank holds after the row split over attn_tp (docs/bridge.md path B) is part of the
   // contract, not only the all-gathered result: check the owners recorded at every split_rows.
   const auto chunk = tensor_split_chunk(work.owners_of(k.attn_dp_rank), layout.widths().attn_tp, k.attn_tp_rank);
   std::int64_t splits = 0;

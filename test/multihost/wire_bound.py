@@ -12,8 +12,9 @@ any implementation that does not compress the floats it moves:
   all_gather(v)        (k - 1) * R each host lacks the blocks of the other hosts; the blocks add up to R
   reduce_scatter(v)    S           each block's owner needs the other hosts' partial sums of it
   all_to_all           per member, its send bytes times (members on other hosts) / (members)
-  all_to_allv          the (row, expert) slots the trace shows going to a rank on another host, each
-                       H floats out, one expert id, H floats back (checked against the reported bytes)
+  dispatch / combine   the (row, destination rank) pairs the trace shows crossing hosts: a row travels
+                       once per rank holding one of its experts (H floats and its k expert ids and
+                       weights out, H floats back); checked against the reported bytes
 
 (n, R, S: the bytes the layer reports for one member: buffer, received, sent.) Prints one JSON object.
 """
@@ -59,11 +60,11 @@ def main():
 
     bound = {}
     naive = 0  # the plain sum over ranks of what each reports for cross-host collectives
-    a2av_reported = 0
+    ep_reported = {"dispatch": 0, "combine": 0}
     for (op, kind, g), per_rank in sorted(reported.items()):
         k = len({host(r) for r in g})
-        if op == "all_to_allv":
-            a2av_reported += sum(per_rank.values())
+        if op in ep_reported:
+            ep_reported[op] += sum(per_rank.values())
         if k < 2:
             continue
         naive += sum(per_rank.values())
@@ -77,13 +78,13 @@ def main():
             b = one
         elif op == "all_to_all":
             b = sum(s * sum(1 for m in g if host(m) != host(r)) // len(g) for r, s in per_rank.items())
-        elif op == "all_to_allv":
+        elif op in ep_reported:
             continue  # from the trace, below
         else:
             sys.exit(f"wire_bound: no rule for collective {op}")
         bound[key] = bound.get(key, 0) + b
 
-    if a2av_reported:
+    if ep_reported["dispatch"]:
         recs = load_trace(a.trace)
         hidden = recs[0]["hidden"]
         # Where each row sits before the dispatch (split_rows), per layer: owner -> rank.
@@ -92,21 +93,25 @@ def main():
             if r["boundary"] == "split_rows":
                 for row in r["rows"]:
                     source[(r["layer"], tuple(row[:3]))] = r["global_rank"]
-        slots = cross = 0
+        # The expert ranks list one row per (row, local expert); a row travels once per rank.
+        pairs = set()
         for r in recs:
-            if r["boundary"] != "dispatch+experts":
-                continue
-            for row in r["rows"]:
-                slots += 1
-                if host(source[(r["layer"], tuple(row[:3]))]) != host(r["global_rank"]):
-                    cross += 1
-        per_slot = (2 * hidden + 1) * 4
-        if slots * per_slot != a2av_reported:
-            sys.exit(f"wire_bound: the trace's {slots} dispatched slots x {per_slot} bytes do not match the "
-                     f"{a2av_reported} all_to_allv bytes the layer reports")
+            if r["boundary"] == "dispatch+experts":
+                for row in r["rows"]:
+                    pairs.add((r["layer"], tuple(row[:3]), r["global_rank"]))
+        cross = sum(1 for (layer, owner, dest) in pairs if host(source[(layer, owner)]) != host(dest))
+        back = hidden * 4
+        if len(pairs) * back != ep_reported["combine"]:
+            sys.exit(f"wire_bound: the trace's {len(pairs)} (row, rank) pairs x {back} bytes do not match the "
+                     f"{ep_reported['combine']} combine bytes the layer reports")
+        out, rem = divmod(ep_reported["dispatch"], len(pairs))
+        if rem or (out - back) % 8 or out <= back:
+            sys.exit(f"wire_bound: {ep_reported['dispatch']} dispatch bytes are not {len(pairs)} pairs of "
+                     f"{back} bytes plus k (id, weight) entries")
         if cross:
-            bound["all_to_allv@moe_ep"] = cross * per_slot
-        bound["_slots"] = {"total": slots, "cross_host": cross}
+            bound["dispatch@moe_ep"] = cross * out
+            bound["combine@moe_ep"] = cross * back
+        bound["_pairs"] = {"total": len(pairs), "cross_host": cross, "topk": (out - back) // 8}
 
     total = sum(v for k, v in bound.items() if not k.startswith("_"))
     print(json.dumps({"path": report["path"], "cross_host_bound_bytes": total, "by_collective": bound,

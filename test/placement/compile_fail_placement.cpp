@@ -14,7 +14,7 @@ int main() {
   const DpSlotsPtr slots = make_dp_slots(pg.layout(), std::vector<std::int64_t>{2});
   const Rows<float, Partial<group::Tp>, DpGlobal> moe_partial(v, slots);
 #if defined(RELAYOUT_CF_CASE_double_all_reduce)
-  const auto twice = all_reduce(pg, replicated);  // SPEC §5: [2,3] + [2,3] = [4,6] double-counts
+  const auto twice = all_reduce(pg, replicated);  // docs/bridge.md: [2,3] + [2,3] = [4,6] double-counts
   return static_cast<int>(twice.rows());
 #elif defined(RELAYOUT_CF_CASE_gather_partial_on_replicated)
   return static_cast<int>(dp_gather_partial(pg, replicated, slots).rows());  // failure mode 3

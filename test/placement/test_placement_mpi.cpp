@@ -179,7 +179,7 @@ TEST_CASE("mpi: the DP bridge in both padding modes, with zero and uneven token 
       const auto before = host_rows(local.view());
       const Rows<double, Replicated<group::Tp>, DpGlobal> global = dp_gather_replicate(pg, local, slots);
       CHECK(host_rows(global.view()) == expect_global);
-      CHECK(host_rows(local.view()) == before);  // SPEC §6: a gather never mutates the caller's rows
+      CHECK(host_rows(local.view()) == before);  // docs/bridge.md#padding: a gather never mutates the caller's rows
 
       // Partial rows over attn_tp: member t holds value * (t + 1) / (A (A + 1) / 2).
       const double share = A * (A + 1) / 2.0;

@@ -1,4 +1,4 @@
-// SPEC §7 on MPI ranks: SpecTpSync broadcasts from the group's rank 0, an idle attention-DP group
+// docs/dspark.md on MPI ranks: SpecTpSync broadcasts from the group's rank 0, an idle attention-DP group
 // joins every collective of the draft and verify forwards, MoE and dense drafts on several layouts
 // give the same accepted lengths and committed tokens as a single-rank run (the same code at tp = 1)
 // and MoE drafts as a plain speculative loop over the reference model (no distributed code), sync
@@ -276,7 +276,7 @@ TEST_CASE("rank-local sampler: SpecTpSync makes the attention-TP group agree; RE
   }
 }
 
-TEST_CASE("start-up check: DP attention + MoE draft + attn_tp > 1 is rejected with the SPEC message; bypass runs") {
+TEST_CASE("start-up check: DP attention + MoE draft + attn_tp > 1 is rejected with the documented message; bypass runs") {
   const int n = world().size();
   const ProcessGroups groups(RuntimeLayout({.tp = n, .dp = n / 2, .enable_dp_attention = true, .draft = Draft::moe}),
                              world());

@@ -1,6 +1,6 @@
 // `relayout trace diff BASELINE CANDIDATE`: reads two row-ownership traces (directories of
 // rank<R>.jsonl, written by trace::JsonlSink) and reports the first boundary where the candidate
-// layout's rows diverge from the trusted baseline's (SPEC §8). Exit 0 agree, 1 diverge, 2 unreadable.
+// layout's rows diverge from the trusted baseline's (docs/trace.md). Exit 0 agree, 1 diverge, 2 unreadable.
 //
 // Matching rule. Rows are matched by owner (request, position, speculative step), never by rank or
 // index, because the two runs may use different layouts (1 rank vs TP8/DP4). Boundaries are visited

@@ -21,8 +21,8 @@
 
 namespace relayout::model {
 
-// Known bugs, wired on purpose so that verification can be shown to catch them (SPEC "Known failure
-// modes"): never use outside tests and demonstrations.
+// Known bugs, wired on purpose so that verification can be shown to catch them (docs/bridge.md,
+// "Why illegal transitions do not compile"): never use outside tests and demonstrations.
 enum class Inject : std::uint8_t { none, double_reduce, skip_reduce, gather_partial, no_split };
 inline constexpr relayout::impl::NameTable<Inject, 5> kInjectNames{{{{Inject::none, "none"},
                                                                      {Inject::double_reduce, "double_reduce"},
@@ -39,7 +39,7 @@ constexpr std::string_view to_string(Inject i) { return kInjectNames.name(i); }
 enum class Restore : std::uint8_t { reduce, scatter };
 
 struct BridgeOptions {
-  std::optional<PaddingMode> padding;  // forced; otherwise the SPEC §6 rule
+  std::optional<PaddingMode> padding;  // forced; otherwise the docs/bridge.md#padding rule
   Restore restore = Restore::reduce;
   Inject inject = Inject::none;
   bool track_owners = true;        // move row owners with the rows and check conservation

@@ -41,7 +41,7 @@ class DistributedModel {
       shards_.push_back(LayerShard<ExecSpace>::make(exec_, dims_, layer, shard_spec()));
   }
 
-  // What this rank holds of every layer (SPEC §5): heads over attn_tp, experts over moe_ep, the
+  // What this rank holds of every layer (docs/bridge.md): heads over attn_tp, experts over moe_ep, the
   // intermediate over moe_tp; the shared expert with the experts of moe_ep rank 0 when the MoE runs
   // on replicated rows, on every rank (whole) when each rank dispatches its own rows.
   ShardSpec shard_spec() const {

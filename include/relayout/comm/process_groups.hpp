@@ -1,7 +1,7 @@
 // ProcessGroups: the tp, attn_tp, attn_cp, moe_tp, moe_ep and moe_dp communicators of one TP
 // domain, made from a RuntimeLayout and a world communicator by one split scheme driven by the
 // layout engine (color = group_index, key = group_rank). Which groups share a handle is a policy
-// (SPEC §3), and a user can ask which handle each group uses.
+// (docs/layout.md#groups), and a user can ask which handle each group uses.
 #pragma once
 
 #include <array>

@@ -1,4 +1,4 @@
-// The rank layout of one TP domain (SPEC §2–§7): coordinates, groups, bridge path, padding mode,
+// The rank layout of one TP domain (docs/layout.md#rank-coordinates–docs/dspark.md): coordinates, groups, bridge path, padding mode,
 // which CP rank holds which token, and the DSpark start-up verdict as constexpr rules, and
 // RuntimeLayout, the checked runtime form.
 #pragma once
@@ -28,7 +28,7 @@ struct RankCoords {
   friend constexpr bool operator==(const RankCoords&, const RankCoords&) = default;
 };
 
-// Attention order (dp, cp, tp) and MoE order (moe_dp, moe_ep, moe_tp), fastest last (SPEC §2).
+// Attention order (dp, cp, tp) and MoE order (moe_dp, moe_ep, moe_tp), fastest last (docs/layout.md#rank-coordinates).
 constexpr MixedRadix<3> attention_radix(const Widths& w) { return {{w.attn_dp, w.attn_cp, w.attn_tp}}; }
 constexpr MixedRadix<3> moe_radix(const Widths& w) { return {{w.moe_dp, w.moe_ep, w.moe_tp}}; }
 
@@ -38,7 +38,7 @@ constexpr RankCoords rank_coords(const Widths& w, int rank) {
   return {rank, a[0], a[1], a[2], m[0], m[1], m[2]};
 }
 
-// Which factorization and which of its axes vary inside a group of the given kind (SPEC §3).
+// Which factorization and which of its axes vary inside a group of the given kind (docs/layout.md#groups).
 struct GroupGeometry {
   MixedRadix<3> radix;
   unsigned free;
@@ -68,7 +68,7 @@ struct DsparkVerdict {
   std::string_view error{};  // empty when allowed
 };
 
-// SPEC §7: rejected before the draft worker exists. Generic, not tied to a device type.
+// docs/dspark.md: rejected before the draft worker exists. Generic, not tied to a device type.
 constexpr DsparkVerdict dspark_verdict(const LayoutConfig& c, const Widths& w) {
   if (dp_attention_on(c) && c.draft == Draft::moe && w.attn_tp > 1)
     return {false, RELAYOUT_DSPARK_MOE_DRAFT_MESSAGE};
@@ -112,12 +112,12 @@ constexpr std::int64_t cp_token_count(std::int64_t n, int cp, int r) {
   return n / cp + (r < n % cp ? 1 : 0);
 }
 
-// Token counts are rounded up to a multiple of attn_tp so rows split evenly (SPEC §6).
+// Token counts are rounded up to a multiple of attn_tp so rows split evenly (docs/bridge.md#padding).
 constexpr std::int64_t round_up_tokens(std::int64_t n, int attn_tp) {
   return (n + attn_tp - 1) / attn_tp * attn_tp;
 }
 
-// SPEC §6: MAX_LEN if 2*sum >= max*attn_dp else SUM_LEN; pplx always MAX_LEN. Every rank calls
+// docs/bridge.md#padding: MAX_LEN if 2*sum >= max*attn_dp else SUM_LEN; pplx always MAX_LEN. Every rank calls
 // this on the same all-gathered counts, so every rank picks the same mode.
 inline PaddingMode padding_mode(std::span<const std::int64_t> global_num_tokens, int attn_dp,
                                 Backend backend) {
@@ -198,7 +198,7 @@ class RuntimeLayout {
                ? prefill_cp_rank_of_token(token, widths_.attn_cp)
                : cp_chunk_rank_of_token(token, tokens, widths_.attn_cp);
   }
-  // Throws the SPEC §7 message when the DSpark start-up check rejects this layout.
+  // Throws the docs/dspark.md message when the DSpark start-up check rejects this layout.
   void require_dspark_allowed() const {
     if (const auto v = dspark(); !v.allowed) throw LayoutError("--draft", std::string(v.error));
   }

@@ -1,6 +1,6 @@
-// Named choices of a layout: the MoE all-to-all backend (SPEC §4), the speculative draft kind (§7),
-// the prefill CP strategy, the Attention→MoE bridge path (§5), the padding mode (§6) and the
-// process-group kinds (§3).
+// Named choices of a layout: the MoE all-to-all backend (docs/layout.md#derived-widths), the speculative draft kind (docs/dspark.md),
+// the prefill CP strategy, the Attention→MoE bridge path (docs/bridge.md), the padding mode (docs/bridge.md#padding) and the
+// process-group kinds (docs/layout.md#groups).
 #pragma once
 
 #include <array>
@@ -120,9 +120,9 @@ constexpr std::string_view to_string(BridgePath p) { return impl::kBridgePathNam
 constexpr std::string_view to_string(PaddingMode m) { return impl::kPaddingNames.name(m); }
 constexpr std::string_view to_string(GroupKind g) { return impl::kGroupNames.name(g); }
 
-// Every backend except `none` spans expert parallelism over the whole TP width (SPEC §4).
+// Every backend except `none` spans expert parallelism over the whole TP width (docs/layout.md#derived-widths).
 constexpr bool spans_ep(Backend b) { return b != Backend::none; }
-// pplx needs max-len padding whatever the token counts are (SPEC §4, §6).
+// pplx needs max-len padding whatever the token counts are (docs/layout.md#derived-widths, docs/bridge.md#padding).
 constexpr bool forces_max_len(Backend b) { return b == Backend::pplx; }
 
 inline Backend parse_backend(std::string_view text) {

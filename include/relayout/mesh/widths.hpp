@@ -1,4 +1,4 @@
-// The width formulas of SPEC §1 and §4 and SGLang's further launch rules, written once as constexpr
+// The width formulas of docs/layout.md#widths, docs/layout.md#derived-widths and SGLang's further launch rules, written once as constexpr
 // functions. The compile-time policy (policy.hpp) and the runtime layout (layout.hpp) both call
 // derive_widths(), so both accept and reject the same layouts with the same sentences.
 #pragma once

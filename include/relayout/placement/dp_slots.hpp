@@ -1,5 +1,5 @@
 // Where each attention-DP group's rows sit in a DpGlobal buffer, decided once per step from the
-// all-gathered token counts (SPEC §6): sum_len packs the groups back to back (exact total);
+// all-gathered token counts (docs/bridge.md#padding): sum_len packs the groups back to back (exact total);
 // max_len gives each group a slot of round_up_tokens(max, attn_tp) rows, padded with zeros.
 #pragma once
 

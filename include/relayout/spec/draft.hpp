@@ -1,4 +1,4 @@
-// Draft-model context selection under DP attention (SPEC §7): which group is the draft's TP group,
+// Draft-model context selection under DP attention (docs/dspark.md): which group is the draft's TP group,
 // whether the draft joins the DP/MoE sync, and where proposal-side base logits may be computed.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Idle participation in a speculative round (SPEC §7): every attention-DP group, including one with
+// Idle participation in a speculative round (docs/dspark.md): every attention-DP group, including one with
 // no requests, builds its batch from the same DpSyncMetadata and runs the draft and verify forwards,
 // so the DP/MoE collectives inside them complete. An idle group's batch has zero rows, not no batch.
 #pragma once

@@ -1,4 +1,4 @@
-// The planner's DP-tier gather predicate (SPEC §7): enabled only when all ten conditions hold.
+// The planner's DP-tier gather predicate (docs/dspark.md): enabled only when all ten conditions hold.
 // Each condition is a named input, and the result says which ones failed.
 #pragma once
 

@@ -1,4 +1,4 @@
-// SpecTpSync (SPEC §7): one rank's speculative decision (draft tokens, plan, accepted lengths,
+// SpecTpSync (docs/dspark.md): one rank's speculative decision (draft tokens, plan, accepted lengths,
 // target choices) broadcast from group rank 0 of the attention-TP group (DP attention on) or of the
 // TP group (off), so every member of the group commits the same tokens. Decisions only.
 #pragma once

@@ -1,4 +1,4 @@
-// SpecTpSync sites (SPEC §7) and which of them sync, read from RELAYOUT_SPEC_TP_SYNC:
+// SpecTpSync sites (docs/dspark.md) and which of them sync, read from RELAYOUT_SPEC_TP_SYNC:
 // "all" (default), "off", or a comma-separated list of site names.
 #pragma once
 

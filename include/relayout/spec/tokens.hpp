@@ -1,4 +1,4 @@
-// DSpark token units (SPEC §7): on decode-family rounds the per-rank values are request counts;
+// DSpark token units (docs/dspark.md): on decode-family rounds the per-rank values are request counts;
 // DP/MoE geometry needs token rows. They are distinct types: mixing or comparing them does not
 // compile, and the only way from one to the other is an explicit scaling by the per-request width.
 #pragma once
@@ -61,7 +61,7 @@ struct DpSyncMetadata {
     m.scaled = scale_global_num_tokens(m.raw, width);
     return m;
   }
-  // A group with no requests still takes part in every collective with zero rows (SPEC §7).
+  // A group with no requests still takes part in every collective with zero rows (docs/dspark.md).
   bool idle(std::size_t group) const { return raw.at(group).value == 0; }
   bool any_work() const {
     for (RequestCount r : raw)

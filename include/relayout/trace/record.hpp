@@ -1,4 +1,4 @@
-// One row-ownership trace record (SPEC §8): what one rank holds right after one layout boundary of
+// One row-ownership trace record (docs/trace.md): what one rank holds right after one layout boundary of
 // one layer — who it is, which communicator the boundary used, and for every row its owner and a
 // checksum of its values — plus the sinks that receive records (none by default, JSON Lines on request).
 #pragma once

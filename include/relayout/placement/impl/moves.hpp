@@ -120,14 +120,14 @@ RowsData<T, Space> split_rows_data(int parts, int index, const RowsData<T, Space
   return {row_slice(in.view, mine.begin, mine.count), n, in.slots};
 }
 
-// ---- the DP bridge (SPEC §5 path A, §6). Rank r of the domain is (attn_dp_rank, attn_tp_rank)
+// ---- the DP bridge (docs/bridge.md path A, docs/bridge.md#padding). Rank r of the domain is (attn_dp_rank, attn_tp_rank)
 // = (r / attn_tp, r % attn_tp) because these calls require attn_cp == 1.
 
 template <class C>
 void require_dp_bridge_layout(const ProcessGroupsOf<C>& pg, const char* call) {
   if (pg.layout().widths().attn_cp != 1)
     throw LayoutError("attn_cp", std::string(call) + " needs attn_cp == 1 (the DP bridge does not "
-                                 "run under prefill context parallelism, SPEC §5); attn_cp = " +
+                                 "run under prefill context parallelism, docs/bridge.md); attn_cp = " +
                                  std::to_string(pg.layout().widths().attn_cp));
 }
 
