@@ -144,8 +144,9 @@ layer_run B-4+4 h1,h2 4 8 --tp 8 --dp 2 --enable-dp-attention --moe-a2a-backend 
 
 DEADLINE=4
 echo "== faults (RELAYOUT_COLLECTIVE_TIMEOUT=$DEADLINE s)"
-# A forward long enough to be cut in the middle (about 20 s undisturbed here).
-LONG=(--tp 4 --dp 2 --enable-dp-attention --moe-a2a-backend deepep --hidden 128 --requests 100,100 --layers 100)
+# A forward long enough to be cut in the middle (tens of seconds undisturbed across the hosts; with a
+# deadline set the ranks poll and yield, so a layer takes about 15 ms on one machine).
+LONG=(--tp 4 --dp 2 --enable-dp-attention --moe-a2a-backend deepep --hidden 128 --requests 300,300 --layers 400)
 MARGIN=10
 host_ranks() { for p in $(ip netns pids "$(mh_ns "$1")"); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = dsv4_layer ] && echo "$p"; done; }
 fault_drill() {  # NAME FAULT REPAIR FAR_SIDE_ENDS(yes|no)
@@ -162,7 +163,7 @@ fault_drill() {  # NAME FAULT REPAIR FAR_SIDE_ENDS(yes|no)
   done
   sleep 2
   if ! kill -0 "$job" 2>/dev/null; then
-    fail "$name: the job ended before the fault"
+    fail "$name: the job ended before the fault"; sed "s/^/    /" "$d/stderr" | tail -5
     return
   fi
   local t_fault
