@@ -26,6 +26,9 @@ inline constexpr int kWatchdogExitCode = 3;
 [[noreturn]] inline void abort_job(const std::string& message, int code) {
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);
+  // The launcher forwards stderr through a pipe it stops reading once the abort reaches it: give it
+  // a moment to pass the message on first, or the job can end without saying why.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   MPI_Abort(MPI_COMM_WORLD, code);
   std::abort();  // MPI_Abort does not return; this keeps the promise if it ever did
 }
