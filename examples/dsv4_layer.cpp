@@ -307,17 +307,7 @@ int main(int argc, char** argv) {
     o.layout.add_to(app);
     cli::add_int_list(app, "--requests", o.requests, "prompt lengths, e.g. 5,3,4 (request i -> DP group i mod attn_dp)");
     cli::add_int_list(app, "--placement", o.placement, "the DP group of each request, e.g. 0,0,2");
-    cli::add_int(app, "--hidden", o.dims.hidden, "hidden size");
-    cli::add_int(app, "--heads", o.dims.heads, "query heads (split over attn_tp)");
-    cli::add_int(app, "--head-dim", o.dims.head_dim, "head dimension (also the shared KV width)");
-    cli::add_int(app, "--q-lora", o.dims.q_lora, "wq_a output (query low-rank) dimension");
-    cli::add_int(app, "--experts", o.dims.experts, "routed experts (split over moe_ep)");
-    cli::add_int(app, "--topk", o.dims.topk, "experts per token");
-    cli::add_int(app, "--moe-inter", o.dims.moe_inter, "expert intermediate size (split over moe_tp)");
-    cli::add_int(app, "--shared-inter", o.dims.shared_inter, "shared expert intermediate size (0: none)");
-    cli::add_int(app, "--layers", o.dims.layers, "stacked decoder layers");
-    cli::add_int(app, "--window", o.dims.window, "sliding attention window (0: full causal)");
-    cli::add_int(app, "--seed", o.dims.seed, "seed of the counter-based weights and inputs");
+    cli::add_model_flags(app, o.dims);
     app.add_option("--padding", o.padding, "auto (docs/bridge.md#padding rule), max_len or sum_len");
     app.add_option("--restore", o.restore, "path A restore: reduce (reduce_scatterv sums) or scatter (MoE all-reduces, dp_scatter copies)");
     app.add_flag("--check", o.check, "compare every row with the single-rank reference; exit 1 on mismatch");

@@ -1,5 +1,5 @@
 // The `relayout` command line as a function of (argv, out, err) -> exit code, shared by main() and
-// the fuzz target. Subcommands: explain, trace diff.
+// the fuzz target. Subcommands: explain, plan, trace diff.
 #pragma once
 
 #include <optional>
@@ -8,6 +8,7 @@
 
 #include "cli/explain.hpp"
 #include "cli/layout_flags.hpp"
+#include "cli/plan.hpp"
 #include "cli/trace_diff.hpp"
 
 namespace relayout::cli {
@@ -47,6 +48,19 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
   explain->add_option("--format", format, "text, json or dot")
       ->check(CLI::IsMember({"text", "json", "dot"}));
 
+  // plan: the collectives, rows and memory per rank of the demo layer (plan.hpp), from dsv4_layer's flags.
+  LayoutFlags plan_flags;  // its own: LayoutFlags keeps a pointer to the option it registered
+  PlanInput plan_in;
+  std::string plan_format = "text";
+  CLI::App* plan = app.add_subcommand("plan", "predicted collectives, rows and memory per rank of one forward of the demo layer");
+  plan_flags.add_to(*plan);
+  add_model_flags(*plan, plan_in.dims);
+  add_int_list(*plan, "--requests", plan_in.requests, "prompt lengths, e.g. 5,3,4 (request i -> DP group i mod attn_dp)");
+  add_int_list(*plan, "--placement", plan_in.placement, "the DP group of each request, e.g. 0,0,2");
+  plan->add_option("--padding", plan_in.padding, "auto (docs/bridge.md#padding rule), max_len or sum_len");
+  plan->add_option("--restore", plan_in.restore, "path A restore: reduce or scatter");
+  plan->add_option("--format", plan_format, "text or json")->check(CLI::IsMember({"text", "json"}));
+
   // trace diff BASELINE CANDIDATE: first divergence of two row-ownership traces (trace_diff.hpp).
   CLI::App* trace = app.add_subcommand("trace", "row-ownership traces written with --trace DIR");
   trace->require_subcommand(1);
@@ -69,7 +83,15 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
 
   return run_main(app, argc, argv, out, err, [&] {
     if (diff->parsed()) return trace_diff(baseline, candidate, diff_opts, out, err);
-    const RuntimeLayout layout = flags.layout();
+    const RuntimeLayout layout = plan->parsed() ? plan_flags.layout() : flags.layout();
+    if (plan->parsed()) {
+      const LayerPlan p = plan_layer(layout, plan_in);
+      if (plan_format == "json")
+        out << plan_json(p).dump(2) << "\n";
+      else
+        out << plan_text(p);
+      return 0;
+    }
     std::optional<int> focus;
     if (explain->count("--rank")) focus = layout.coords(rank).rank;  // throws when out of range
     if (format == "json")

@@ -1,0 +1,326 @@
+// `relayout plan`: what one forward of the demo DeepSeek-V4-like layer sends and holds on every
+// rank of a layout, on paper. The collectives come from the bridge's own plan
+// (relayout::bridge_plan, the steps MoeBridge runs) plus the layer's attention all-reduce and the
+// token-count all-gather, with the byte counts the library's TrafficLog records for each (see
+// relayout/placement/impl/moves.hpp and ep.hpp: bytes a rank hands to the collective; for
+// gathers, the assembled receive buffer). Every size is exact except EP dispatch/combine, whose
+// bytes depend on the router: those are expected values under uniform routing (each row's top-k
+// experts a uniformly random k-subset of the experts). dsv4_layer measures the same quantities
+// (`--format json`, ranks[].collectives[]); test/cli compares the two.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cli/memory_estimate.hpp"
+#include "demo/model/config.hpp"
+#include "demo/model/workload.hpp"
+#include "relayout/bridge/plan.hpp"
+#include "relayout/mesh.hpp"
+#include "relayout/placement/dp_slots.hpp"
+#include "relayout/placement/split.hpp"
+#include "relayout/placement/traffic.hpp"
+
+namespace relayout::cli {
+
+// What the plan is made from: the flags of dsv4_layer.
+struct PlanInput {
+  model::ModelDims dims;
+  std::vector<int> requests{5, 3, 4, 2, 6, 1, 3};  // dsv4_layer's default workload
+  std::vector<int> placement;
+  std::string padding = "auto";
+  std::string restore = "reduce";
+  double elem = 4;  // bytes of one value: the demo layer computes in float
+};
+
+inline constexpr std::size_t kPlanSlots = TrafficLog::kOps * TrafficLog::kGroups;
+
+struct RankPlan {
+  RankCoords coords;
+  std::array<std::int64_t, kPlanSlots> calls{};  // [op][group], as TrafficLog
+  std::array<double, kPlanSlots> bytes{};
+  double attention_rows = 0;  // rows of its attention-DP group
+  double moe_rows = 0;        // rows its router routes (entering its MoE step)
+  double expert_rows = 0;     // rows its experts receive (dispatch: expected under uniform routing)
+  double expert_pairs = 0;    // (row, local expert) pairs its experts compute (expected)
+  WeightShards weights;       // bytes
+  MemoryEstimate memory;      // bytes; flops of the forward
+  double kv_per_token = 0;    // bytes of attention K/V per token (all layers) this rank keeps
+
+  void add(TrafficOp op, GroupKind g, double b, std::int64_t n = 1) {
+    const std::size_t s = TrafficLog::slot(op, g);
+    calls[s] += n;
+    bytes[s] += b * double(n);
+  }
+  double total_bytes() const {
+    double t = 0;
+    for (double b : bytes) t += b;
+    return t;
+  }
+};
+
+struct LayerPlan {
+  explicit LayerPlan(const RuntimeLayout& l) : layout(l) {}
+  RuntimeLayout layout;
+  model::ModelDims dims;
+  double elem = 4;
+  BridgePath path = BridgePath::tp_moe;
+  PaddingMode padding = PaddingMode::sum_len;
+  BridgeRestore restore = BridgeRestore::reduce;
+  std::vector<std::int64_t> global_num_tokens;
+  std::span<const PlanStep> steps;
+  double destinations_per_row = 0;  // expected moe_ep ranks a row is dispatched to (uniform routing)
+  std::vector<RankPlan> ranks;
+};
+
+// Expected number of moe_ep ranks holding at least one of a row's top-k experts when the k
+// experts are a uniformly random k-subset of `experts` spread evenly over `ep` ranks:
+// ep * (1 - C(experts - per_rank, k) / C(experts, k)).
+inline double expected_destinations(int experts, int k, int ep) {
+  const int per_rank = experts / ep;
+  double miss = 1.0;  // P(none of the k experts on a given rank)
+  for (int i = 0; i < k; ++i) miss *= std::max(0.0, double(experts - per_rank - i) / double(experts - i));
+  return ep * (1.0 - miss);
+}
+
+inline BridgeRestore parse_restore(const std::string& s) {
+  if (s != "reduce" && s != "scatter")
+    throw LayoutError("--restore", "--restore must be reduce or scatter, got '" + s + "'");
+  return s == "scatter" ? BridgeRestore::scatter : BridgeRestore::reduce;
+}
+
+// The plan of one forward (all layers) of the demo layer on `layout`. Throws LayoutError naming
+// the flag when the dims, requests or placement do not fit the layout (the layer's own checks).
+inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
+  const Widths& w = layout.widths();
+  model::validate(in.dims, w);
+  const model::Workload work = model::Workload::make(in.requests, in.placement, w.attn_dp);
+  LayerPlan p(layout);
+  p.dims = in.dims;
+  p.elem = in.elem;
+  p.path = layout.bridge_path();
+  p.restore = parse_restore(in.restore);
+  for (int g = 0; g < w.attn_dp; ++g) p.global_num_tokens.push_back(std::int64_t(work.owners_of(g).size()));
+  p.padding = in.padding == "auto" ? layout.padding_mode(p.global_num_tokens) : parse_padding(in.padding);
+  p.steps = bridge_plan(p.path, p.padding, p.restore);
+  const model::ModelDims& d = in.dims;
+  const double H = d.hidden, K = d.topk, e = in.elem, L = d.layers;
+  const int A = w.attn_tp, ep = w.moe_ep;
+  p.destinations_per_row = ep > 1 ? expected_destinations(d.experts, d.topk, ep) : 1.0;
+  const double hit = p.destinations_per_row / ep;  // P(a row goes to a given moe_ep rank)
+  const DpSlots slots(layout, p.global_num_tokens, p.padding);
+  const double total = double(slots.total_rows());
+  const auto multi = [&](GroupKind g) { return layout.group_size(g) > 1; };
+  // Rows a rank routes on the all-to-all paths: its tensor_split chunk of its group's rows.
+  const auto chunk = [&](int rank) {
+    const RankCoords k = layout.coords(rank);
+    return double(tensor_split_range(p.global_num_tokens[std::size_t(k.attn_dp_rank)], A, k.attn_tp_rank).count);
+  };
+
+  for (int r = 0; r < layout.size(); ++r) {
+    RankPlan rp;
+    rp.coords = layout.coords(r);
+    const RankCoords& k = rp.coords;
+    const std::int64_t n_rows = p.global_num_tokens[std::size_t(k.attn_dp_rank)];
+    const double n = double(n_rows);
+    rp.attention_rows = n;
+    // The token counts of every DP group, once per forward (gather_num_tokens).
+    if (layout.size() > 1) rp.add(TrafficOp::all_gather_counts, GroupKind::tp, double(layout.size()) * 8.0);
+    double buffer_rows = n;  // rows the bridge holds at once on this rank
+    bool shared_here = true;
+    // One layer; every layer is the same.
+    RankPlan layer;
+    if (multi(GroupKind::attn_tp)) layer.add(TrafficOp::all_reduce, GroupKind::attn_tp, n * H * e);
+    for (const PlanStep& s : p.steps) {
+      switch (s.step) {
+        case BridgeStep::dp_gather:
+          layer.add(p.padding == PaddingMode::sum_len ? TrafficOp::all_gatherv : TrafficOp::all_gather, *s.group,
+                    total * H * e);
+          break;
+        case BridgeStep::local_experts: {
+          const double rows = p.path == BridgePath::dp_gather ? total : n;
+          rp.moe_rows = double(tensor_split_range(std::int64_t(rows), w.moe_dp, k.moe_dp_rank).count);
+          rp.expert_rows = rp.moe_rows;
+          rp.expert_pairs = rp.moe_rows * K / ep;
+          buffer_rows = rows;
+          shared_here = d.shared_inter > 0 && k.moe_ep_rank == 0;
+          break;
+        }
+        case BridgeStep::reduce_scatterv:
+          layer.add(TrafficOp::reduce_scatterv, *s.group, total * H * e);
+          if (multi(GroupKind::attn_tp)) layer.add(TrafficOp::all_gatherv, GroupKind::attn_tp, n * H * e);
+          break;
+        case BridgeStep::dp_reduce_scatter:
+          layer.add(TrafficOp::reduce_scatter, *s.group, total * H * e);
+          if (multi(GroupKind::attn_tp))
+            layer.add(TrafficOp::all_gather, GroupKind::attn_tp, double(slots.slot_rows()) * H * e);
+          break;
+        case BridgeStep::all_reduce:
+          if (multi(*s.group)) layer.add(TrafficOp::all_reduce, *s.group, (p.path == BridgePath::dp_gather ? total : n) * H * e);
+          break;
+        case BridgeStep::split_rows: rp.moe_rows = chunk(r); break;
+        case BridgeStep::dispatch: {
+          // Each routed row once per destination rank, with its k expert ids (int) and weights.
+          if (multi(*s.group)) layer.add(TrafficOp::dispatch, *s.group, rp.moe_rows * p.destinations_per_row * (H * e + K * (4 + e)));
+          double arriving = 0;  // rows of every member of this rank's moe_ep group, each here with P(hit)
+          for (int m : layout.group_members(GroupKind::moe_ep, r)) arriving += chunk(m);
+          rp.expert_rows = arriving * hit;
+          rp.expert_pairs = arriving * K / ep;
+          buffer_rows = n + rp.moe_rows + rp.expert_rows;
+          break;
+        }
+        case BridgeStep::combine:
+          if (multi(*s.group)) layer.add(TrafficOp::combine, *s.group, rp.expert_rows * H * e);
+          break;
+        case BridgeStep::all_gather:
+          if (multi(*s.group))
+            layer.add(n_rows % A == 0 ? TrafficOp::all_gather : TrafficOp::all_gatherv, *s.group, n * H * e);
+          break;
+        case BridgeStep::route:
+        case BridgeStep::experts:
+        case BridgeStep::shared_expert:
+        case BridgeStep::dp_scatter: break;
+      }
+    }
+    for (std::size_t i = 0; i < kPlanSlots; ++i) {
+      rp.calls[i] += layer.calls[i] * std::int64_t(L);
+      rp.bytes[i] += layer.bytes[i] * L;
+    }
+    const std::vector<int> mine = work.requests_of(k.attn_dp_rank);
+    double longest = 0;
+    for (int q : mine) longest = std::max(longest, double(work.lengths[std::size_t(q)]));
+    const WeightShards ws = weight_shards(d, w, shared_here);
+    rp.weights = {ws.attention * e, ws.router * e, ws.experts * e, ws.shared * e};
+    rp.memory = estimate_rank(d, w, {n, buffer_rows, rp.expert_pairs}, longest, shared_here, e);
+    rp.memory.flops = estimate_rank(d, w, {n, rp.moe_rows, rp.expert_pairs}, longest, shared_here, e).flops;
+    rp.kv_per_token = L * d.head_dim * e;  // the shared K/V row of every layer
+    p.ranks.push_back(rp);
+  }
+  return p;
+}
+
+inline constexpr const char* kRoutingNote =
+    "dispatch and combine bytes are expected values under uniform routing (each row's top-k experts a "
+    "uniformly random k-subset of the experts); every other collective is exact";
+
+inline bool routing_dependent(TrafficOp op) { return op == TrafficOp::dispatch || op == TrafficOp::combine; }
+
+// ranks[].collectives[] in dsv4_layer's JSON shape and order ([op][group], calls > 0 only).
+inline nlohmann::json collectives_json(const RankPlan& r) {
+  nlohmann::json out = nlohmann::json::array();
+  for (std::size_t op = 0; op < TrafficLog::kOps; ++op)
+    for (std::size_t g = 0; g < TrafficLog::kGroups; ++g) {
+      const std::size_t s = op * TrafficLog::kGroups + g;
+      if (r.calls[s] == 0) continue;
+      out.push_back({{"op", std::string(kTrafficOpNames[op])},
+                     {"group", std::string(to_string(kAllGroupKinds[g]))},
+                     {"calls", r.calls[s]},
+                     {"bytes", std::llround(r.bytes[s])}});
+    }
+  return out;
+}
+
+inline nlohmann::json memory_json(const RankPlan& r) {
+  return {{"weights",
+           {{"attention", r.weights.attention},
+            {"router", r.weights.router},
+            {"experts", r.weights.experts},
+            {"shared_expert", r.weights.shared},
+            {"total", r.weights.total()}}},
+          {"activations", r.memory.activations},
+          {"kv", r.memory.kv},
+          {"buffers", r.memory.buffers},
+          {"total", r.memory.total()},
+          {"kv_per_token", r.kv_per_token}};
+}
+
+inline nlohmann::json plan_json(const LayerPlan& p) {
+  nlohmann::json j;
+  j["path"] = std::string(to_string(p.path));
+  j["padding"] = p.path == BridgePath::dp_gather ? nlohmann::json(std::string(to_string(p.padding))) : nlohmann::json(nullptr);
+  j["restore"] = p.path == BridgePath::dp_gather ? nlohmann::json(p.restore == BridgeRestore::scatter ? "scatter" : "reduce")
+                                                 : nlohmann::json(nullptr);
+  j["global_num_tokens"] = p.global_num_tokens;
+  j["layers"] = p.dims.layers;
+  j["element_bytes"] = p.elem;
+  j["routing"] = kRoutingNote;
+  j["uniform_routing_ops"] = {"dispatch", "combine"};
+  j["destinations_per_row"] = p.destinations_per_row;
+  nlohmann::json steps = nlohmann::json::array();
+  for (const PlanStep& s : p.steps)
+    steps.push_back({{"step", std::string(s.name)}, {"group", s.group ? nlohmann::json(std::string(to_string(*s.group))) : nlohmann::json(nullptr)}});
+  j["bridge_steps"] = steps;
+  j["ranks"] = nlohmann::json::array();
+  for (const RankPlan& r : p.ranks) {
+    const RankCoords& k = r.coords;
+    j["ranks"].push_back({{"rank", k.rank},
+                          {"attn_dp_rank", k.attn_dp_rank},
+                          {"attn_tp_rank", k.attn_tp_rank},
+                          {"moe_ep_rank", k.moe_ep_rank},
+                          {"collectives", collectives_json(r)},
+                          {"attention_rows", r.attention_rows},
+                          {"moe_rows", r.moe_rows},
+                          {"expert_rows", r.expert_rows},
+                          {"memory", memory_json(r)},
+                          {"flops", r.memory.flops}});
+  }
+  return j;
+}
+
+inline std::string plan_text(const LayerPlan& p) {
+  const Widths& w = p.layout.widths();
+  const model::ModelDims& d = p.dims;
+  std::ostringstream s;
+  s << "plan: tp=" << w.tp << " attn dp x tp = " << w.attn_dp << " x " << w.attn_tp << ", moe dp x ep x tp = " << w.moe_dp
+    << " x " << w.moe_ep << " x " << w.moe_tp << ", backend " << to_string(p.layout.backend()) << " -> bridge "
+    << to_string(p.path);
+  if (p.path == BridgePath::dp_gather)
+    s << ", padding " << to_string(p.padding) << ", restore " << (p.restore == BridgeRestore::scatter ? "scatter" : "reduce");
+  s << "\nmodel: " << model_flags(d) << " (" << p.elem << "-byte values)\n";
+  s << "global_num_tokens: [";
+  for (std::size_t g = 0; g < p.global_num_tokens.size(); ++g) s << (g ? " " : "") << p.global_num_tokens[g];
+  s << "]\nbridge steps per layer:";
+  for (const PlanStep& st : p.steps)
+    s << " " << st.name << (st.group ? "@" + std::string(to_string(*st.group)) : std::string());
+  s << "\n";
+  if (w.moe_ep > 1 && (p.path == BridgePath::a2a_split || p.path == BridgePath::direct)) {
+    char line[200];
+    std::snprintf(line, sizeof line, "%.3f", p.destinations_per_row);
+    s << "note: " << kRoutingNote << ": a row goes to " << line << " of " << w.moe_ep << " moe_ep ranks on average\n";
+  }
+  s << "\nPer rank, one forward (" << d.layers << " layers):\n";
+  for (const RankPlan& r : p.ranks) {
+    const RankCoords& k = r.coords;
+    char head[200];
+    std::snprintf(head, sizeof head, "rank %d (attn dp %d tp %d, moe ep %d): rows attention %.0f, moe %.0f, experts %.1f%s\n",
+                  k.rank, k.attn_dp_rank, k.attn_tp_rank, k.moe_ep_rank, r.attention_rows, r.moe_rows, r.expert_rows,
+                  p.path == BridgePath::a2a_split || p.path == BridgePath::direct ? " (expected)" : "");
+    s << head << "  collectives:";
+    bool any = false;
+    for (std::size_t op = 0; op < TrafficLog::kOps; ++op)
+      for (std::size_t g = 0; g < TrafficLog::kGroups; ++g) {
+        const std::size_t i = op * TrafficLog::kGroups + g;
+        if (r.calls[i] == 0) continue;
+        s << (any ? ";" : "") << " " << kTrafficOpNames[op] << "@" << to_string(kAllGroupKinds[g]) << " x" << r.calls[i]
+          << " " << bytes_text(r.bytes[i]) << (routing_dependent(TrafficOp(op)) ? " (expected, uniform routing)" : "");
+        any = true;
+      }
+    s << (any ? "" : " none") << "\n";
+    s << "  memory " << bytes_text(r.memory.total()) << ": weights " << bytes_text(r.weights.total()) << " (attention "
+      << bytes_text(r.weights.attention) << ", router " << bytes_text(r.weights.router) << ", experts "
+      << bytes_text(r.weights.experts) << ", shared expert " << bytes_text(r.weights.shared) << "), activations "
+      << bytes_text(r.memory.activations) << ", K/V " << bytes_text(r.memory.kv) << ", buffers "
+      << bytes_text(r.memory.buffers) << "; K/V per token " << bytes_text(r.kv_per_token) << "\n";
+  }
+  return s.str();
+}
+
+}  // namespace relayout::cli
