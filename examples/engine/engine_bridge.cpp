@@ -144,14 +144,22 @@ double run_case(MPI_Comm comm, const Case& c, std::string& path) {
   exec.fence();
 
   MoeBridge<MpiCommunicator, Scalar, Exec> bridge(pg, kExperts, c.options);
+  EpWorkspace<Scalar, Exec> ws;  // the engine's memory for the EP buffers, kept across layers
+  bridge.use_workspace(ws);
   const std::vector<std::int64_t> counts = gather_num_tokens(pg, n);
   const DpSlotsPtr slots = pg.layout().bridge_path() == BridgePath::dp_gather ? bridge.slots(counts) : nullptr;
   Router router;
   Experts experts{w.moe_tp, k.moe_tp_rank};
-  const auto y = bridge.run(exec, Rows<Scalar, Replicated<AttnTp>, DpLocal, Exec>(x), slots, router, experts);
-
-  double err = y.rows() == n ? 0.0 : 1e30;
-  if (y.rows() == n) {
+  // Two layers on the same rows: the second must find every EP buffer it needs in the workspace.
+  double err = 0.0;
+  std::int64_t allocs_after_first = 0;
+  for (int layer = 0; layer < 2; ++layer) {
+    const auto y = bridge.run(exec, Rows<Scalar, Replicated<AttnTp>, DpLocal, Exec>(x), slots, router, experts);
+    if (layer == 0) allocs_after_first = ws.allocations();
+    if (y.rows() != n) {
+      err = 1e30;
+      continue;
+    }
     auto yh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y.view());
     Scalar ref[kHidden];
     for (std::int64_t i = 0; i < n; ++i) {
@@ -161,6 +169,11 @@ double run_case(MPI_Comm comm, const Case& c, std::string& path) {
         err = std::isfinite(d) ? std::max(err, d) : 1e30;
       }
     }
+  }
+  if (ws.allocations() != allocs_after_first) {
+    std::fprintf(stderr, "engine: rank %d: the second layer allocated %lld EP buffer(s) the workspace already had\n",
+                 k.rank, static_cast<long long>(ws.allocations() - allocs_after_first));
+    err = 1e30;
   }
   all_reduce_in_place(world, std::span<double>(&err, 1), ReduceOp::max);
   return err;

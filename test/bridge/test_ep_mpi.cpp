@@ -9,7 +9,9 @@
 #include <relayout/bridge.hpp>
 #include <relayout/comm.hpp>
 #include <relayout/placement.hpp>
+#include <limits>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "mpi_world.hpp"
@@ -98,9 +100,10 @@ TEST_CASE("ep_dispatch/ep_combine: each row once per destination rank, complete 
       expect_sent += std::int64_t(dest.size());
     }
     CHECK(d.sent == expect_sent);
+    // One message per sent row: k weights (8 B) and k ids (4 B), padded to 8 B, then the row.
     if (np > 1)
       CHECK(log.bytes_of(TrafficOp::dispatch, GroupKind::moe_ep) ==
-            expect_sent * (kHidden * 8 + K * (4 + 8)));
+            expect_sent * ((K * 12 + 7) / 8 * 8 + kHidden * 8));
     // Every received row is routed here, and its tag names its source row.
     for (std::int64_t t : d.tags) {
       const int src = int(t / 1000);
@@ -166,6 +169,77 @@ TEST_CASE("ep_dispatch: an expert id outside the model is a LayoutError, not a w
   const Rows<double, RowShard<AttnTp>, DpLocal, Space> x(rows_of(0, 3), 3);
   CHECK_THROWS_WITH_AS(ep_dispatch(Space(), pg, x, r, kExperts), doctest::Contains("1 expert id(s) outside [0, 8)"),
                        LayoutError);
+}
+
+TEST_CASE("ep_dispatch and local_experts: a NaN or infinite router weight is a LayoutError naming the route") {
+  const int np = world().size();
+  const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true,
+                                                    .moe_a2a_backend = Backend::deepep}),
+                         world());
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                     -std::numeric_limits<double>::infinity()}) {
+    CAPTURE(bad);
+    TopK<double, Space> r = route_of(world().rank(), 3, 2);
+    auto wh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), r.weights);
+    wh(2, 0) = bad;
+    Kokkos::deep_copy(r.weights, wh);
+    const Rows<double, RowShard<AttnTp>, DpLocal, Space> x(rows_of(0, 3), 3);
+    CHECK_THROWS_WITH_AS(ep_dispatch(Space(), pg, x, r, kExperts),
+                         doctest::Contains("1 router weight(s) NaN or infinite"), LayoutError);
+    ScaleExperts experts;
+    RowsView<double, Space> out("out", 3, kHidden);
+    try {
+      local_experts(Space(), x.view(), r, 0, kExperts, kExperts, experts, out);
+      FAIL("local_experts took a NaN or infinite weight");
+    } catch (const LayoutError& e) {
+      CHECK(e.input() == "route");
+      CHECK(std::string(e.what()).find("local_experts: 1 router weight(s) NaN or infinite") != std::string::npos);
+    }
+    CHECK(experts.seen_first.empty());  // refused before any expert ran
+  }
+}
+
+TEST_CASE("EpWorkspace: a second dispatch + combine with the same workspace allocates nothing and gives the same rows") {
+  const int np = world().size(), s = world().rank();
+  const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true,
+                                                    .moe_a2a_backend = Backend::deepep}),
+                         world());
+  const std::int64_t m = 9 + s;
+  const int K = 2;
+  const Rows<double, RowShard<AttnTp>, DpLocal, Space> x(rows_of(s, m), m);
+  const TopK<double, Space> route = route_of(s, m, K);
+  const Space exec;
+  EpWorkspace<double, Space> ws;
+  std::vector<const double*> batch_at, out_at;
+  std::vector<std::vector<double>> results;
+  std::int64_t allocs_after_first = -1;
+  for (int call = 0; call < 2; ++call) {
+    const Dispatched<double, Space> d = ep_dispatch(exec, pg, x, route, kExperts, ws);
+    const auto y = ws.expert_outputs(d.batch.rows(), kHidden);
+    ScaleExperts experts;
+    experts(exec, d.batch, y);
+    const auto out = ep_combine(exec, pg, d, y);
+    auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.view());
+    results.emplace_back(oh.data(), oh.data() + oh.size());
+    batch_at.push_back(d.batch.x.data());
+    out_at.push_back(out.view().data());
+    if (call == 0) allocs_after_first = ws.allocations();
+  }
+  CHECK(allocs_after_first > 0);
+  CHECK(ws.allocations() == allocs_after_first);
+  CHECK(batch_at[1] == batch_at[0]);
+  CHECK(out_at[1] == out_at[0]);
+  REQUIRE(results[0].size() == std::size_t(m * kHidden));
+  CHECK(results[1] == results[0]);
+  // And the rows are right: sum_k w_k (e_k + 1) x.
+  double err = 0;
+  for (std::int64_t i = 0; i < m; ++i)
+    for (int f = 0; f < kHidden; ++f) {
+      double want = 0;
+      for (int k = 0; k < K; ++k) want += weight_of(k) * double(expert_of(s, i, k, K) + 1) * value(s, i, f);
+      err = std::max(err, std::abs(results[1][std::size_t(i * kHidden + f)] - want));
+    }
+  CHECK(err < 1e-12);
 }
 
 TEST_CASE("bridge plans: each path's plan sums the expert outputs exactly once and names its groups") {

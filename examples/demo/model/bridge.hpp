@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "relayout/bridge.hpp"
@@ -74,8 +75,8 @@ inline void check_inject(Inject inject, BridgePath path, const Widths& w) {
 // their holders relate, how many times each row must appear over all ranks, and the group of the
 // collective that produced it (none for a local step).
 struct BoundaryPoint {
-  const char* name = "";
-  const char* state = "";
+  std::string_view name;  // views of the plan's constants or of literals: no copy, no dangling pointer
+  std::string_view state;
   trace::Sharing sharing = trace::Sharing::replicated;
   int copies = 1;
   std::optional<GroupKind> group;
@@ -102,7 +103,7 @@ class BoundaryRecorder {
   template <class V>
   void operator()(int layer, const BoundaryPoint& p, const std::vector<std::int64_t>& owners, const V& values,
                   std::int64_t first = 0) const {
-    if (p.owners_list && boundaries_ && opts_.record_boundaries) boundaries_->push_back({layer, p.name, owners});
+    if (p.owners_list && boundaries_ && opts_.record_boundaries) boundaries_->push_back({layer, std::string(p.name), owners});
     if constexpr (Sink::enabled) {
       if (!tracing()) return;
       trace::Record r = base(layer, p);
@@ -148,8 +149,8 @@ class BoundaryRecorder {
     const RankCoords k = groups_.coords();
     trace::Record r;
     r.layer = layer;
-    r.boundary = p.name;
-    r.state = p.state;
+    r.boundary = std::string(p.name);
+    r.state = std::string(p.state);
     r.sharing = p.sharing;
     r.copies = p.copies;
     r.global_rank = groups_.rank();
@@ -195,8 +196,8 @@ struct RecordBoundaries {
   void operator()(const relayout::BoundaryInfo& b, std::span<const std::int64_t> owners, const V& values,
                   std::int64_t first) const {
     BoundaryPoint p;
-    p.name = b.name.data();
-    p.state = b.step->state.data();
+    p.name = b.name;
+    p.state = b.step->state;
     p.sharing = b.partial ? trace::Sharing::partial : trace::Sharing::replicated;
     p.copies = b.copies;
     p.group = b.step->group;

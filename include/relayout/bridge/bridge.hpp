@@ -51,6 +51,8 @@ struct BridgeOptions {
   std::optional<PaddingMode> padding;  // forced; otherwise the layout's rule on global_num_tokens
   BridgeRestore restore = BridgeRestore::reduce;
   BridgeFault fault = BridgeFault::none;
+  // Validate the router's output every layer (ids in range, weights finite: EpOptions::check_route).
+  bool check_route = true;
 };
 
 // What an observer sees at each boundary: the plan step, this rank's rows' owners (when an owner
@@ -97,6 +99,10 @@ class MoeBridge {
   }
 
   BridgePath path() const { return pg_.layout().bridge_path(); }
+  // The engine's own workspace for the EP buffers (it must outlive the bridge's runs); by default
+  // the bridge keeps one. Either way, runs after the first allocate no EP buffer that fits.
+  void use_workspace(EpWorkspace<T, Space>& ws) { external_ws_ = &ws; }
+  EpWorkspace<T, Space>& workspace() { return external_ws_ ? *external_ws_ : own_ws_; }
   const BridgeOptions& options() const { return opts_; }
   // The plan this layout runs with these token counts.
   std::span<const PlanStep> plan(std::span<const std::int64_t> global_num_tokens = {}) const {
@@ -119,7 +125,7 @@ class MoeBridge {
   template <RouterFor<T, Space> R, ExpertsFor<T, Space> E, class Obs = NoObserver>
   Out run(const Space& exec, const In& x, const DpSlotsPtr& slots, R& router, E& experts,
           std::vector<std::int64_t>* owners = nullptr, Obs&& obs = {}, TrafficLog* traffic = nullptr) {
-    Exec<R, E, std::remove_cvref_t<Obs>> run{*this, exec, router, experts, obs, traffic, owners};
+    Exec<R, E, std::remove_cvref_t<Obs>> run{*this, workspace(), exec, router, experts, obs, traffic, owners};
     return run.go(x, slots);
   }
 
@@ -160,6 +166,7 @@ class MoeBridge {
     using OwnerView = impl::RowsView<std::int64_t, OwnerSpace>;
 
     const MoeBridge& b;
+    EpWorkspace<T, Space>& ws;
     const Space& exec;
     R& router;
     E& experts;
@@ -326,7 +333,8 @@ class MoeBridge {
       const view_type ps = impl::row_slice(partial, mine.begin, mine.count);
       const TopK<T, Space> r = route(xs);
       const int local = b.experts_ / widths().moe_ep;
-      local_experts(exec, xs, r, pg().coords().moe_ep_rank * local, local, b.experts_, experts, ps);
+      local_experts(exec, xs, r, pg().coords().moe_ep_rank * local, local, b.experts_, experts, ps, ws,
+                    b.opts_.check_route);
       if constexpr (HasSharedExpert<E, T, Space>)
         if (pg().coords().moe_ep_rank == 0) experts.shared(exec, xs, ps);
       exec.fence();
@@ -351,10 +359,11 @@ class MoeBridge {
 
       const TopK<T, Space> r = route(chunk.view());
       const PlanStep& d_step = step(BridgeStep::dispatch);
-      const Dispatched<T, Space> d = ep_dispatch(exec, pg(), chunk, r, b.experts_, traffic, owners ? &c_owners : nullptr);
+      const Dispatched<T, Space> d =
+          ep_dispatch(exec, pg(), chunk, r, b.experts_, ws, EpOptions{traffic, owners ? &c_owners : nullptr, b.opts_.check_route});
       static_cast<void>(d_step);
       const PlanStep& e_step = step(BridgeStep::experts);
-      auto y = impl::alloc_rows<T, Space>("relayout::expert_out", d.batch.rows(), impl::hidden_of(chunk.view().extent(1)));
+      const auto y = ws.expert_outputs(d.batch.rows(), impl::hidden_of(chunk.view().extent(1)));
       experts(exec, d.batch, y);
       if constexpr (std::remove_cvref_t<Obs>::enabled) {
         // One owner per (row, local expert): over all ranks each row appears top_k times.
@@ -409,6 +418,8 @@ class MoeBridge {
   const ProcessGroupsOf<C>& pg_;
   int experts_;
   BridgeOptions opts_;
+  EpWorkspace<T, Space> own_ws_;
+  EpWorkspace<T, Space>* external_ws_ = nullptr;
 };
 
 }  // namespace relayout

@@ -14,6 +14,8 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -74,6 +76,100 @@ concept ExpertsFor = requires(E& experts, const Space& exec, const ExpertBatch<T
   experts(exec, batch, y);
 };
 
+namespace impl {
+
+// The memory behind ep_dispatch / ep_combine / local_experts, kept between calls. Every buffer
+// only grows: a call whose sizes fit what is there allocates nothing.
+template <class T, class Space>
+struct EpBuffers {
+  using Mem = typename Space::memory_space;
+  using Index2 = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem>;
+  using Words = Kokkos::View<std::int32_t*, Mem>;
+  Kokkos::View<std::int64_t*, Mem> starts;
+  typename Kokkos::View<std::int64_t*, Mem>::HostMirror host_starts;
+  Index2 send_pos, slot_of;
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> local_ids;
+  Words send, recv;
+  RowsView<T, Space> batch, outputs, reduced, back, combined;
+  std::int64_t allocations = 0;
+
+  // The first n0 rows of buf (n0 x n1), reallocated only when it is too small or n1 differs.
+  template <class V>
+  V rows(V& buf, const char* label, std::int64_t n0, std::int64_t n1) {
+    if (static_cast<std::int64_t>(buf.extent(0)) < n0 || static_cast<std::int64_t>(buf.extent(1)) != n1) {
+      buf = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
+              static_cast<std::size_t>(n0 + n0 / 8), static_cast<std::size_t>(n1));
+      ++allocations;
+    }
+    return Kokkos::subview(buf, Kokkos::make_pair(std::int64_t(0), n0), Kokkos::ALL);
+  }
+  template <class V>
+  V flat(V& buf, const char* label, std::int64_t n) {
+    if (static_cast<std::int64_t>(buf.extent(0)) < n) {
+      buf = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n + n / 8));
+      ++allocations;
+    }
+    return Kokkos::subview(buf, Kokkos::make_pair(std::int64_t(0), n));
+  }
+  // Offsets of a bucket scan: on the execution space and its host copy (buckets + 1 entries).
+  void bucket_starts(std::int64_t buckets) {
+    if (static_cast<std::int64_t>(starts.extent(0)) < buckets + 1) {
+      starts = Kokkos::View<std::int64_t*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ep_starts")),
+                                                static_cast<std::size_t>(buckets + 1));
+      host_starts = Kokkos::create_mirror_view(starts);
+      ++allocations;
+    }
+  }
+};
+
+}  // namespace impl
+
+// Memory an engine keeps for ep_dispatch, ep_combine, local_experts and MoeBridge, so that calls
+// after the first allocate nothing once their sizes fit (buffers grow, never shrink). Results of a
+// call (the batch, the combined rows) live in it: the next call with the same workspace overwrites
+// them. One workspace per concurrent caller; it must outlive the Dispatched made with it.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+class EpWorkspace {
+ public:
+  // How many buffers it has allocated so far.
+  std::int64_t allocations() const { return buffers_.allocations; }
+  // A rows x hidden buffer for the experts' outputs (ep_combine's expert_y), reused across calls.
+  impl::RowsView<T, Space> expert_outputs(std::int64_t rows, std::int64_t hidden) {
+    return buffers_.rows(buffers_.outputs, "relayout::expert_out", rows, hidden);
+  }
+  impl::EpBuffers<T, Space>& buffers() { return buffers_; }
+
+ private:
+  impl::EpBuffers<T, Space> buffers_;
+};
+
+// How ep_dispatch runs: what it counts and carries, and whether it validates the router output.
+struct EpOptions {
+  TrafficLog* traffic = nullptr;                    // counts the bytes this rank sends
+  const std::vector<std::int64_t>* tags = nullptr;  // host-side per-row tags carried to the expert rank
+  // Every router id in [0, experts) and every weight finite (one reduction over rows x k, and a
+  // fence). Off: a bad id writes out of bounds and a NaN spreads into the rows, so only for a
+  // router already validated.
+  bool check_route = true;
+};
+
+// One dispatched row's message (bytes): its k router weights (T), its k local expert ids (int32,
+// -1: not on this rank) and its row (T), padded so the next message stays aligned for T. All of a
+// row's data travel in one all_to_allv.
+struct EpMessage {
+  std::int64_t weights = 0, ids = 0, row = 0, bytes = 0;
+  template <class T>
+  static EpMessage of(int k, std::int64_t hidden) {
+    constexpr std::int64_t align = alignof(T) > 4 ? std::int64_t(alignof(T)) : 4;
+    EpMessage m;
+    m.ids = k * std::int64_t(sizeof(T));
+    m.row = (m.ids + k * 4 + std::int64_t(alignof(T)) - 1) / std::int64_t(alignof(T)) * std::int64_t(alignof(T));
+    m.bytes = (m.row + hidden * std::int64_t(sizeof(T)) + align - 1) / align * align;
+    return m;
+  }
+  std::int64_t words() const { return bytes / 4; }
+};
+
 // What ep_dispatch returns: the batch for the experts and what ep_combine needs to send the
 // outputs back. Move it into ep_combine or keep it for another combine of the same routing.
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
@@ -82,82 +178,81 @@ struct Dispatched {
   ExpertBatch<T, Space> batch;
   Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem> send_pos;  // (row, rank) -> send row, -1 none
   Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem> slot_of;   // (recv row, k) -> batch row, -1
-  Kokkos::View<T**, Kokkos::LayoutRight, Mem> recv_weights;         // recv rows x k
+  Kokkos::View<std::int32_t*, Mem> received_messages;               // received x message.words()
+  EpMessage message;
   std::vector<int> send_rows, recv_rows;                            // per moe_ep member
   std::vector<std::int64_t> tags;  // the tags of the received rows, when dispatch was given tags
   std::int64_t rows = 0, full_rows = 0, received = 0, sent = 0;
-  int hidden = 0;
+  int hidden = 0, k = 0;
+  std::shared_ptr<EpWorkspace<T, Space>> owned;  // the workspace, when ep_dispatch made its own
+  EpWorkspace<T, Space>* workspace = nullptr;
 };
 
 namespace impl {
 
-template <class T>
-void require_ep(bool ok, const char* input, const std::string& rule) {
-  if (!ok) throw LayoutError(input, "ep_dispatch: " + rule);
-}
-
-// Groups rows by local expert: lid(i, k) is row i's k-th local expert (-1: not here). Returns the
-// batch (rows gathered) and slot_of(i, k), the batch row of (i, k). Deterministic: within a group,
-// rows keep their order.
-template <class T, class Space, class X, class Lid>
-ExpertBatch<T, Space> group_by_expert(const Space& exec, const X& x, const Lid& lid, int experts, int first_expert,
-                                      Kokkos::View<std::int64_t**, Kokkos::LayoutRight, typename Space::memory_space>& slot_of) {
-  using Mem = typename Space::memory_space;
-  const std::int64_t n = static_cast<std::int64_t>(lid.extent(0));
-  const int K = static_cast<int>(lid.extent(1));
-  const std::int64_t H = static_cast<std::int64_t>(x.extent(1));
-  const std::int64_t slots = n * K;
-  slot_of = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem>(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::slot_of")), static_cast<std::size_t>(n),
-      static_cast<std::size_t>(K));
-  Kokkos::View<std::int64_t*, Mem> starts(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::expert_starts")), static_cast<std::size_t>(experts) + 1);
+// Stable counting sort of items into buckets (an item may go to several): one scan over (bucket,
+// item), bucket-major, so the running count is the item's position in the bucket-ordered output.
+// place(b, i, p) gets each hit's position; ws.host_starts receives the bucket offsets.
+template <class Space, class T, class Hit, class Place>
+void bucket_scan(const Space& exec, EpBuffers<T, Space>& ws, int buckets, std::int64_t items, const Hit& hit,
+                 const Place& place, const char* label) {
+  ws.bucket_starts(buckets);
+  const auto starts = ws.starts;
   Kokkos::deep_copy(exec, starts, std::int64_t(0));
-  auto so = slot_of;
-  // One scan over (expert, slot), expert-major: the running count is the batch row.
-  if (slots > 0) {
+  if (items > 0) {
     Kokkos::parallel_scan(
-        "relayout::group_by_expert", Kokkos::RangePolicy<Space>(exec, 0, slots * experts),
+        label, Kokkos::RangePolicy<Space>(exec, 0, items * buckets),
         KOKKOS_LAMBDA(const std::int64_t idx, std::int64_t& upd, const bool final) {
-          const int e = static_cast<int>(idx / slots);
-          const std::int64_t s = idx % slots;
-          const bool hit = lid(s / K, static_cast<int>(s % K)) == e;
+          const int b = static_cast<int>(idx / items);
+          const std::int64_t i = idx % items;
+          const bool h = hit(b, i);
           if (final) {
-            if (s == 0) starts(e) = upd;
-            if (hit) so(s / K, static_cast<int>(s % K)) = upd;
-            if (idx == slots * experts - 1) starts(experts) = upd + (hit ? 1 : 0);
+            if (i == 0) starts(b) = upd;
+            if (h) place(b, i, upd);
+            if (idx == items * buckets - 1) starts(buckets) = upd + (h ? 1 : 0);
           }
-          if (hit) ++upd;
-        });
-    Kokkos::parallel_for(
-        "relayout::group_by_expert.unrouted", Kokkos::RangePolicy<Space>(exec, 0, slots),
-        KOKKOS_LAMBDA(const std::int64_t s) {
-          if (lid(s / K, static_cast<int>(s % K)) < 0) so(s / K, static_cast<int>(s % K)) = -1;
+          if (h) ++upd;
         });
   }
-  auto host_starts = Kokkos::create_mirror_view(starts);
-  Kokkos::deep_copy(exec, host_starts, starts);
+  Kokkos::deep_copy(exec, ws.host_starts, starts);
   exec.fence();
+}
+
+// Groups rows by local expert: lid(i, k) is row i's k-th local expert (-1: not here), row(i, f) its
+// values. Returns the batch (rows gathered, in ws) and fills slot_of(i, k), the batch row of (i, k),
+// -1 where unrouted. Deterministic: within a group, rows keep their order.
+template <class T, class Space, class Row, class Lid>
+ExpertBatch<T, Space> group_by_expert(const Space& exec, EpBuffers<T, Space>& ws, std::int64_t n, int K,
+                                      std::int64_t H, const Row& row, const Lid& lid, int experts, int first_expert,
+                                      typename EpBuffers<T, Space>::Index2& slot_of) {
+  slot_of = ws.rows(ws.slot_of, "relayout::slot_of", n, K);
+  Kokkos::deep_copy(exec, slot_of, std::int64_t(-1));
+  const auto so = slot_of;
+  bucket_scan(
+      exec, ws, experts, n * K,
+      KOKKOS_LAMBDA(const int e, const std::int64_t s) { return lid(s / K, static_cast<int>(s % K)) == e; },
+      KOKKOS_LAMBDA(const int, const std::int64_t s, const std::int64_t p) { so(s / K, static_cast<int>(s % K)) = p; },
+      "relayout::group_by_expert");
   ExpertBatch<T, Space> b;
   b.first_expert = first_expert;
-  b.offsets.assign(host_starts.data(), host_starts.data() + experts + 1);
-  b.x = alloc_rows<T, Space>("relayout::expert_rows", b.rows(), H);
-  auto bx = b.x;
+  b.offsets.assign(ws.host_starts.data(), ws.host_starts.data() + experts + 1);
+  b.x = ws.rows(ws.batch, "relayout::expert_rows", b.rows(), H);
+  const auto bx = b.x;
   Kokkos::parallel_for(
-      "relayout::group_by_expert.gather", Kokkos::RangePolicy<Space>(exec, 0, slots),
+      "relayout::group_by_expert.gather", Kokkos::RangePolicy<Space>(exec, 0, n * K),
       KOKKOS_LAMBDA(const std::int64_t s) {
         const std::int64_t at = so(s / K, static_cast<int>(s % K));
         if (at >= 0)
-          for (std::int64_t f = 0; f < H; ++f) bx(at, f) = x(s / K, f);
+          for (std::int64_t f = 0; f < H; ++f) bx(at, f) = row(s / K, f);
       });
   return b;
 }
 
-// y(i) = sum_k w(i, k) * expert_y(slot_of(i, k)) over this rank's experts of row i; rows with none
-// are zero. The sum runs in k order, so it is deterministic.
+// out(i) = sum_k w(i, k) * expert_y(slot_of(i, k)) over this rank's experts of row i; rows with
+// none are zero. The sum runs in k order, so it is deterministic.
 template <class Space, class W, class S, class Y, class Out>
-void weighted_sum(const Space& exec, const W& w, const S& slot_of, const Y& expert_y, const Out& out) {
+void weighted_sum(const Space& exec, int K, const W& w, const S& slot_of, const Y& expert_y, const Out& out) {
   const std::int64_t n = static_cast<std::int64_t>(out.extent(0)), H = static_cast<std::int64_t>(out.extent(1));
-  const int K = static_cast<int>(w.extent(1));
   using T = typename Out::non_const_value_type;
   Kokkos::parallel_for(
       "relayout::expert_weighted_sum", Kokkos::RangePolicy<Space>(exec, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
@@ -181,15 +276,22 @@ void require_expert_outputs(const ExpertBatch<T, Space>& b, const RowsView<T, Sp
                                       " (one output row per batch row)");
 }
 
-inline std::vector<int> times(const std::vector<int>& c, std::int64_t f) {
-  std::vector<int> out(c);
-  for (int& v : out) v = static_cast<int>(v * f);
+// Per-member counts of `words` each, as MPI's int counts; a message too large for them is refused.
+inline std::vector<int> times(const std::vector<int>& c, std::int64_t words, const char* call) {
+  std::vector<int> out(c.size());
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    const std::int64_t v = std::int64_t(c[i]) * words;
+    if (v > std::int64_t(std::numeric_limits<int>::max()))
+      throw LayoutError("rows", std::string(call) + ": " + std::to_string(c[i]) + " rows of " + std::to_string(words) +
+                                    " words for one member exceed MPI's int count; dispatch fewer rows per call");
+    out[i] = static_cast<int>(v);
+  }
   return out;
 }
 
 template <class T, class Space>
 void check_topk(const Space& exec, const TopK<T, Space>& route, std::int64_t rows, int experts, int ep,
-                const char* call) {
+                const char* call, bool full = true) {
   if (route.rows() != rows || static_cast<std::int64_t>(route.weights.extent(0)) != rows ||
       route.weights.extent(1) != route.ids.extent(1))
     throw LayoutError("route", std::string(call) + ": the router output has " + std::to_string(route.rows()) +
@@ -201,82 +303,82 @@ void check_topk(const Space& exec, const TopK<T, Space>& route, std::int64_t row
   if (experts < 1 || experts % ep != 0)
     throw LayoutError("experts", std::string(call) + ": " + std::to_string(experts) +
                                      " experts cannot be split evenly over moe_ep = " + std::to_string(ep));
-  // One reduction finds an id out of range, so a bad router fails loudly instead of writing out of bounds.
+  if (!full) return;
+  // One reduction finds ids out of range (low 32 bits) and weights that are NaN or infinite (high
+  // bits), so a bad router fails loudly instead of writing out of bounds or spreading a NaN.
   const auto ids = route.ids;
+  const auto w = route.weights;
   const int K = route.k();
   std::int64_t bad = 0;
   Kokkos::parallel_reduce(
       "relayout::check_topk", Kokkos::RangePolicy<Space>(exec, 0, rows * K),
       KOKKOS_LAMBDA(const std::int64_t s, std::int64_t& b) {
         const int e = ids(s / K, static_cast<int>(s % K));
-        if (e < 0 || e >= experts) ++b;
+        const T d = w(s / K, static_cast<int>(s % K)) - w(s / K, static_cast<int>(s % K));  // NaN unless finite
+        if (e < 0 || e >= experts) b += 1;
+        if (!(d == d)) b += std::int64_t(1) << 32;
       },
       bad);
   exec.fence();
-  if (bad > 0)
-    throw LayoutError("route", std::string(call) + ": " + std::to_string(bad) + " expert id(s) outside [0, " +
+  const std::int64_t bad_ids = bad & 0xffffffff, bad_weights = bad >> 32;
+  if (bad_ids > 0)
+    throw LayoutError("route", std::string(call) + ": " + std::to_string(bad_ids) + " expert id(s) outside [0, " +
                                    std::to_string(experts) + ")");
+  if (bad_weights > 0)
+    throw LayoutError("route", std::string(call) + ": " + std::to_string(bad_weights) +
+                                   " router weight(s) NaN or infinite; every weight must be finite");
 }
 
 }  // namespace impl
 
 // Sends each of this rank's rows once to every moe_ep member that holds one of its top-k experts
-// (expert e lives on member e / (experts / moe_ep)). Collective over moe_ep: every member calls it,
-// also with zero rows. `traffic`, when given, counts the bytes this rank sends.
+// (expert e lives on member e / (experts / moe_ep)): the row, its local expert ids there and their
+// weights as one message, in one all_to_allv. Collective over moe_ep: every member calls it, also
+// with zero rows. Buffers come from `ws` (allocated only when they do not fit).
 template <class C, class T, class Space, class Scope>
   requires(std::same_as<Scope, DpLocal>)
 Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg,
                                  const Rows<T, RowShard<AttnTp>, Scope, Space>& x, const TopK<T, Space>& route,
-                                 int experts, TrafficLog* traffic = nullptr,
-                                 const std::vector<std::int64_t>* tags = nullptr,
+                                 int experts, EpWorkspace<T, Space>& ws, const EpOptions& opts = {},
                                  std::source_location site = std::source_location::current()) {
-  using Mem = typename Space::memory_space;
   const auto& comm = pg.moe_ep();
   const int ep = comm.size();
   const std::int64_t m = x.rows(), H = x.hidden();
-  impl::check_topk(exec, route, m, experts, ep, "ep_dispatch");
+  impl::check_topk(exec, route, m, experts, ep, "ep_dispatch", opts.check_route);
   const int K = route.k(), per_rank = experts / ep, me = comm.rank();
+  auto& buf = ws.buffers();
 
   Dispatched<T, Space> d;
+  d.workspace = &ws;
   d.rows = m;
   d.full_rows = x.full_rows();
   d.hidden = static_cast<int>(H);
-  d.send_pos = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::send_pos")), static_cast<std::size_t>(m),
-                                                                      static_cast<std::size_t>(ep));
-  Kokkos::View<std::int64_t*, Mem> starts(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::send_starts")), static_cast<std::size_t>(ep) + 1);
-  Kokkos::deep_copy(exec, starts, std::int64_t(0));
+  d.k = K;
+  d.message = EpMessage::template of<T>(K, H);
+  const EpMessage msg = d.message;
+  const std::int64_t W = msg.words();
+
+  // Send order is destination-major: (row i, rank r) gets its send row from one bucket scan.
+  d.send_pos = buf.rows(buf.send_pos, "relayout::send_pos", m, ep);
   const auto ids = route.ids;
   const auto pos = d.send_pos;
-  // Send order is destination-major: one scan over (rank, row) gives each (row, rank) its send row.
-  if (m > 0) {
-    Kokkos::parallel_scan(
-        "relayout::ep_dispatch.layout", Kokkos::RangePolicy<Space>(exec, 0, m * ep),
-        KOKKOS_LAMBDA(const std::int64_t idx, std::int64_t& upd, const bool final) {
-          const int r = static_cast<int>(idx / m);
-          const std::int64_t i = idx % m;
-          bool hit = false;
-          for (int k = 0; k < K; ++k) hit = hit || ids(i, k) / per_rank == r;
-          if (final) {
-            if (i == 0) starts(r) = upd;
-            pos(i, r) = hit ? upd : -1;
-            if (idx == m * ep - 1) starts(ep) = upd + (hit ? 1 : 0);
-          }
-          if (hit) ++upd;
-        });
-  }
-  auto host_starts = Kokkos::create_mirror_view(starts);
-  Kokkos::deep_copy(exec, host_starts, starts);
-  exec.fence();
+  Kokkos::deep_copy(exec, pos, std::int64_t(-1));
+  impl::bucket_scan(
+      exec, buf, ep, m,
+      KOKKOS_LAMBDA(const int r, const std::int64_t i) {
+        bool hit = false;
+        for (int k = 0; k < K; ++k) hit = hit || ids(i, k) / per_rank == r;
+        return hit;
+      },
+      KOKKOS_LAMBDA(const int r, const std::int64_t i, const std::int64_t p) { pos(i, r) = p; },
+      "relayout::ep_dispatch.layout");
   d.send_rows.assign(static_cast<std::size_t>(ep), 0);
-  for (int r = 0; r < ep; ++r) d.send_rows[static_cast<std::size_t>(r)] = static_cast<int>(host_starts(r + 1) - host_starts(r));
-  d.sent = host_starts(ep);
+  for (int r = 0; r < ep; ++r)
+    d.send_rows[static_cast<std::size_t>(r)] = static_cast<int>(buf.host_starts(r + 1) - buf.host_starts(r));
+  d.sent = buf.host_starts(ep);
 
-  // Pack: each sent row with its local expert ids at the destination (-1: none) and weights.
-  auto send = impl::alloc_rows<T, Space>("relayout::ep_send", d.sent, H);
-  Kokkos::View<int**, Kokkos::LayoutRight, Mem> send_ids(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ep_send_ids")), static_cast<std::size_t>(d.sent),
-                                                         static_cast<std::size_t>(K));
-  Kokkos::View<T**, Kokkos::LayoutRight, Mem> send_w(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ep_send_w")), static_cast<std::size_t>(d.sent),
-                                                     static_cast<std::size_t>(K));
+  // Pack each sent row's message: weights, local expert ids at the destination (-1: none), row.
+  const auto send = buf.flat(buf.send, "relayout::ep_send", d.sent * W);
   const auto xv = x.view();
   const auto wv = route.weights;
   Kokkos::parallel_for(
@@ -284,51 +386,72 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
         const int r = static_cast<int>(idx / m);
         const std::int64_t i = idx % m, p = pos(i, r);
         if (p < 0) return;
-        for (std::int64_t f = 0; f < H; ++f) send(p, f) = xv(i, f);
+        char* at = reinterpret_cast<char*>(send.data() + p * W);
+        T* w = reinterpret_cast<T*>(at + msg.weights);
+        std::int32_t* lid = reinterpret_cast<std::int32_t*>(at + msg.ids);
+        T* row = reinterpret_cast<T*>(at + msg.row);
         for (int k = 0; k < K; ++k) {
           const int e = ids(i, k);
           const bool here = e / per_rank == r;
-          send_ids(p, k) = here ? e - r * per_rank : -1;
-          send_w(p, k) = here ? wv(i, k) : T(0);
+          lid[k] = here ? e - r * per_rank : -1;
+          w[k] = here ? wv(i, k) : T(0);
         }
+        for (std::int64_t f = 0; f < H; ++f) row[f] = xv(i, f);
       });
-  exec.fence();
 
   d.recv_rows.assign(static_cast<std::size_t>(ep), 0);
-  all_to_all(comm, std::span<const int>(d.send_rows), std::span<int>(d.recv_rows), site);
+  all_to_all(exec, comm, std::span<const int>(d.send_rows), std::span<int>(d.recv_rows), site);
   for (int c : d.recv_rows) d.received += c;
-  auto recv = impl::alloc_rows<T, Space>("relayout::ep_recv", d.received, H);
-  Kokkos::View<int**, Kokkos::LayoutRight, Mem> recv_ids(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ep_recv_ids")), static_cast<std::size_t>(d.received),
-                                                         static_cast<std::size_t>(K));
-  d.recv_weights = Kokkos::View<T**, Kokkos::LayoutRight, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ep_recv_w")), static_cast<std::size_t>(d.received),
-                                                               static_cast<std::size_t>(K));
-  all_to_allv(comm, send, impl::times(d.send_rows, H), recv, impl::times(d.recv_rows, H), site);
-  all_to_allv(comm, send_ids, impl::times(d.send_rows, K), recv_ids, impl::times(d.recv_rows, K), site);
-  all_to_allv(comm, send_w, impl::times(d.send_rows, K), d.recv_weights, impl::times(d.recv_rows, K), site);
-  if (traffic && ep > 1)
-    traffic->add(TrafficOp::dispatch, GroupKind::moe_ep,
-                 d.sent * (H * std::int64_t(sizeof(T)) + K * std::int64_t(sizeof(int) + sizeof(T))));
-  if (tags) {
+  d.received_messages = buf.flat(buf.recv, "relayout::ep_recv", d.received * W);
+  all_to_allv(exec, comm, send, impl::times(d.send_rows, W, "ep_dispatch"), d.received_messages,
+              impl::times(d.recv_rows, W, "ep_dispatch"), site);
+  if (opts.traffic && ep > 1) opts.traffic->add(TrafficOp::dispatch, GroupKind::moe_ep, d.sent * msg.bytes);
+  if (opts.tags) {
     // Host-side bookkeeping that travels with the rows (request ids, owners); not counted.
-    if (static_cast<std::int64_t>(tags->size()) != m)
-      throw LayoutError("tags", "ep_dispatch: " + std::to_string(tags->size()) + " tags for " + std::to_string(m) +
+    const std::vector<std::int64_t>& tags = *opts.tags;
+    if (static_cast<std::int64_t>(tags.size()) != m)
+      throw LayoutError("tags", "ep_dispatch: " + std::to_string(tags.size()) + " tags for " + std::to_string(m) +
                                     " rows; tags must stay aligned with rows");
     auto pos_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), d.send_pos);
     std::vector<std::int64_t> send_tags(static_cast<std::size_t>(d.sent));
     for (std::int64_t i = 0; i < m; ++i)
       for (int r = 0; r < ep; ++r)
-        if (pos_h(i, r) >= 0) send_tags[static_cast<std::size_t>(pos_h(i, r))] = (*tags)[static_cast<std::size_t>(i)];
+        if (pos_h(i, r) >= 0) send_tags[static_cast<std::size_t>(pos_h(i, r))] = tags[static_cast<std::size_t>(i)];
     d.tags.assign(static_cast<std::size_t>(d.received), 0);
     all_to_allv(comm, send_tags, d.send_rows, d.tags, d.recv_rows, site);
   }
-  d.batch = impl::group_by_expert<T>(exec, recv, recv_ids, per_rank, me * per_rank, d.slot_of);
+  const auto recv = d.received_messages;
+  d.batch = impl::group_by_expert<T>(
+      exec, buf, d.received, K, H,
+      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t f) {
+        return reinterpret_cast<const T*>(reinterpret_cast<const char*>(recv.data() + i * W) + msg.row)[f];
+      },
+      KOKKOS_LAMBDA(const std::int64_t i, const int k) {
+        return reinterpret_cast<const std::int32_t*>(reinterpret_cast<const char*>(recv.data() + i * W) + msg.ids)[k];
+      },
+      per_rank, me * per_rank, d.slot_of);
   exec.fence();
+  return d;
+}
+
+// The same with a workspace of its own (kept alive by the Dispatched), counting into `traffic`
+// and carrying `tags` when given.
+template <class C, class T, class Space, class Scope>
+  requires(std::same_as<Scope, DpLocal>)
+Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg,
+                                 const Rows<T, RowShard<AttnTp>, Scope, Space>& x, const TopK<T, Space>& route,
+                                 int experts, TrafficLog* traffic = nullptr,
+                                 const std::vector<std::int64_t>* tags = nullptr,
+                                 std::source_location site = std::source_location::current()) {
+  auto ws = std::make_shared<EpWorkspace<T, Space>>();
+  Dispatched<T, Space> d = ep_dispatch(exec, pg, x, route, experts, *ws, EpOptions{traffic, tags}, site);
+  d.owned = std::move(ws);
   return d;
 }
 
 // Applies the router weights to the experts' outputs, sums them per received row, sends each row
 // back to where it came from and sums the returns of every destination rank: complete rows, in
-// the original order. Collective over moe_ep.
+// the original order, in the dispatch's workspace. Collective over moe_ep.
 template <class C, class T, class Space>
 Rows<T, RowShard<AttnTp>, DpLocal, Space> ep_combine(const Space& exec, const ProcessGroupsOf<C>& pg,
                                                      const Dispatched<T, Space>& d,
@@ -336,15 +459,26 @@ Rows<T, RowShard<AttnTp>, DpLocal, Space> ep_combine(const Space& exec, const Pr
                                                      TrafficLog* traffic = nullptr,
                                                      std::source_location site = std::source_location::current()) {
   impl::require_expert_outputs(d.batch, expert_y, "ep_combine");
+  if (!d.workspace)
+    throw LayoutError("dispatched", "ep_combine: the Dispatched does not come from ep_dispatch (it has no workspace)");
+  auto& buf = d.workspace->buffers();
   const auto& comm = pg.moe_ep();
   const std::int64_t H = d.hidden;
-  auto reduced = impl::alloc_rows<T, Space>("relayout::ep_reduced", d.received, H);
-  impl::weighted_sum(exec, d.recv_weights, d.slot_of, expert_y, reduced);
-  auto back = impl::alloc_rows<T, Space>("relayout::ep_back", d.sent, H);
-  exec.fence();
-  all_to_allv(comm, reduced, impl::times(d.recv_rows, H), back, impl::times(d.send_rows, H), site);
+  const EpMessage msg = d.message;
+  const std::int64_t W = msg.words();
+  const auto recv = d.received_messages;
+  const auto reduced = buf.rows(buf.reduced, "relayout::ep_reduced", d.received, H);
+  impl::weighted_sum(
+      exec, d.k,
+      KOKKOS_LAMBDA(const std::int64_t i, const int k) {
+        return reinterpret_cast<const T*>(reinterpret_cast<const char*>(recv.data() + i * W) + msg.weights)[k];
+      },
+      d.slot_of, expert_y, reduced);
+  const auto back = buf.rows(buf.back, "relayout::ep_back", d.sent, H);
+  all_to_allv(exec, comm, reduced, impl::times(d.recv_rows, H, "ep_combine"), back,
+              impl::times(d.send_rows, H, "ep_combine"), site);
   if (traffic && comm.size() > 1) traffic->add(TrafficOp::combine, GroupKind::moe_ep, d.received * H * std::int64_t(sizeof(T)));
-  auto out = impl::alloc_rows<T, Space>("relayout::ep_combined", d.rows, H);
+  const auto out = buf.rows(buf.combined, "relayout::ep_combined", d.rows, H);
   const auto pos = d.send_pos;
   const int ep = comm.size();
   Kokkos::parallel_for(
@@ -374,30 +508,41 @@ void ep_dispatch(const Space&, const ProcessGroupsOf<C>&, const R&, const Rest&.
 
 // The local half of a MoE on rows every rank of the MoE holds (paths dp_gather and tp_moe): this
 // rank's experts (global ids [first_expert, first_expert + local) of experts_total) on the rows x
-// routed to them, weighted and summed per row. The result
-// is this rank's partial output for every row (zero outside [begin, end) and for rows none of its
-// experts takes); summing the partials over the MoE group completes it. No communication.
+// routed to them, weighted and summed per row. The result is this rank's partial output for every
+// row (zero for rows none of its experts takes); summing the partials over the MoE group completes
+// it. No communication. Buffers come from `ws`; check_route as in EpOptions.
 template <class T, class Space, class X, ExpertsFor<T, Space> E>
 void local_experts(const Space& exec, const X& x, const TopK<T, Space>& route, int first_expert, int local,
-                   int experts_total, E& experts, const impl::RowsView<T, Space>& out) {
-  using Mem = typename Space::memory_space;
-  const std::int64_t n = static_cast<std::int64_t>(x.extent(0));
-  impl::check_topk(exec, route, n, experts_total, 1, "local_experts");
+                   int experts_total, E& experts, const impl::RowsView<T, Space>& out, EpWorkspace<T, Space>& ws,
+                   bool check_route = true) {
+  const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), H = impl::hidden_of(x.extent(1));
+  impl::check_topk(exec, route, n, experts_total, 1, "local_experts", check_route);
   const int K = route.k();
-  Kokkos::View<int**, Kokkos::LayoutRight, Mem> lid(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::local_ids")), static_cast<std::size_t>(n),
-                                                    static_cast<std::size_t>(K));
+  auto& buf = ws.buffers();
+  const auto lid = buf.rows(buf.local_ids, "relayout::local_ids", n, K);
   const auto ids = route.ids;
   Kokkos::parallel_for(
       "relayout::local_experts.ids", Kokkos::RangePolicy<Space>(exec, 0, n * K), KOKKOS_LAMBDA(const std::int64_t s) {
         const int e = ids(s / K, static_cast<int>(s % K)) - first_expert;
         lid(s / K, static_cast<int>(s % K)) = e >= 0 && e < local ? e : -1;
       });
-  Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem> slot_of;
-  const ExpertBatch<T, Space> batch = impl::group_by_expert<T>(exec, x, lid, local, first_expert, slot_of);
-  auto y = impl::alloc_rows<T, Space>("relayout::expert_out", batch.rows(), impl::hidden_of(x.extent(1)));
+  typename impl::EpBuffers<T, Space>::Index2 slot_of;
+  const ExpertBatch<T, Space> batch = impl::group_by_expert<T>(
+      exec, buf, n, K, H, KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t f) { return x(i, f); },
+      KOKKOS_LAMBDA(const std::int64_t i, const int k) { return lid(i, k); }, local, first_expert, slot_of);
+  const auto y = ws.expert_outputs(batch.rows(), H);
   experts(exec, batch, y);
-  impl::weighted_sum(exec, route.weights, slot_of, y, out);
+  const auto w = route.weights;
+  impl::weighted_sum(
+      exec, K, KOKKOS_LAMBDA(const std::int64_t i, const int k) { return w(i, k); }, slot_of, y, out);
   exec.fence();
+}
+
+template <class T, class Space, class X, ExpertsFor<T, Space> E>
+void local_experts(const Space& exec, const X& x, const TopK<T, Space>& route, int first_expert, int local,
+                   int experts_total, E& experts, const impl::RowsView<T, Space>& out) {
+  EpWorkspace<T, Space> ws;
+  local_experts(exec, x, route, first_expert, local, experts_total, experts, out, ws);
 }
 
 }  // namespace relayout
