@@ -1,7 +1,7 @@
 // Kernel throughput paired with a baseline measured alternately in the same run, so the ratio is
 // meaningful on a noisy shared machine: linear and the routed experts against OpenBLAS
 // single-threaded sgemm on the same shapes (GFLOP/s), decode attention against a STREAM-like copy
-// of as many bytes as the KV cache (GB/s). The reported time is relayout's.
+// of as many bytes as the KV cache (GB/s), contiguous and paged. The reported time is relayout's.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -196,6 +196,51 @@ BENCHMARK(BM_DecodeAttention)
     ->Args({8, 4096, 8, 512})
     ->Args({8, 4096, 16, 128})
     ->Args({64, 1024, 1, 128})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+
+// The same through a paged cache (blocks of 16 rows, the requests' blocks interleaved in the pool):
+// the kernel reads through the block table, so it should match the contiguous row.
+void BM_DecodeAttentionPaged(benchmark::State& state) {
+  const int reqs = int(state.range(0)), len = int(state.range(1)), heads = int(state.range(2)),
+            head_dim = int(state.range(3)), bs = 16;
+  Exec exec;
+  const int blocks = len / bs;
+  rk::PagedKvCache<float, Mem> cache({1, head_dim, bs, reqs * blocks, reqs, blocks});
+  rk::RowTensor<float, Mem> piece("piece", bs, head_dim), q("q", reqs, heads * head_dim),
+      out("out", reqs, heads * head_dim);
+  fill(q, 7);
+  for (int k = 0; k < blocks; ++k)
+    for (int b = 0; b < reqs; ++b) {
+      fill(piece, unsigned(100 + k * reqs + b));
+      cache.append(exec, 0, b, piece);
+    }
+  Kokkos::View<int*, Mem> slots("slots", reqs);
+  auto slots_h = Kokkos::create_mirror_view(slots);
+  for (int b = 0; b < reqs; ++b) slots_h(b) = b;
+  Kokkos::deep_copy(slots, slots_h);
+  const auto kv = cache.view(0, slots);
+  const std::int64_t rows = std::int64_t(reqs) * len;
+  std::vector<float> src(std::size_t(rows) * head_dim, 1.f), dst(src.size(), 0.f);
+  const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), 0};
+  const double bytes = 4.0 * (double(rows) * head_dim + 2.0 * reqs * heads * head_dim);
+  const std::size_t copy_n = src.size() / 2;
+  paired(
+      state, bytes, "GBps", "copy",
+      [&] {
+        rk::attention_decode(exec, q, kv, out, p);
+        exec.fence();
+      },
+      [&] {
+        std::memcpy(dst.data(), src.data() + copy_n, copy_n * sizeof(float));
+        benchmark::DoNotOptimize(dst.data());
+      });
+}
+BENCHMARK(BM_DecodeAttentionPaged)
+    ->ArgNames({"reqs", "len", "heads", "head_dim"})
+    ->Args({8, 4096, 1, 512})
+    ->Args({8, 4096, 8, 512})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

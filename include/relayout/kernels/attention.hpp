@@ -11,6 +11,7 @@
 
 #include "relayout/kernels/error.hpp"
 #include "relayout/kernels/impl/simd.hpp"
+#include "relayout/kernels/kv_cache.hpp"
 #include "relayout/kernels/types.hpp"
 
 namespace relayout::kernels {
@@ -19,156 +20,306 @@ struct AttentionParams {
   int head_dim = 0;
   double scale = 0.0;  // softmax scale; 1/sqrt(head_dim) is the usual choice
   int window = 0;      // sliding window in keys, the query's own included; 0: unlimited
+  int splits = 0;      // decode: key ranges per request, merged by log-sum-exp; 0: fill the execution space
 };
 
 inline double default_softmax_scale(int head_dim) { return 1.0 / std::sqrt(double(head_dim)); }
 
 namespace impl {
 
-inline constexpr int kKeyBlock = 32;
-inline constexpr int kHeadGroup = 4;
+// exp of every lane: range reduction x = n ln2 + r, |r| <= ln2/2, a polynomial for e^r and 2^n
+// from the exponent bits, so the softmax weights of a key chunk cost a few vector FMAs instead of
+// one libm call per key. Inputs below the normal range give the smallest normal number (softmax
+// only needs "negligible"); one lane falls back to the scalar exp.
+template <int L, class V>
+KOKKOS_FORCEINLINE_FUNCTION V vexp(V x) {
+  if constexpr (L == 1) {
+    return impl::exp(x);
+  } else {
+    using T = decltype(+x[0]);
+    if constexpr (sizeof(T) == 4) {
+      typedef std::int32_t VI __attribute__((vector_size(sizeof(V))));
+      const V lo = V{} + T(-87.33654f), hi = V{} + T(88.37626f);
+      x = x < lo ? lo : x;
+      x = x > hi ? hi : x;
+      const V t = x * T(1.44269504088896341f) + T(12582912.0f);  // round to nearest, n in the low bits
+      const V n = t - T(12582912.0f);
+      V r = x - n * T(0.693359375f);
+      r = r - n * T(-2.12194440e-4f);
+      V y = V{} + T(1.9875691500e-4f);
+      y = y * r + T(1.3981999507e-3f);
+      y = y * r + T(8.3334519073e-3f);
+      y = y * r + T(4.1665795894e-2f);
+      y = y * r + T(1.6666665459e-1f);
+      y = y * r + T(5.0000001201e-1f);
+      y = y * (r * r) + r + T(1);
+      const VI e = ((VI)t - 0x4B400000 + 127) << 23;
+      return y * (V)e;
+    } else {
+      typedef std::int64_t VI __attribute__((vector_size(sizeof(V))));
+      const V lo = V{} + T(-708.0), hi = V{} + T(709.0);
+      x = x < lo ? lo : x;
+      x = x > hi ? hi : x;
+      const V t = x * T(1.4426950408889634) + T(6755399441055744.0);
+      const V n = t - T(6755399441055744.0);
+      V r = x - n * T(6.93147180369123816490e-01);
+      r = r - n * T(1.90821492927058770002e-10);
+      // Taylor to r^12: |r| <= 0.347 leaves a remainder below 2e-16.
+      V y = V{} + T(1.0 / 479001600.0);
+      y = y * r + T(1.0 / 39916800.0);
+      y = y * r + T(1.0 / 3628800.0);
+      y = y * r + T(1.0 / 362880.0);
+      y = y * r + T(1.0 / 40320.0);
+      y = y * r + T(1.0 / 5040.0);
+      y = y * r + T(1.0 / 720.0);
+      y = y * r + T(1.0 / 120.0);
+      y = y * r + T(1.0 / 24.0);
+      y = y * r + T(1.0 / 6.0);
+      y = y * r + T(0.5);
+      y = y * r + T(1);
+      y = y * r + T(1);
+      const VI e = ((VI)t - 0x4338000000000000LL + 1023) << 52;
+      return y * (V)e;
+    }
+  }
+}
 
-// One query row (heads x head_dim) against kv rows [begin, end), by key blocks of kKeyBlock. Heads
-// go in groups of kHeadGroup (one team thread per group), so each kv vector loaded feeds four
-// heads: scores are a register-tiled (heads x 2 keys) dot-product tile, the running max / sum are
-// updated per head, and p . V is a register-tiled (heads x 2 vectors) outer-product tile that also
-// applies the rescale of the previous blocks. The output row itself is the accumulator.
-template <class ExecSpace, class Q, class KV, class O>
-struct AttendRow {
-  using T = typename O::non_const_value_type;
-  using Scratch = Kokkos::View<T*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+inline constexpr int kChunkMax = 32;  // keys per chunk, at most (the score scratch stride)
+inline constexpr int kHeadGroup = 4;  // heads per register tile (one team thread per group)
+inline constexpr int kLineBytes = 64;
+
+KOKKOS_FORCEINLINE_FUNCTION void prefetch(const void* p) {
+#if defined(RELAYOUT_KERNELS_HOST_SIMD)
+  __builtin_prefetch(p);
+#else
+  (void)p;
+#endif
+}
+
+// Keys per chunk: the chunk is read from memory by the score pass and again by the value pass, so
+// it should stay in L1 (16 KiB) in between.
+template <class T>
+int chunk_keys(int head_dim) {
+  const int c = int(16384 / (std::size_t(head_dim) * sizeof(T)));
+  return c < 4 ? 4 : (c > kChunkMax ? kChunkMax : c);
+}
+
+// Keys [begin, end) of request b stored in consecutive rows of one matrix.
+template <class KV, class Cu>
+struct ContiguousKeys {
+  using T = typename KV::non_const_value_type;
+  KV kv;
+  Cu cu;
+  KOKKOS_INLINE_FUNCTION std::int64_t length(std::int64_t b) const { return cu(b + 1) - cu(b); }
+  // Row of key p of request b, and how many keys from p on lie in consecutive rows.
+  KOKKOS_INLINE_FUNCTION const T* row(std::int64_t b, std::int64_t p, std::int64_t end, int& run) const {
+    run = int(end - p < kChunkMax ? end - p : kChunkMax);
+    return &kv(cu(b) + p, 0);
+  }
+  KOKKOS_INLINE_FUNCTION std::int64_t stride() const { return std::int64_t(kv.stride(0)); }
+};
+
+// Keys of request slots(b) through its block table: consecutive only within a block.
+template <class T, class MemSpace>
+struct PagedKeys {
+  PagedKv<T, MemSpace> kv;
+  KOKKOS_INLINE_FUNCTION std::int64_t length(std::int64_t b) const { return kv.lengths(kv.slots(b)); }
+  KOKKOS_INLINE_FUNCTION const T* row(std::int64_t b, std::int64_t p, std::int64_t end, int& run) const {
+    const int bs = kv.block_size;
+    const std::int64_t in_block = bs - p % bs;
+    run = int(end - p < in_block ? end - p : in_block);
+    if (run > kChunkMax) run = kChunkMax;
+    return &kv.pool(std::int64_t(kv.block_table(kv.slots(b), p / bs)) * bs + p % bs, 0);
+  }
+  KOKKOS_INLINE_FUNCTION std::int64_t stride() const { return std::int64_t(kv.pool.stride(0)); }
+};
+
+// One query row (heads x head_dim) against keys [begin, end) of one request, by chunks of at most
+// `chunk` consecutive keys. Heads go in groups of kHeadGroup, one team thread per group, so every
+// key vector loaded feeds four heads: scores are a (4 heads x 3 keys) register tile of dot
+// products, the softmax weights of a chunk are one vectorised exp per head, and p . V is a
+// (4 heads x 3 vectors) register tile that also applies the rescale of the previous chunks. `o`
+// accumulates unnormalised; m and l are the running max and sum per head.
+template <class ExecSpace, class T>
+struct AttendCore {
   static constexpr int L = lanes_v<ExecSpace, T>;
   using V = typename Vec<T, L>::type;
-
-  Q q;
-  KV kv;
-  O out;
-  int heads, head_dim;
+  int heads, head_dim, chunk;
   T scale;
 
-  // s[h][j] = q_h . kv_{j0+j} for MH heads from h0 and MK keys from j.
+  // s[a][j + b] = q_a . k_(j + b) for MH heads and MK keys. Rows j .. j + MK of the next chunk
+  // (pf, pf_rows rows; null: none) are prefetched line by line meanwhile, so memory streams while
+  // this chunk computes (the hardware prefetchers alone leave the two serialised).
   template <int MH, int MK>
-  KOKKOS_FORCEINLINE_FUNCTION void score_tile(std::int64_t row, int h0, std::int64_t key, T* s, int j) const {
+  KOKKOS_FORCEINLINE_FUNCTION void score_tile(const T* const* qh, const T* k0, std::int64_t ld, T* s, int j,
+                                              const T* pf, int pf_rows) const {
     const int D = head_dim;
-    const T* qh[MH];
     const T* kj[MK];
-    for (int a = 0; a < MH; ++a) qh[a] = &q(row, std::size_t(h0 + a) * D);
-    for (int b = 0; b < MK; ++b) kj[b] = &kv(key + b, 0);
+    for (int b = 0; b < MK; ++b) kj[b] = k0 + (j + b) * ld;
     V acc[MH][MK];
     for (int a = 0; a < MH; ++a)
       for (int b = 0; b < MK; ++b) acc[a][b] = V{};
-    int d = 0;
-    for (; d + L <= D; d += L) {
-      V kvv[MK];
-      for (int b = 0; b < MK; ++b) kvv[b] = load<V>(kj[b] + d);
+    auto body = [&](int d) {
+      V kv[MK];
+      for (int b = 0; b < MK; ++b) kv[b] = load<V>(kj[b] + d);
       for (int a = 0; a < MH; ++a) {
         const V qv = load<V>(qh[a] + d);
-        for (int b = 0; b < MK; ++b) acc[a][b] += qv * kvv[b];
+        for (int b = 0; b < MK; ++b) acc[a][b] += qv * kv[b];
+      }
+    };
+    int d = 0;
+    constexpr int S = kLineBytes / int(sizeof(T));
+    if (pf && S % L == 0) {
+      const int pb = pf_rows - j < MK ? pf_rows - j : MK;
+      for (; d + S <= D; d += S) {
+        for (int b = 0; b < pb; ++b) prefetch(pf + (j + b) * ld + d);
+        for (int u = 0; u < S; u += L) body(d + u);
       }
     }
+    for (; d + L <= D; d += L) body(d);
     for (int a = 0; a < MH; ++a)
       for (int b = 0; b < MK; ++b) {
         T r = hsum<L>(acc[a][b]);
         for (int dd = d; dd < D; ++dd) r += qh[a][dd] * kj[b][dd];
-        s[a * kKeyBlock + j + b] = r;
+        s[a * kChunkMax + j + b] = r;
       }
   }
 
-  // o_h = corr_h * o_h + sum_j p[h][j] kv_{j0+j} for MH heads (first block: no previous o_h).
-  template <int MH>
-  KOKKOS_FORCEINLINE_FUNCTION void value_tile(std::int64_t row, int h0, std::int64_t j0, int nb,
+  template <int MH, int NV>
+  KOKKOS_FORCEINLINE_FUNCTION void value_tile(T* const* oh, int d, const T* k0, std::int64_t ld, int nb,
                                               const T* p, const T* corr, bool first) const {
-    const int D = head_dim;
-    constexpr int NV = 2;
-    T* oh[MH];
-    for (int a = 0; a < MH; ++a) oh[a] = &out(row, std::size_t(h0 + a) * D);
-    int d = 0;
-    for (; d + NV * L <= D; d += NV * L) {
-      V acc[MH][NV];
-      for (int a = 0; a < MH; ++a)
-        for (int v = 0; v < NV; ++v) acc[a][v] = first ? V{} : T(corr[a]) * load<V>(oh[a] + d + v * L);
-      for (int j = 0; j < nb; ++j) {
-        const T* vj = &kv(j0 + j, d);
-        V vv[NV];
-        for (int v = 0; v < NV; ++v) vv[v] = load<V>(vj + v * L);
-        for (int a = 0; a < MH; ++a) {
-          const T pa = p[a * kKeyBlock + j];
-          for (int v = 0; v < NV; ++v) acc[a][v] += pa * vv[v];
-        }
+    V acc[MH][NV];
+    for (int a = 0; a < MH; ++a)
+      for (int v = 0; v < NV; ++v) acc[a][v] = first ? V{} : corr[a] * load<V>(oh[a] + d + v * L);
+    for (int j = 0; j < nb; ++j) {
+      const T* kj = k0 + j * ld + d;
+      V kv[NV];
+      for (int v = 0; v < NV; ++v) kv[v] = load<V>(kj + v * L);
+      for (int a = 0; a < MH; ++a) {
+        const T pa = p[a * kChunkMax + j];
+        for (int v = 0; v < NV; ++v) acc[a][v] += pa * kv[v];
       }
-      for (int a = 0; a < MH; ++a)
-        for (int v = 0; v < NV; ++v) store<V>(oh[a] + d + v * L, acc[a][v]);
     }
+    for (int a = 0; a < MH; ++a)
+      for (int v = 0; v < NV; ++v) store<V>(oh[a] + d + v * L, acc[a][v]);
+  }
+
+  // One chunk of nb keys from row k0 for heads h0 .. h0 + MH.
+  template <int MH>
+  KOKKOS_FORCEINLINE_FUNCTION void chunk_step(const T* q, T* o, int h0, const T* k0, std::int64_t ld, int nb,
+                                              bool first, T* m, T* l, T* s, const T* pf, int pf_rows) const {
+    const int D = head_dim;
+    const T* qh[MH];
+    T* oh[MH];
+    for (int a = 0; a < MH; ++a) {
+      qh[a] = q + std::size_t(h0 + a) * D;
+      oh[a] = o + std::size_t(h0 + a) * D;
+    }
+    // Register tiles sized to the 16 vector registers: a lone head takes more keys (scores) and
+    // more vectors (values) per tile, each load then feeds one FMA directly.
+    constexpr int MK = MH == 1 ? 8 : (MH == 2 ? 4 : 3);
+    constexpr int NV = MH == 1 ? 12 : (MH == 2 ? 6 : (MH == 3 ? 4 : 3));
+    int j = 0;
+    for (; j + MK <= nb; j += MK) score_tile<MH, MK>(qh, k0, ld, s, j, pf, pf_rows);
+    for (; j + 2 <= nb; j += 2) score_tile<MH, 2>(qh, k0, ld, s, j, pf, pf_rows);
+    for (; j < nb; ++j) score_tile<MH, 1>(qh, k0, ld, s, j, pf, pf_rows);
+    T corr[MH];
+    for (int a = 0; a < MH; ++a) {
+      T* sa = s + a * kChunkMax;
+      T mb = sa[0] * scale;
+      for (j = 0; j < nb; ++j) mb = impl::max(mb, T(sa[j] * scale));
+      const T m_new = first ? mb : impl::max(m[a], mb);
+      corr[a] = first ? T(0) : impl::exp(T(m[a] - m_new));
+      for (j = 0; j < nb; j += L) store<V>(sa + j, vexp<L>(load<V>(sa + j) * scale - m_new));
+      T sum = T(0);
+      for (j = 0; j < nb; ++j) sum += sa[j];
+      l[a] = first ? sum : T(l[a] * corr[a] + sum);
+      m[a] = m_new;
+    }
+    int d = 0;
+    for (; d + NV * L <= D; d += NV * L) value_tile<MH, NV>(oh, d, k0, ld, nb, s, corr, first);
+    for (; d + L <= D; d += L) value_tile<MH, 1>(oh, d, k0, ld, nb, s, corr, first);
     for (; d < D; ++d)
       for (int a = 0; a < MH; ++a) {
         T r = first ? T(0) : T(corr[a] * oh[a][d]);
-        for (int j = 0; j < nb; ++j) r += p[a * kKeyBlock + j] * kv(j0 + j, d);
+        for (j = 0; j < nb; ++j) r += s[a * kChunkMax + j] * k0[j * ld + d];
         oh[a][d] = r;
       }
   }
 
-  template <int MH>
-  KOKKOS_FORCEINLINE_FUNCTION void block(std::int64_t row, int h0, std::int64_t j0, int nb, bool first,
-                                         T* m, T* l, T* s) const {
-    int j = 0;
-    for (; j + 2 <= nb; j += 2) score_tile<MH, 2>(row, h0, j0 + j, s, j);
-    for (; j < nb; ++j) score_tile<MH, 1>(row, h0, j0 + j, s, j);
-    T corr[MH];
-    for (int a = 0; a < MH; ++a) {
-      T* sa = s + a * kKeyBlock;
-      T mb = sa[0] * scale;
-      for (j = 0; j < nb; ++j) {
-        sa[j] *= scale;
-        mb = impl::max(mb, sa[j]);
-      }
-      const T m_new = first ? mb : impl::max(m[a], mb);
-      corr[a] = first ? T(0) : impl::exp(T(m[a] - m_new));
-      T sum = T(0);
-      for (j = 0; j < nb; ++j) sum += (sa[j] = impl::exp(T(sa[j] - m_new)));
-      l[a] = first ? sum : T(l[a] * corr[a] + sum);
-      m[a] = m_new;
+  // One chunk for head group g (heads g*kHeadGroup ..), its m, l and scores in the scratch.
+  // Group 0 prefetches the next chunk (pf, pf_rows).
+  KOKKOS_FORCEINLINE_FUNCTION void step(int g, const T* q, T* o, const T* k0, std::int64_t ld, int nb, bool first,
+                                        T* scratch, const T* pf, int pf_rows) const {
+    T* m = scratch + g * group_scratch;
+    T* l = m + kHeadGroup;
+    T* s = l + kHeadGroup;
+    const int h0 = g * kHeadGroup;
+    switch (heads - h0 < kHeadGroup ? heads - h0 : kHeadGroup) {
+      case 1: chunk_step<1>(q, o, h0, k0, ld, nb, first, m, l, s, g == 0 ? pf : nullptr, pf_rows); break;
+      case 2: chunk_step<2>(q, o, h0, k0, ld, nb, first, m, l, s, g == 0 ? pf : nullptr, pf_rows); break;
+      case 3: chunk_step<3>(q, o, h0, k0, ld, nb, first, m, l, s, g == 0 ? pf : nullptr, pf_rows); break;
+      default: chunk_step<kHeadGroup>(q, o, h0, k0, ld, nb, first, m, l, s, g == 0 ? pf : nullptr, pf_rows); break;
     }
-    value_tile<MH>(row, h0, j0, nb, s, corr, first);
   }
 
-  template <class Member>
-  KOKKOS_INLINE_FUNCTION void run(const Member& team, std::int64_t row, std::int64_t begin,
-                                  std::int64_t end) const {
-    Scratch m(team.team_scratch(0), heads), l(team.team_scratch(0), heads),
-        s(team.team_scratch(0), std::size_t(heads) * kKeyBlock);
-    const int groups = (heads + kHeadGroup - 1) / kHeadGroup;
-    for (std::int64_t j0 = begin; j0 < end; j0 += kKeyBlock) {
-      const int nb = end - j0 < kKeyBlock ? int(end - j0) : kKeyBlock;
-      const bool first = j0 == begin;
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, groups), [&](const int g) {
-        const int h0 = g * kHeadGroup;
-        T* mg = &m(h0);
-        T* lg = &l(h0);
-        T* sg = &s(std::size_t(h0) * kKeyBlock);
-        switch (heads - h0 < kHeadGroup ? heads - h0 : kHeadGroup) {
-          case 1: block<1>(row, h0, j0, nb, first, mg, lg, sg); break;
-          case 2: block<2>(row, h0, j0, nb, first, mg, lg, sg); break;
-          case 3: block<3>(row, h0, j0, nb, first, mg, lg, sg); break;
-          default: block<kHeadGroup>(row, h0, j0, nb, first, mg, lg, sg); break;
-        }
-      });
-    }
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, heads), [&](const int h) {
-      T* oh = &out(row, std::size_t(h) * head_dim);
-      const T inv = T(1) / l(h);
-      for (int d = 0; d < head_dim; ++d) oh[d] *= inv;
-    });
-  }
-
+  // Team scratch per group: m, l (kHeadGroup each) and the scores (kHeadGroup x kChunkMax).
+  using Scratch = Kokkos::View<T*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  static constexpr std::size_t group_scratch = 2 * kHeadGroup + kHeadGroup * kChunkMax;
   static std::size_t scratch_bytes(int heads) {
-    return Scratch::shmem_size(heads) * 2 + Scratch::shmem_size(std::size_t(heads) * kKeyBlock);
+    return Scratch::shmem_size(std::size_t((heads + kHeadGroup - 1) / kHeadGroup) * group_scratch);
+  }
+
+  // Every head group of one work item: o = softmax(q K^T) V over [begin, end), normalised into
+  // `out` when `ml` is null, else left unnormalised with m, l written to ml (heads, then heads).
+  // The chunk loop is outside the head groups so each chunk comes from memory once; a team thread
+  // keeps the same groups throughout, so the groups need no barrier.
+  template <class Member, class Keys>
+  KOKKOS_INLINE_FUNCTION void attend(const Member& team, const Keys& keys, std::int64_t b, std::int64_t begin,
+                                     std::int64_t end, const T* q, T* out, T* ml) const {
+    const int groups = (heads + kHeadGroup - 1) / kHeadGroup;
+    Scratch scratch(team.team_scratch(0), std::size_t(groups) * group_scratch);
+    const std::int64_t ld = keys.stride();
+    int nb = 0;
+    const T* k0 = begin < end ? keys.row(b, begin, end, nb) : nullptr;
+    for (std::int64_t p = begin; p < end;) {
+      if (nb > chunk) nb = chunk;
+      int next_nb = 0;
+      const T* next = p + nb < end ? keys.row(b, p + nb, end, next_nb) : nullptr;
+      if (next_nb > chunk) next_nb = chunk;
+      const bool first = p == begin;
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, groups), [&](const int g) {
+        step(g, q, out, k0, ld, nb, first, scratch.data(), next, next_nb);
+      });
+      p += nb;
+      k0 = next;
+      nb = next_nb;
+    }
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, groups), [&](const int g) {
+      const T* m = scratch.data() + g * group_scratch;
+      const T* l = m + kHeadGroup;
+      const int h0 = g * kHeadGroup;
+      for (int a = 0; a < kHeadGroup && h0 + a < heads; ++a) {
+        if (ml) {
+          ml[h0 + a] = end > begin ? m[a] : T(0);
+          ml[heads + h0 + a] = end > begin ? l[a] : T(0);
+        } else {
+          T* oh = out + std::size_t(h0 + a) * head_dim;
+          const T inv = T(1) / l[a];
+          for (int d = 0; d < head_dim; ++d) oh[d] *= inv;
+        }
+      }
+    });
   }
 };
 
 template <class ExecSpace, class Q, class KV, class O, class Cu>
 struct PrefillFunctor {
-  AttendRow<ExecSpace, Q, KV, O> attend;
-  Cu cu;
+  using T = typename O::non_const_value_type;
+  AttendCore<ExecSpace, T> core;
+  Q q;
+  O out;
+  ContiguousKeys<KV, Cu> keys;
   int n_req, window;
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
@@ -176,29 +327,83 @@ struct PrefillFunctor {
     int lo = 0, hi = n_req;  // the request b with cu[b] <= t < cu[b+1]
     while (hi - lo > 1) {
       const int mid = (lo + hi) / 2;
-      if (cu(mid) <= t) lo = mid; else hi = mid;
+      if (keys.cu(mid) <= t) lo = mid; else hi = mid;
     }
-    const std::int64_t start = cu(lo);
-    std::int64_t begin = start;
-    if (window > 0 && t + 1 - window > begin) begin = t + 1 - window;
-    attend.run(team, t, begin, t + 1);
+    const std::int64_t p = t - keys.cu(lo);
+    std::int64_t begin = 0;
+    if (window > 0 && p + 1 - window > begin) begin = p + 1 - window;
+    core.attend(team, keys, lo, begin, p + 1, &q(t, 0), &out(t, 0), static_cast<T*>(nullptr));
   }
 };
 
-template <class ExecSpace, class Q, class KV, class O, class Cu>
+// Work item (b, split) of decode: request b's keys in the window, split into `splits` ranges.
+// With one split the output row is final; with more, each split leaves an unnormalised partial
+// row and its (m, l) for DecodeMerge.
+template <class ExecSpace, class Q, class O, class Keys>
 struct DecodeFunctor {
-  AttendRow<ExecSpace, Q, KV, O> attend;
-  Cu cu;
-  int window;
+  using T = typename O::non_const_value_type;
+  AttendCore<ExecSpace, T> core;
+  Q q;
+  O out;
+  Keys keys;
+  Kokkos::View<T**, typename ExecSpace::memory_space> partial, ml;  // (requests x splits) rows
+  int window, splits;
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
-    const std::int64_t b = team.league_rank();
-    const std::int64_t end = cu(b + 1);
-    std::int64_t begin = cu(b);
-    if (window > 0 && end - window > begin) begin = end - window;
-    attend.run(team, b, begin, end);
+    const std::int64_t item = team.league_rank(), b = item / splits, sp = item % splits;
+    const std::int64_t len = keys.length(b);
+    const std::int64_t lo = window > 0 && len - window > 0 ? len - window : 0;
+    const std::int64_t per = (len - lo + splits - 1) / splits;
+    const std::int64_t begin = lo + sp * per < len ? lo + sp * per : len;
+    const std::int64_t end = begin + per < len ? begin + per : len;
+    if (splits == 1)
+      core.attend(team, keys, b, begin, end, &q(b, 0), &out(b, 0), static_cast<T*>(nullptr));
+    else
+      core.attend(team, keys, b, begin, end, &q(b, 0), &partial(item, 0), &ml(item, 0));
   }
 };
+
+// Merges the splits of (request, head) with the log-sum-exp rule: weights e^(m_s - max m).
+template <class O, class T, class Mem>
+struct DecodeMerge {
+  O out;
+  Kokkos::View<T**, Mem> partial, ml;
+  int heads, head_dim, splits;
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i) const {
+    const std::int64_t b = i / heads;
+    const int h = int(i % heads);
+    T mmax = T(0);
+    bool any = false;
+    for (int s = 0; s < splits; ++s) {
+      const std::int64_t r = b * splits + s;
+      if (ml(r, heads + h) > T(0) && (!any || ml(r, h) > mmax)) mmax = ml(r, h), any = true;
+    }
+    T* oh = &out(b, std::size_t(h) * head_dim);
+    for (int d = 0; d < head_dim; ++d) oh[d] = T(0);
+    T sum = T(0);
+    for (int s = 0; s < splits; ++s) {
+      const std::int64_t r = b * splits + s;
+      if (!(ml(r, heads + h) > T(0))) continue;
+      const T w = impl::exp(T(ml(r, h) - mmax));
+      sum += w * ml(r, heads + h);
+      const T* ph = &partial(r, std::size_t(h) * head_dim);
+      for (int d = 0; d < head_dim; ++d) oh[d] += w * ph[d];
+    }
+    const T inv = T(1) / sum;
+    for (int d = 0; d < head_dim; ++d) oh[d] *= inv;
+  }
+};
+
+// Key splits per request: enough work items to fill the execution space, no split shorter than
+// a few chunks (each costs a partial row and a merge).
+template <class ExecSpace>
+int decode_splits(const ExecSpace& exec, int requested, std::int64_t n_req, std::int64_t longest) {
+  if (requested > 0) return requested;
+  const std::int64_t by_len = (longest + 255) / 256;
+  const std::int64_t by_width = (std::int64_t(exec.concurrency()) + n_req - 1) / (n_req > 0 ? n_req : 1);
+  const std::int64_t s = by_len < by_width ? by_len : by_width;
+  return s < 1 ? 1 : int(s);
+}
 
 template <class Q, class KV, class O>
 int check_attention(const char* fn, const Q& q, const KV& kv, const O& out, const AttentionParams& p) {
@@ -216,9 +421,9 @@ int check_attention(const char* fn, const Q& q, const KV& kv, const O& out, cons
   return int(q.extent(1) / p.head_dim);
 }
 
-// Copies cu_seqlens to the host (a synchronisation point) and checks it.
+// Copies cu_seqlens to the host (a synchronisation point), checks it; returns the longest request.
 template <class Cu>
-void check_offsets(const char* fn, const char* name, const Cu& cu, std::int64_t rows, bool exact,
+std::int64_t check_offsets(const char* fn, const char* name, const Cu& cu, std::int64_t rows, bool exact,
                    bool nonempty) {
   require(cu.extent(0) >= 1, fn, name, "must hold n_requests + 1 offsets (at least one)");
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cu);
@@ -231,9 +436,12 @@ void check_offsets(const char* fn, const char* name, const Cu& cu, std::int64_t 
                 str(h(b)) + ", " + str(h(b + 1)));
   }
   const std::int64_t last = h(h.extent(0) - 1);
+  std::int64_t longest = 0;
+  for (std::size_t b = 0; b + 1 < h.extent(0); ++b) longest = h(b + 1) - h(b) > longest ? h(b + 1) - h(b) : longest;
   require(exact ? last == rows : last <= rows, fn, name,
           std::string("last entry must ") + (exact ? "equal" : "not exceed") + " the kv rows " +
               str(rows) + ", got " + str(last));
+  return longest;
 }
 
 }  // namespace impl
@@ -254,16 +462,47 @@ void attention_prefill(const ExecSpace& exec, const Q& q, const KV& kv, const Cu
   impl::check_offsets("attention_prefill", "cu_seqlens", cu_seqlens, std::int64_t(q.extent(0)), true, false);
   if (q.extent(0) == 0) return;
   using T = scalar_of<O>;
-  using Attend = impl::AttendRow<ExecSpace, Q, KV, O>;
+  using Core = impl::AttendCore<ExecSpace, T>;
   const int n_req = int(cu_seqlens.extent(0)) - 1;
   Kokkos::TeamPolicy<ExecSpace> policy(exec, int(q.extent(0)), Kokkos::AUTO);
-  const std::size_t bytes = Attend::scratch_bytes(heads);
   Kokkos::parallel_for("relayout::kernels::attention_prefill",
-                       policy.set_scratch_size(0, Kokkos::PerTeam(bytes)),
+                       policy.set_scratch_size(0, Kokkos::PerTeam(Core::scratch_bytes(heads))),
                        impl::PrefillFunctor<ExecSpace, Q, KV, O, Cu>{
-                           Attend{q, kv, out, heads, params.head_dim, T(params.scale)}, cu_seqlens,
-                           n_req, params.window});
+                           Core{heads, params.head_dim, impl::chunk_keys<T>(params.head_dim), T(params.scale)},
+                           q, out, {kv, cu_seqlens}, n_req, params.window});
 }
+
+namespace impl {
+
+template <class ExecSpace, class Q, class O, class Keys>
+void decode_launch(const ExecSpace& exec, const Q& q, const Keys& keys, const O& out, const AttentionParams& params,
+                   int heads, std::int64_t longest) {
+  using T = scalar_of<O>;
+  using Mem = typename ExecSpace::memory_space;
+  using Core = AttendCore<ExecSpace, T>;
+  const std::int64_t n_req = std::int64_t(q.extent(0));
+  const std::int64_t keys_used = params.window > 0 && params.window < longest ? params.window : longest;
+  const int splits = decode_splits(exec, params.splits, n_req, keys_used);
+  Kokkos::View<T**, Mem> partial, ml;
+  if (splits > 1) {
+    partial = Kokkos::View<T**, Mem>(Kokkos::view_alloc(exec, "relayout::attention_partial", Kokkos::WithoutInitializing),
+                                     n_req * splits, q.extent(1));
+    ml = Kokkos::View<T**, Mem>(Kokkos::view_alloc(exec, "relayout::attention_ml", Kokkos::WithoutInitializing),
+                                n_req * splits, 2 * heads);
+  }
+  Kokkos::TeamPolicy<ExecSpace> policy(exec, int(n_req * splits), Kokkos::AUTO);
+  Kokkos::parallel_for("relayout::kernels::attention_decode",
+                       policy.set_scratch_size(0, Kokkos::PerTeam(Core::scratch_bytes(heads))),
+                       DecodeFunctor<ExecSpace, Q, O, Keys>{
+                           Core{heads, params.head_dim, chunk_keys<T>(params.head_dim), T(params.scale)}, q, out,
+                           keys, partial, ml, params.window, splits});
+  if (splits > 1)
+    Kokkos::parallel_for("relayout::kernels::attention_decode_merge",
+                         Kokkos::RangePolicy<ExecSpace>(exec, 0, n_req * heads),
+                         DecodeMerge<O, T, Mem>{out, partial, ml, heads, params.head_dim, splits});
+}
+
+}  // namespace impl
 
 // Decode: one new query row per request (q: n_requests x heads*head_dim). Request b's cache is
 // rows [cu_cache[b], cu_cache[b+1]) of kv_cache (rows x head_dim), its new token's kv already
@@ -278,17 +517,36 @@ void attention_decode(const ExecSpace& exec, const Q& q, const KV& kv_cache, con
   impl::require(cu_cache.extent(0) == q.extent(0) + 1, "attention_decode", "cu_cache",
                 "must hold n_requests + 1 = " + impl::str(q.extent(0) + 1) + " offsets, got " +
                     impl::str(cu_cache.extent(0)));
-  impl::check_offsets("attention_decode", "cu_cache", cu_cache, std::int64_t(kv_cache.extent(0)), false, true);
+  const std::int64_t longest =
+      impl::check_offsets("attention_decode", "cu_cache", cu_cache, std::int64_t(kv_cache.extent(0)), false, true);
   if (q.extent(0) == 0) return;
-  using T = scalar_of<O>;
-  using Attend = impl::AttendRow<ExecSpace, Q, KV, O>;
-  Kokkos::TeamPolicy<ExecSpace> policy(exec, int(q.extent(0)), Kokkos::AUTO);
-  const std::size_t bytes = Attend::scratch_bytes(heads);
-  Kokkos::parallel_for("relayout::kernels::attention_decode",
-                       policy.set_scratch_size(0, Kokkos::PerTeam(bytes)),
-                       impl::DecodeFunctor<ExecSpace, Q, KV, O, Cu>{
-                           Attend{q, kv_cache, out, heads, params.head_dim, T(params.scale)}, cu_cache,
-                           params.window});
+  impl::decode_launch(exec, q, impl::ContiguousKeys<KV, Cu>{kv_cache, cu_cache}, out, params, heads, longest);
+}
+
+// Decode through a paged cache (PagedKvCache::view): query row b attends the last min(window, L)
+// rows of request slot kv.slots(b), read in place through its block table.
+template <class ExecSpace, RowMatrixView Q, class T, class MemSpace, MutableRowMatrixView O>
+void attention_decode(const ExecSpace& exec, const Q& q, const PagedKv<T, MemSpace>& kv, const O& out,
+                      const AttentionParams& params) {
+  static_assert(std::is_same_v<scalar_of<Q>, T> && std::is_same_v<scalar_of<O>, T>,
+                "relayout::kernels::attention_decode: q, the cache and out must have the same scalar type");
+  const int heads = impl::check_attention("attention_decode", q, kv.pool, out, params);
+  impl::require(kv.slots.extent(0) == q.extent(0), "attention_decode", "slots",
+                "must name one request slot per query row (" + impl::str(q.extent(0)) + "), got " +
+                    impl::str(kv.slots.extent(0)));
+  auto slots = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.slots);
+  auto lengths = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.lengths);
+  std::int64_t longest = 0;
+  for (std::size_t b = 0; b < slots.extent(0); ++b) {
+    const int s = slots(b);
+    impl::require(s >= 0 && std::size_t(s) < lengths.extent(0), "attention_decode", "slots",
+                  "entry " + impl::str(std::int64_t(b)) + " is " + impl::str(s) + ", not a slot of the cache");
+    impl::require(lengths(s) >= 1, "attention_decode", "slots",
+                  "request slot " + impl::str(s) + " holds no rows (append the new token's kv first)");
+    longest = lengths(s) > longest ? lengths(s) : longest;
+  }
+  if (q.extent(0) == 0) return;
+  impl::decode_launch(exec, q, impl::PagedKeys<T, MemSpace>{kv}, out, params, heads, longest);
 }
 
 }  // namespace relayout::kernels
