@@ -30,18 +30,20 @@ int expert_of(int s, std::int64_t i, int k, int K) { return int((s * 7 + i * 3 +
 double weight_of(int k) { return 1.0 / double(k + 2); }
 
 // Expert e: y = (e + 1) x. Records the experts it saw, to check the grouping.
-struct ScaleExperts {
+template <class T>
+struct ScaleExpertsOf {
   std::vector<int> seen_first;
-  void operator()(const Space& exec, const ExpertBatch<double, Space>& b, const RowsView<double, Space>& y) {
+  void operator()(const Space& exec, const ExpertBatch<T, Space>& b, const RowsView<T, Space>& y) {
     auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b.x);
     auto yh = Kokkos::create_mirror_view(y);
     for (int e = 0; e < b.experts(); ++e)
       for (std::int64_t r = b.offset(e); r < b.offset(e) + b.count(e); ++r)
-        for (int f = 0; f < kHidden; ++f) yh(r, f) = double(b.first_expert + e + 1) * xh(r, f);
+        for (int f = 0; f < kHidden; ++f) yh(r, f) = T(b.first_expert + e + 1) * xh(r, f);
     Kokkos::deep_copy(exec, y, yh);
     seen_first.push_back(b.first_expert);
   }
 };
+using ScaleExperts = ScaleExpertsOf<double>;
 
 struct Setup {
   ProcessGroups pg;
@@ -240,6 +242,57 @@ TEST_CASE("EpWorkspace: a second dispatch + combine with the same workspace allo
       err = std::max(err, std::abs(results[1][std::size_t(i * kHidden + f)] - want));
     }
   CHECK(err < 1e-12);
+}
+
+TEST_CASE("ep_dispatch<bf16>: float rows travel as bf16 (half the row bytes) and come back from bf16-rounded inputs") {
+  const int np = world().size(), s = world().rank();
+  const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true,
+                                                    .moe_a2a_backend = Backend::deepep}),
+                         world());
+  const std::int64_t m = 7 + s;
+  const int K = 2;
+  RowsView<float, Space> xv("x", std::size_t(m), kHidden);
+  TopK<float, Space> route(m, K);
+  auto xh = Kokkos::create_mirror_view(xv);
+  auto ih = Kokkos::create_mirror_view(route.ids);
+  auto wh = Kokkos::create_mirror_view(route.weights);
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (int f = 0; f < kHidden; ++f) xh(i, f) = float(value(s, i, f));  // e.g. 101.03: not a bf16 value
+    for (int k = 0; k < K; ++k) {
+      ih(i, k) = expert_of(s, i, k, K);
+      wh(i, k) = float(weight_of(k));
+    }
+  }
+  Kokkos::deep_copy(xv, xh);
+  Kokkos::deep_copy(route.ids, ih);
+  Kokkos::deep_copy(route.weights, wh);
+  const Rows<float, RowShard<AttnTp>, DpLocal, Space> x(xv, m);
+  const Space exec;
+  TrafficLog log;
+  EpWorkspace<float, Space> ws;
+  const Dispatched<float, Space> d = ep_dispatch<bf16>(exec, pg, x, route, kExperts, ws, EpOptions{&log});
+  // k weights (4 B) and k ids (4 B), then the row as bf16 (2 B each), padded to 4 B.
+  CHECK(d.message.bytes == K * 8 + (kHidden * 2 + 3) / 4 * 4);
+  if (np > 1) CHECK(log.bytes_of(TrafficOp::dispatch, GroupKind::moe_ep) == d.sent * d.message.bytes);
+  ScaleExpertsOf<float> experts;
+  const auto y = ws.expert_outputs(d.batch.rows(), kHidden);
+  experts(exec, d.batch, y);
+  const auto out = ep_combine(exec, pg, d, y);
+  auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.view());
+  double err_rounded = 0, err_exact = 0;
+  for (std::int64_t i = 0; i < m; ++i)
+    for (int f = 0; f < kHidden; ++f) {
+      const float rounded = static_cast<float>(bf16(xh(i, f)));
+      float want = 0, exact = 0;
+      for (int k = 0; k < K; ++k) {
+        want += wh(i, k) * float(ih(i, k) + 1) * rounded;
+        exact += wh(i, k) * float(ih(i, k) + 1) * xh(i, f);
+      }
+      err_rounded = std::max(err_rounded, double(std::abs(oh(i, f) - want)));
+      err_exact = std::max(err_exact, double(std::abs(oh(i, f) - exact)));
+    }
+  CHECK(err_rounded <= 1e-3);  // the experts saw bf16(x): float sums of the same products
+  if (m > 0) CHECK(err_exact > 1e-2);  // and not x itself: the rows did travel as bf16
 }
 
 TEST_CASE("bridge plans: each path's plan sums the expert outputs exactly once and names its groups") {

@@ -154,17 +154,18 @@ struct EpOptions {
 };
 
 // One dispatched row's message (bytes): its k router weights (T), its k local expert ids (int32,
-// -1: not on this rank) and its row (T), padded so the next message stays aligned for T. All of a
-// row's data travel in one all_to_allv.
+// -1: not on this rank) and its row (stored as P: T, or a 16-bit type such as bf16), padded so the
+// next message stays aligned for T. All of a row's data travel in one all_to_allv.
 struct EpMessage {
   std::int64_t weights = 0, ids = 0, row = 0, bytes = 0;
-  template <class T>
+  template <class T, class P = T>
   static EpMessage of(int k, std::int64_t hidden) {
     constexpr std::int64_t align = alignof(T) > 4 ? std::int64_t(alignof(T)) : 4;
+    constexpr std::int64_t row_align = std::int64_t(alignof(P));
     EpMessage m;
     m.ids = k * std::int64_t(sizeof(T));
-    m.row = (m.ids + k * 4 + std::int64_t(alignof(T)) - 1) / std::int64_t(alignof(T)) * std::int64_t(alignof(T));
-    m.bytes = (m.row + hidden * std::int64_t(sizeof(T)) + align - 1) / align * align;
+    m.row = (m.ids + k * 4 + row_align - 1) / row_align * row_align;
+    m.bytes = (m.row + hidden * std::int64_t(sizeof(P)) + align - 1) / align * align;
     return m;
   }
   std::int64_t words() const { return bytes / 4; }
@@ -189,6 +190,13 @@ struct Dispatched {
 };
 
 namespace impl {
+
+// A value converted between the compute type and the payload type (16-bit types go through float).
+template <class To, class From>
+KOKKOS_INLINE_FUNCTION To convert(const From& v) {
+  if constexpr (Half16<To> || Half16<From>) return To(static_cast<float>(v));
+  else return static_cast<To>(v);
+}
 
 // Stable counting sort of items into buckets (an item may go to several): one scan over (bucket,
 // item), bucket-major, so the running count is the item's position in the bucket-ordered output.
@@ -334,9 +342,12 @@ void check_topk(const Space& exec, const TopK<T, Space>& route, std::int64_t row
 // Sends each of this rank's rows once to every moe_ep member that holds one of its top-k experts
 // (expert e lives on member e / (experts / moe_ep)): the row, its local expert ids there and their
 // weights as one message, in one all_to_allv. Collective over moe_ep: every member calls it, also
-// with zero rows. Buffers come from `ws` (allocated only when they do not fit).
-template <class C, class T, class Space, class Scope>
-  requires(std::same_as<Scope, DpLocal>)
+// with zero rows. Buffers come from `ws` (allocated only when they do not fit). The rows travel as
+// Payload when one is named (ep_dispatch<bf16>(...): half the bytes of float rows, rounded to
+// bf16, converted back to T for the experts); weights and the combine stay in T.
+template <class Payload = void, class C, class T, class Space, class Scope>
+  requires(std::same_as<Scope, DpLocal> &&
+           (std::is_void_v<Payload> || std::is_floating_point_v<Payload> || Half16<Payload>))
 Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg,
                                  const Rows<T, RowShard<AttnTp>, Scope, Space>& x, const TopK<T, Space>& route,
                                  int experts, EpWorkspace<T, Space>& ws, const EpOptions& opts = {},
@@ -354,7 +365,8 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
   d.full_rows = x.full_rows();
   d.hidden = static_cast<int>(H);
   d.k = K;
-  d.message = EpMessage::template of<T>(K, H);
+  using P = std::conditional_t<std::is_void_v<Payload>, T, Payload>;
+  d.message = EpMessage::template of<T, P>(K, H);
   const EpMessage msg = d.message;
   const std::int64_t W = msg.words();
 
@@ -389,14 +401,14 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
         char* at = reinterpret_cast<char*>(send.data() + p * W);
         T* w = reinterpret_cast<T*>(at + msg.weights);
         std::int32_t* lid = reinterpret_cast<std::int32_t*>(at + msg.ids);
-        T* row = reinterpret_cast<T*>(at + msg.row);
+        P* row = reinterpret_cast<P*>(at + msg.row);
         for (int k = 0; k < K; ++k) {
           const int e = ids(i, k);
           const bool here = e / per_rank == r;
           lid[k] = here ? e - r * per_rank : -1;
           w[k] = here ? wv(i, k) : T(0);
         }
-        for (std::int64_t f = 0; f < H; ++f) row[f] = xv(i, f);
+        for (std::int64_t f = 0; f < H; ++f) row[f] = impl::convert<P>(xv(i, f));
       });
 
   d.recv_rows.assign(static_cast<std::size_t>(ep), 0);
@@ -424,7 +436,7 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
   d.batch = impl::group_by_expert<T>(
       exec, buf, d.received, K, H,
       KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t f) {
-        return reinterpret_cast<const T*>(reinterpret_cast<const char*>(recv.data() + i * W) + msg.row)[f];
+        return impl::convert<T>(reinterpret_cast<const P*>(reinterpret_cast<const char*>(recv.data() + i * W) + msg.row)[f]);
       },
       KOKKOS_LAMBDA(const std::int64_t i, const int k) {
         return reinterpret_cast<const std::int32_t*>(reinterpret_cast<const char*>(recv.data() + i * W) + msg.ids)[k];
@@ -436,7 +448,7 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
 
 // The same with a workspace of its own (kept alive by the Dispatched), counting into `traffic`
 // and carrying `tags` when given.
-template <class C, class T, class Space, class Scope>
+template <class Payload = void, class C, class T, class Space, class Scope>
   requires(std::same_as<Scope, DpLocal>)
 Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg,
                                  const Rows<T, RowShard<AttnTp>, Scope, Space>& x, const TopK<T, Space>& route,
@@ -444,7 +456,7 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
                                  const std::vector<std::int64_t>* tags = nullptr,
                                  std::source_location site = std::source_location::current()) {
   auto ws = std::make_shared<EpWorkspace<T, Space>>();
-  Dispatched<T, Space> d = ep_dispatch(exec, pg, x, route, experts, *ws, EpOptions{traffic, tags}, site);
+  Dispatched<T, Space> d = ep_dispatch<Payload>(exec, pg, x, route, experts, *ws, EpOptions{traffic, tags}, site);
   d.owned = std::move(ws);
   return d;
 }
