@@ -3,3 +3,5 @@ for np in 2 4; do
   echo "-- layer forward, np=$np"
   "$MPIEXEC" -n "$np" "$BIN/bench_layer" --benchmark_min_time=0.5 --benchmark_counters_tabular=true
 done
+echo "-- EP dispatch + combine, workspace per call vs kept, np=2"
+"$MPIEXEC" -n 2 "$BIN/bench_ep" --benchmark_min_time=0.5
