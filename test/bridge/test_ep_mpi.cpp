@@ -52,6 +52,11 @@ struct Setup {
   TopK<double, Space> route;
 };
 
+// Every rank its own DP group and the EP all-to-all: path direct, moe_ep = np.
+RuntimeLayout direct_layout(int np) {
+  return RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true, .moe_a2a_backend = Backend::deepep});
+}
+
 RowsView<double, Space> rows_of(int s, std::int64_t m) {
   RowsView<double, Space> v("x", std::size_t(m), kHidden);
   auto h = Kokkos::create_mirror_view(v);
@@ -79,9 +84,7 @@ TopK<double, Space> route_of(int s, std::int64_t m, int K) {
 
 TEST_CASE("ep_dispatch/ep_combine: each row once per destination rank, complete rows back in order") {
   const int np = world().size(), s = world().rank();
-  const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true,
-                                                    .moe_a2a_backend = Backend::deepep}),
-                         world());
+  const ProcessGroups pg(direct_layout(np), world());
   for (int K : {1, 2, 4}) {
     CAPTURE(K);
     const std::int64_t m = s == 1 ? 0 : 6 + s;  // rank 1 is idle and still takes part
@@ -161,9 +164,7 @@ TEST_CASE("ep_dispatch: top-4 moves at most twice the bytes of top-1 at ep 2 (on
 
 TEST_CASE("ep_dispatch: an expert id outside the model is a LayoutError, not a wild write") {
   const int np = world().size();
-  const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true,
-                                                    .moe_a2a_backend = Backend::deepep}),
-                         world());
+  const ProcessGroups pg(direct_layout(np), world());
   TopK<double, Space> r = route_of(world().rank(), 3, 2);
   auto ih = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), r.ids);
   ih(1, 1) = kExperts;
@@ -175,9 +176,7 @@ TEST_CASE("ep_dispatch: an expert id outside the model is a LayoutError, not a w
 
 TEST_CASE("ep_dispatch and local_experts: a NaN or infinite router weight is a LayoutError naming the route") {
   const int np = world().size();
-  const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true,
-                                                    .moe_a2a_backend = Backend::deepep}),
-                         world());
+  const ProcessGroups pg(direct_layout(np), world());
   for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
                      -std::numeric_limits<double>::infinity()}) {
     CAPTURE(bad);
@@ -203,9 +202,7 @@ TEST_CASE("ep_dispatch and local_experts: a NaN or infinite router weight is a L
 
 TEST_CASE("EpWorkspace: a second dispatch + combine with the same workspace allocates nothing and gives the same rows") {
   const int np = world().size(), s = world().rank();
-  const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true,
-                                                    .moe_a2a_backend = Backend::deepep}),
-                         world());
+  const ProcessGroups pg(direct_layout(np), world());
   const std::int64_t m = 9 + s;
   const int K = 2;
   const Rows<double, RowShard<AttnTp>, DpLocal, Space> x(rows_of(s, m), m);
@@ -246,9 +243,7 @@ TEST_CASE("EpWorkspace: a second dispatch + combine with the same workspace allo
 
 TEST_CASE("ep_dispatch<bf16>: float rows travel as bf16 (half the row bytes) and come back from bf16-rounded inputs") {
   const int np = world().size(), s = world().rank();
-  const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true,
-                                                    .moe_a2a_backend = Backend::deepep}),
-                         world());
+  const ProcessGroups pg(direct_layout(np), world());
   const std::int64_t m = 7 + s;
   const int K = 2;
   RowsView<float, Space> xv("x", std::size_t(m), kHidden);
