@@ -131,7 +131,7 @@ int run(const Options& o, const MpiCommunicator& world) {
     const auto ref = model::reference_forward(o.dims, work);
     std::map<std::int64_t, int> row_of;
     for (std::size_t i = 0; i < ref.owners.size(); ++i) row_of[ref.owners[i]] = int(i);
-    const auto expected = work.owners_of(me.attn_dp_rank);
+    const auto expected = work.owners_of(me.attn_dp_rank, model::CpShare::of(layout, me.attn_cp_rank));
     owners_ok = out.owners == expected ? 1 : 0;
     const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.values);
     for (std::size_t i = 0; i < expected.size() && owners_ok; ++i) {
@@ -201,7 +201,8 @@ int run(const Options& o, const MpiCommunicator& world) {
       j["timing"] = {{"repeats", o.repeat}, {"best_forward_s", best}, {"tokens_per_s", tokens_per_s}};
     for (int r = 0; r < world.size(); ++r) {
       const RankCoords k = layout.coords(r);
-      nlohmann::json rank{{"rank", r}, {"attn_dp_rank", k.attn_dp_rank}, {"attn_tp_rank", k.attn_tp_rank},
+      nlohmann::json rank{{"rank", r}, {"attn_dp_rank", k.attn_dp_rank}, {"attn_cp_rank", k.attn_cp_rank},
+                          {"attn_tp_rank", k.attn_tp_rank},
                           {"moe_ep_rank", k.moe_ep_rank}, {"collectives", nlohmann::json::array()}};
       const auto& t = all_traffic[std::size_t(r)];
       for (std::size_t op = 0; op < model::TrafficLog::kOps; ++op)
@@ -221,7 +222,8 @@ int run(const Options& o, const MpiCommunicator& world) {
 
   std::ostringstream s;
   const auto& d = o.dims;
-  s << "dsv4_layer: tp=" << w.tp << " attn dp x tp = " << w.attn_dp << " x " << w.attn_tp << ", moe dp x ep x tp = "
+  s << "dsv4_layer: tp=" << w.tp << " attn dp x " << (w.attn_cp > 1 ? "cp x " : "") << "tp = " << w.attn_dp << " x "
+    << (w.attn_cp > 1 ? std::to_string(w.attn_cp) + " x " : "") << w.attn_tp << ", moe dp x ep x tp = "
     << w.moe_dp << " x " << w.moe_ep << " x " << w.moe_tp << ", backend " << to_string(layout.backend())
     << " -> bridge " << to_string(path) << ", padding "
     << (path == BridgePath::dp_gather ? mode : "unused (no DP gather on this path)") << "\n";
@@ -234,18 +236,21 @@ int run(const Options& o, const MpiCommunicator& world) {
   s << "\nglobal_num_tokens: [";
   for (std::size_t g = 0; g < net.global_num_tokens().size(); ++g)
     s << (g ? " " : "") << net.global_num_tokens()[g];
-  s << "]" << (o.inject != "none" ? "   INJECTED BUG: " + o.inject : "") << "\n\n";
+  s << "]" << (w.attn_cp > 1 ? " (one entry per CP share of each DP group)" : "")
+    << (o.inject != "none" ? "   INJECTED BUG: " + o.inject : "") << "\n\n";
 
   int group = o.show_group;
   if (group < 0) {  // the first DP group with at least two rows
     group = 0;
     for (int g = 0; g < w.attn_dp; ++g)
-      if (net.global_num_tokens()[std::size_t(g)] >= 2) {
+      if (work.owners_of(g).size() >= 2) {
         group = g;
         break;
       }
   }
-  const std::vector<int> members = layout.groups(GroupKind::attn_tp).at(std::size_t(group));
+  std::vector<int> members;  // the DP group's ranks: every CP rank's attention-TP group
+  for (int r = 0; r < w.tp; ++r)
+    if (layout.coords(r).attn_dp_rank == group) members.push_back(r);
   s << "Rows held by the ranks of attention-DP group " << group << " after each boundary of layer 0:\n";
   std::vector<std::size_t> at(members.size(), 0);
   for (const std::string& name : names) {

@@ -109,6 +109,53 @@ TEST_CASE_TEMPLATE_DEFINE("attention: a head shard equals the same heads of the 
 }
 TEST_CASE_TEMPLATE_APPLY(attn_heads, Cases);
 
+// Attention context parallelism: a rank holding some of each request's tokens (every third one
+// here, and one contiguous chunk) with all of their keys computes exactly those rows of the full
+// prefill, causal mask and window going by each query's own kv row.
+TEST_CASE_TEMPLATE_DEFINE("attention: query rows at positions equal those rows of the full prefill", C, attn_positions) {
+  using T = typename C::scalar;
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  const int heads = 3, head_dim = 8;
+  const std::vector<int> cu = {0, 40, 41, 77};
+  auto q = random_tensor<C>(77, heads * head_dim, 31);
+  auto kv = random_tensor<C>(77, head_dim, 32);
+  for (int window : {0, 5}) {
+    CAPTURE(window);
+    const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), window};
+    auto full = rk::RowTensor<T, Mem>("full", 77, heads * head_dim);
+    rk::attention_prefill(exec, q.view, kv.view, make_ints<C>(cu), full, p);
+    const rr::Matrix f = rr::to_matrix(full);
+    std::vector<int> strided, chunk;
+    for (int i = 1; i < 77; i += 3) strided.push_back(i);
+    for (int i = 30; i < 45; ++i) chunk.push_back(i);  // across the requests' boundaries
+    for (const std::vector<int>& pos : {strided, chunk}) {
+      const int n = int(pos.size());
+      auto q_mine = rk::RowTensor<T, Mem>("q_mine", n, heads * head_dim);
+      auto hq = Kokkos::create_mirror_view(q_mine);
+      const auto qh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), q.view);
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < heads * head_dim; ++j) hq(i, j) = qh(pos[std::size_t(i)], j);
+      Kokkos::deep_copy(q_mine, hq);
+      auto out = rk::RowTensor<T, Mem>("out", n, heads * head_dim);
+      rk::attention_prefill(exec, q_mine, kv.view, make_ints<C>(cu), make_ints<C>(pos), out, p);
+      const rr::Matrix o = rr::to_matrix(out);
+      int diffs = 0;
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < heads * head_dim; ++j) diffs += o(i, j) != f(pos[std::size_t(i)], j);
+      CHECK(diffs == 0);  // the same keys in the same order: bitwise equal
+    }
+  }
+  auto q2 = rk::RowTensor<T, Mem>("q2", 2, heads * head_dim);
+  auto out2 = rk::RowTensor<T, Mem>("out2", 2, heads * head_dim);
+  const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), 0};
+  CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q2, kv.view, make_ints<C>(cu), make_ints<C>({3, 77}), out2, p),
+                       doctest::Contains("positions: entry 1 is 77; a kv row must be in [0, 77)"), rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q2, kv.view, make_ints<C>(cu), make_ints<C>({3}), out2, p),
+                       doctest::Contains("positions: must hold one kv row per query row (2), got 1"), rk::KernelError);
+}
+TEST_CASE_TEMPLATE_APPLY(attn_positions, Cases);
+
 TEST_CASE_TEMPLATE_DEFINE("attention rejects bad shapes and offsets", C, attn_errors) {
   using T = typename C::scalar;
   using Mem = typename C::mem;

@@ -118,9 +118,10 @@ inline int expected_group_size(GroupKind g, const Expected& e, int tp) {
   return 0;
 }
 
-// docs/bridge.md path selection.
+// docs/bridge.md path selection: without a backend, ranks holding different rows (DP groups, or
+// CP ranks each with a share of its group's tokens) gather them before the MoE.
 inline BridgePath spec_path(const Expected& e, Backend b) {
-  if (b == Backend::none) return e.attn_dp > 1 ? BridgePath::dp_gather : BridgePath::tp_moe;
+  if (b == Backend::none) return e.attn_dp > 1 || e.attn_cp > 1 ? BridgePath::dp_gather : BridgePath::tp_moe;
   return e.attn_tp > 1 ? BridgePath::a2a_split : BridgePath::direct;
 }
 

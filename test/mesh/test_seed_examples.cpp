@@ -83,7 +83,7 @@ TEST_CASE("SGLang: TP8 with CP2, MoE DP2 and EP4 gives MoE TP 1 in two MoE-DP bl
   CHECK(l.groups(GroupKind::moe_ep) == std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}});
   CHECK(l.groups(GroupKind::moe_dp) ==
         std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
-  CHECK(l.bridge_path() == BridgePath::tp_moe);
+  CHECK(l.bridge_path() == BridgePath::dp_gather);  // the CP partners share their rows before the MoE
 }
 
 TEST_CASE("SGLang ScatterMode example: TP4 DP2 gives attention-TP pairs, path A without a backend") {

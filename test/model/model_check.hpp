@@ -17,14 +17,14 @@ struct Comparison {
   double max_abs_err = 0.0;     // +inf as soon as one value is not finite, so no tolerance accepts it
   std::int64_t non_finite = 0;  // NaN / inf values among the rows compared (std::max would drop a NaN)
   std::int64_t rows = 0;        // rows compared on this rank
-  bool owners_match = true;     // this rank holds exactly its DP group's rows, in order
+  bool owners_match = true;     // this rank holds exactly its DP group's rows (its CP share), in order
 };
 
 inline Comparison compare_with_reference(const model::ModelDims& dims, const model::Workload& work,
                                          const model::ReferenceRows& ref, int attn_dp_rank,
-                                         const model::Rows<>& got) {
+                                         const model::Rows<>& got, const model::CpShare& share = {}) {
   Comparison c;
-  const auto expected = work.owners_of(attn_dp_rank);
+  const auto expected = work.owners_of(attn_dp_rank, share);
   c.owners_match = got.owners == expected && std::int64_t(expected.size()) == got.count();
   std::map<std::int64_t, int> row_of;
   for (std::size_t i = 0; i < ref.owners.size(); ++i) row_of[ref.owners[i]] = int(i);

@@ -1,6 +1,7 @@
 // The distributed layer equals the single-rank reference on real MPI ranks, for every valid layout
-// with tp = np (DP attention on/off, backend none/deepep, every dp, ep, moe_dp), with uneven token
-// counts, an idle DP group, both padding modes and two stacked layers; and each injected bug is caught.
+// with tp = np (DP attention on/off, backend none/deepep, every dp, cp, ep, moe_dp, and DeepSeek-V4
+// prefill CP), with uneven token counts, an idle DP group, requests shorter than cp, both padding
+// modes, a sliding window under CP and two stacked layers; and each injected bug is caught.
 #include <doctest/doctest.h>
 
 #include <relayout/comm.hpp>
@@ -52,13 +53,36 @@ std::vector<LayoutConfig> layouts(int np) {
   std::vector<LayoutConfig> out;
   for (bool dpa : {false, true})
     for (int dp = 1; dp <= (dpa ? np : 1); ++dp)
-      for (Backend b : {Backend::none, Backend::deepep})
-        for (int ep = 1; ep <= (b == Backend::none ? np : 1); ++ep)
-          for (int moe_dp = 1; moe_dp <= np; ++moe_dp) {
-            const LayoutConfig c{.tp = np, .dp = dp, .ep = ep, .moe_dp = moe_dp,
-                                 .enable_dp_attention = dpa, .moe_a2a_backend = b};
-            if (derive_widths(c).rule == LayoutRule::ok) out.push_back(c);
-          }
+      for (int cp = 1; cp <= np; ++cp)
+        for (Backend b : {Backend::none, Backend::deepep})
+          for (int ep = 1; ep <= (b == Backend::none ? np : 1); ++ep)
+            for (int moe_dp = 1; moe_dp <= np; ++moe_dp) {
+              // CP layouts: --dp 1 with DP attention has the widths of --dp 1 without; np 8 (slow
+              // oversubscribed) keeps ep 1 and ep = tp only.
+              if (cp > 1 && ((dpa && dp == 1) || (np >= 8 && ep != 1 && ep != np))) continue;
+              const LayoutConfig c{.tp = np, .dp = dp, .cp = cp, .ep = ep, .moe_dp = moe_dp,
+                                   .enable_dp_attention = dpa, .moe_a2a_backend = b};
+              if (derive_widths(c).rule == LayoutRule::ok) out.push_back(c);
+            }
+  for (Backend b : {Backend::none, Backend::deepep})  // DeepSeek-V4 prefill CP: attn_cp = tp
+    if (np > 1 && np <= kMaxPrefillCpTp) out.push_back({.tp = np, .moe_a2a_backend = b, .enable_prefill_cp = true});
+  return out;
+}
+
+// Which rows of DP group g's batch CP rank r holds, stated independently of the library: plain CP
+// cuts each request into cp contiguous chunks, the first (length % cp) one token longer; prefill
+// CP deals the group's tokens round-robin, token i to CP rank i mod cp.
+std::vector<std::int64_t> cp_share(const model::Workload& work, int g, int cp, int r, bool round_robin) {
+  std::vector<std::int64_t> out;
+  int i = 0;
+  for (int req : work.requests_of(g)) {
+    const int n = work.lengths[std::size_t(req)];
+    int begin = 0;
+    for (int j = 0; j < r; ++j) begin += n / cp + (j < n % cp ? 1 : 0);
+    const int end = begin + n / cp + (r < n % cp ? 1 : 0);
+    for (int p = 0; p < n; ++p, ++i)
+      if (round_robin ? i % cp == r : p >= begin && p < end) out.push_back(model::RowOwner::pack(req, p));
+  }
   return out;
 }
 
@@ -84,17 +108,21 @@ struct Outcome {
 Outcome run(const MpiCommunicator& world, const LayoutConfig& c, model::BridgeOptions opts) {
   const RuntimeLayout layout(c);
   const ProcessGroups groups(layout, world);
-  const model::ModelDims dims = tiny_dims();
-  const model::Workload work = workload(layout.widths().attn_dp);
+  const Widths& w = layout.widths();
+  model::ModelDims dims = tiny_dims();
+  if (w.attn_cp > 1 && !c.enable_prefill_cp) dims.window = 2;  // masks by global position across CP ranks
+  const model::Workload work = workload(w.attn_dp);
   opts.record_boundaries = true;
   model::DistributedModel<MpiCommunicator> net(groups, dims, opts);
   const model::Rows<> out = net.forward(work);
   const auto ref = model::reference_forward(dims, work);
   const RankCoords k = groups.coords();
-  const auto cmp = test::compare_with_reference(dims, work, ref, k.attn_dp_rank, out);
+  const auto mine = cp_share(work, k.attn_dp_rank, w.attn_cp, k.attn_cp_rank, c.enable_prefill_cp);
+  const auto cmp = test::compare_with_reference(dims, work, ref, k.attn_dp_rank, out, model::CpShare::of(layout, k.attn_cp_rank));
+  const bool share_ok = out.owners == mine;
   // Which rows this rank holds after the row split over attn_tp (docs/bridge.md path B) is part of the
   // contract, not only the all-gathered result: check the owners recorded at every split_rows.
-  const auto chunk = tensor_split_chunk(work.owners_of(k.attn_dp_rank), layout.widths().attn_tp, k.attn_tp_rank);
+  const auto chunk = tensor_split_chunk(mine, w.attn_tp, k.attn_tp_rank);
   std::int64_t splits = 0;
   int split_ok = 1;
   for (const model::Boundary& b : net.boundaries()) {
@@ -106,7 +134,7 @@ Outcome run(const MpiCommunicator& world, const LayoutConfig& c, model::BridgeOp
   all_reduce_in_place(world, std::span<double>(&err, 1), ReduceOp::max);
   std::int64_t counts[] = {cmp.non_finite, k.attn_tp_rank == 0 ? cmp.rows : 0, splits};
   all_reduce_in_place(world, std::span<std::int64_t>(counts));
-  int ok[] = {cmp.owners_match ? 1 : 0, split_ok};
+  int ok[] = {cmp.owners_match && share_ok ? 1 : 0, split_ok};
   all_reduce_in_place(world, std::span<int>(ok), ReduceOp::min);
   return {err, counts[0], counts[1], ok[0] == 1, counts[2], ok[1] == 1};
 }
@@ -124,11 +152,15 @@ TEST_CASE("layer: every valid layout with tp = np matches the single-rank refere
     if (path == BridgePath::dp_gather) {
       variants = {{.padding = PaddingMode::sum_len}, {.padding = PaddingMode::max_len},
                   {.padding = PaddingMode::sum_len, .restore = model::Restore::scatter}};
+      if (RuntimeLayout(c).widths().attn_cp > 1 && world.size() >= 8)  // one padding each, both over the sweep
+        variants = {{.padding = checked % 2 ? PaddingMode::max_len : PaddingMode::sum_len}};
     }
     for (const model::BridgeOptions& opts : variants) {
       CAPTURE(c.tp);
       CAPTURE(c.dp);
       CAPTURE(c.ep);
+      CAPTURE(c.cp);
+      CAPTURE(c.enable_prefill_cp);
       CAPTURE(c.moe_dp);
       CAPTURE(c.enable_dp_attention);
       CAPTURE(to_string(c.moe_a2a_backend));

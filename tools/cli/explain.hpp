@@ -32,16 +32,18 @@ inline std::vector<ExplainStep> bridge_steps(const RuntimeLayout& l) {
     s.push_back({"all_reduce", "attn_tp", "wo_b partial sums -> identical complete rows (Replicated)"});
   else
     s.push_back({"none", "local", "attn_tp == 1: wo_b output is already complete"});
+  const bool cp = w.attn_cp > 1;
   if (l.bridge_path() == BridgePath::dp_gather)
-    s.push_back({"all_gather", "tp", "token counts of every attention-DP group (global_num_tokens)"});
-  const auto plan = bridge_plan(l.bridge_path());
+    s.push_back({"all_gather", "tp", cp ? "token counts of every CP rank of every attention-DP group (global_num_tokens)"
+                                        : "token counts of every attention-DP group (global_num_tokens)"});
+  const auto plan = bridge_plan(l.bridge_path(), PaddingMode::sum_len, BridgeRestore::reduce, cp);
   for (const PlanStep& p : plan) {
     ExplainStep e{std::string(p.name), p.group ? std::string(to_string(*p.group)) : "local",
                   std::string(p.what) + (p.placement.empty() ? "" : " -> " + std::string(p.placement))};
     if (p.step == relayout::BridgeStep::local_experts && w.moe_tp > 1)
       e.what += " (moe_tp shards of the intermediate: partial sums)";
     if (p.step == relayout::BridgeStep::reduce_scatterv) {
-      const auto max_plan = bridge_plan(BridgePath::dp_gather, PaddingMode::max_len);
+      const auto max_plan = bridge_plan(BridgePath::dp_gather, PaddingMode::max_len, BridgeRestore::reduce, cp);
       e.op += " | " + std::string(max_plan.back().name);
       e.what += "; with max_len padding: " + std::string(max_plan.back().what);
     }
@@ -114,7 +116,9 @@ inline std::vector<std::string> resolution_steps(const RuntimeLayout& l) {
 inline std::string bridge_reason(const RuntimeLayout& l) {
   const std::string b(to_string(l.backend()));
   switch (l.bridge_path()) {
-    case BridgePath::dp_gather: return "attn_dp > 1 and moe_a2a_backend == none (path A)";
+    case BridgePath::dp_gather:
+      return l.widths().attn_dp > 1 ? "attn_dp > 1 and moe_a2a_backend == none (path A)"
+                                    : "attn_cp > 1 and moe_a2a_backend == none (path A: the CP partners share rows)";
     case BridgePath::a2a_split: return "attn_tp > 1 and moe_a2a_backend == " + b + " (path B)";
     case BridgePath::direct: return "attn_tp == 1 and moe_a2a_backend == " + b;
     case BridgePath::tp_moe: return "attn_dp == 1 and moe_a2a_backend == none";

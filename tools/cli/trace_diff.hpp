@@ -140,7 +140,7 @@ inline constexpr const char* kStates[] = {"attn_out", "moe_in", "moe_partial", "
 inline trace::Record record_from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw std::runtime_error("a record must be a JSON object");
   detail::known_fields(j, {"layer", "boundary", "state", "sharing", "copies", "global_rank", "attn_dp_rank",
-                           "attn_tp_rank", "moe_ep_rank", "group", "handle", "row_count", "pad_rows", "hidden",
+                           "attn_tp_rank", "attn_cp_rank", "moe_ep_rank", "group", "handle", "row_count", "pad_rows", "hidden",
                            "global_num_tokens", "scaled_global_num_tokens", "error", "rows"},
                        "a record");
   trace::Record r;
@@ -159,6 +159,7 @@ inline trace::Record record_from_json(const nlohmann::json& j) {
   r.global_rank = detail::int_field(j, "global_rank");
   r.attn_dp_rank = detail::int_field(j, "attn_dp_rank");
   r.attn_tp_rank = detail::int_field(j, "attn_tp_rank");
+  r.attn_cp_rank = j.contains("attn_cp_rank") ? detail::int_field(j, "attn_cp_rank") : 0;  // absent without CP
   r.moe_ep_rank = detail::int_field(j, "moe_ep_rank");
   r.group = j.at("group").is_null() ? "" : j.at("group").get<std::string>();
   if (!r.group.empty() && std::none_of(kAllGroupKinds.begin(), kAllGroupKinds.end(),
@@ -401,7 +402,8 @@ inline std::string rank_info(const BoundaryAgg& b, int rank) {
   const auto it = b.records.find(rank);
   if (it == b.records.end()) return "rank " + std::to_string(rank);
   const trace::Record& r = *it->second;
-  std::string s = "rank " + std::to_string(rank) + " (attn_dp " + std::to_string(r.attn_dp_rank) + ", attn_tp " +
+  std::string s = "rank " + std::to_string(rank) + " (attn_dp " + std::to_string(r.attn_dp_rank) +
+                  (r.attn_cp_rank > 0 ? ", attn_cp " + std::to_string(r.attn_cp_rank) : std::string()) + ", attn_tp " +
                   std::to_string(r.attn_tp_rank) + ", moe_ep " + std::to_string(r.moe_ep_rank) + ", " +
                   (r.group.empty() ? std::string("local step") : "group " + r.group + " handle " + std::to_string(r.handle)) +
                   ", " + std::to_string(r.row_count) + " rows, global_num_tokens [";
@@ -459,14 +461,18 @@ inline void check_run(const TraceRun& run, const trace::Tolerance& tol, bool bas
   std::optional<First> width;
   std::map<std::string, First> handle_of;
   std::map<std::tuple<int, std::string, int>, First> boundary;  // layer, name, occurrence
-  std::map<int, std::vector<int>> tp_ranks;                      // attn_dp_rank -> attn_tp_ranks
+  std::map<std::pair<int, int>, std::vector<int>> tp_ranks;  // (attn_dp_rank, attn_cp_rank) -> attn_tp_ranks
+  int cp = 1;  // attention CP width: global_num_tokens has one entry per CP share of each DP group
+  for (const RankTrace& t : run.ranks)
+    for (const trace::Record& r : t.records) cp = std::max(cp, r.attn_cp_rank + 1);
   for (const RankTrace& t : run.ranks) {
     std::map<std::pair<int, std::string>, int> seen;
     std::map<int, std::size_t> step_first;  // step -> first record of it in this file
     for (std::size_t i = 0; i < t.records.size(); ++i) {
       const trace::Record& r = t.records[i];
       const trace::Record& r0 = t.records.front();
-      if (r.attn_dp_rank != r0.attn_dp_rank || r.attn_tp_rank != r0.attn_tp_rank || r.moe_ep_rank != r0.moe_ep_rank)
+      if (r.attn_dp_rank != r0.attn_dp_rank || r.attn_tp_rank != r0.attn_tp_rank || r.moe_ep_rank != r0.moe_ep_rank ||
+          r.attn_cp_rank != r0.attn_cp_rank)
         throw TraceInputError(at(t, i) + "fields 'attn_dp_rank', 'attn_tp_rank', 'moe_ep_rank' (" + std::to_string(r.attn_dp_rank) +
                               ", " + std::to_string(r.attn_tp_rank) + ", " + std::to_string(r.moe_ep_rank) +
                               ") differ from the file's first record's (" + std::to_string(r0.attn_dp_rank) + ", " +
@@ -496,10 +502,11 @@ inline void check_run(const TraceRun& run, const trace::Tolerance& tol, bool bas
                                 std::to_string(it->second + 2) + " of the same step says " + list(f.global_num_tokens));
       }
       if (baseline && r.state == "attn_out") {  // a candidate's rows are judged against the baseline's
-        if (std::size_t(r.attn_dp_rank) >= r.global_num_tokens.size() ||
-            r.global_num_tokens[std::size_t(r.attn_dp_rank)] != std::int64_t(r.rows.size()))
+        const std::size_t share = std::size_t(r.attn_dp_rank) * std::size_t(cp) + std::size_t(r.attn_cp_rank);
+        if (share >= r.global_num_tokens.size() || r.global_num_tokens[share] != std::int64_t(r.rows.size()))
           throw TraceInputError(at(t, i) + "field 'global_num_tokens': " + list(r.global_num_tokens) + " for attention-DP group " +
-                                std::to_string(r.attn_dp_rank) + ", whose attention output holds " +
+                                std::to_string(r.attn_dp_rank) + (cp > 1 ? " CP rank " + std::to_string(r.attn_cp_rank) : "") +
+                                ", whose attention output holds " +
                                 std::to_string(r.rows.size()) + " rows here");
       }
       const int occurrence = seen[{r.layer, r.boundary}]++;
@@ -518,20 +525,22 @@ inline void check_run(const TraceRun& run, const trace::Tolerance& tol, bool bas
                               r.boundary + "\" differs from rank " + std::to_string(o.global_rank) + "'s record (" +
                               at(*it->second.t, it->second.i) + "): the ranks of one boundary agree on it");
     }
-    if (!t.records.empty()) tp_ranks[t.records.front().attn_dp_rank].push_back(t.records.front().attn_tp_rank);
+    if (!t.records.empty())
+      tp_ranks[{t.records.front().attn_dp_rank, t.records.front().attn_cp_rank}].push_back(t.records.front().attn_tp_rank);
   }
   for (auto& [group, ranks] : tp_ranks) {
     std::sort(ranks.begin(), ranks.end());
     for (std::size_t k = 0; k < ranks.size(); ++k)
       if (ranks[k] != int(k))
-        throw TraceInputError(run.dir + ": field 'attn_tp_rank': attention-DP group " + std::to_string(group) + " has " +
+        throw TraceInputError(run.dir + ": field 'attn_tp_rank': attention-DP group " + std::to_string(group.first) +
+                              (cp > 1 ? " CP rank " + std::to_string(group.second) : "") + " has " +
                               std::to_string(ranks.size()) + " ranks, so its attn_tp_ranks must be 0.." +
                               std::to_string(ranks.size() - 1) + ", not " + list(std::vector<std::int64_t>(ranks.begin(), ranks.end())));
   }
   for (const RankTrace& t : run.ranks)
     for (std::size_t i = 0; i < t.records.size(); ++i) {
       const trace::Record& r = t.records[i];
-      const int group_size = int(tp_ranks[r.attn_dp_rank].size());
+      const int group_size = int(tp_ranks[{r.attn_dp_rank, r.attn_cp_rank}].size());
       if ((r.state == "attn_out" || r.state == "layer_out") && r.copies != group_size)
         throw TraceInputError(at(t, i) + "field 'copies': " + std::to_string(r.copies) + ", but a " + r.state +
                               " row is held by every rank of its attention-TP group, which has " + std::to_string(group_size) +

@@ -156,6 +156,7 @@ class BoundaryRecorder {
     r.global_rank = groups_.rank();
     r.attn_dp_rank = k.attn_dp_rank;
     r.attn_tp_rank = k.attn_tp_rank;
+    r.attn_cp_rank = k.attn_cp_rank;
     r.moe_ep_rank = k.moe_ep_rank;
     if (p.group) {
       r.group = std::string(to_string(*p.group));

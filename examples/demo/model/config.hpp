@@ -67,10 +67,6 @@ inline void validate(const ModelDims& d, const Widths& w) {
                   " must be a multiple of moe_tp = " + s(w.moe_tp));
   require_dim(d.shared_inter % w.moe_tp == 0, "--shared-inter",
               "shared_inter = " + s(d.shared_inter) + " must be a multiple of moe_tp = " + s(w.moe_tp));
-  require_dim(w.attn_cp == 1, "--cp",
-              "the DeepSeek-V4 layer runs without attention context parallelism (attn_cp = 1; --cp > 1 "
-              "and --enable-prefill-cp are not supported yet), got " +
-                  s(w.attn_cp));
 }
 
 }  // namespace relayout::model

@@ -1,6 +1,8 @@
 // The distributed DeepSeek-V4-like decoder layers on the ranks of one TP domain: attention with
 // query heads split over attn_tp (wq_b column-parallel, shared KV replicated, wo_b row-parallel and
 // completed by the attention-TP all-reduce), then the bridge (bridge.hpp) into the MoE and back.
+// Under attention context parallelism each CP rank holds its share of its DP group's rows and
+// all-gathers the shared KV over attn_cp (docs/cp.md).
 // A trace sink (relayout/trace; none by default) receives a record after every boundary, including
 // the attention all-reduce and each layer's output.
 #pragma once
@@ -76,19 +78,18 @@ class DistributedModel {
     recorder_.scaled_counts = std::move(scaled_counts);
   }
 
-  // Every layer on this rank's attention-DP group's requests. Collective over the domain: every
-  // rank calls it, a rank whose group has no request with zero rows (an IDLE forward).
+  // Every layer on this rank's rows: its attention-DP group's requests, under CP its CP share of
+  // them. Collective over the domain: every rank calls it, a rank with no rows too (an IDLE forward).
   Rows<ExecSpace> forward(const Workload& work) {
     const RankCoords k = groups_.coords();
     Rows<ExecSpace> x;
-    x.owners = work.owners_of(k.attn_dp_rank);
-    const std::vector<int> cu = work.cu_seqlens_of(k.attn_dp_rank);
+    x.owners = work.owners_of(k.attn_dp_rank, CpShare::of(groups_.layout(), k.attn_cp_rank));
     x.values = input(x.owners);
+    const std::int64_t mine = std::int64_t(x.owners.size());
     if (!opts_.track_owners) x.owners.clear();
-    gather_counts(std::int64_t(work.owners_of(k.attn_dp_rank).size()));
-    Kokkos::View<int*, typename ExecSpace::memory_space> cu_view("relayout::cu_seqlens", cu.size());
-    Kokkos::deep_copy(cu_view, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(cu.data(), cu.size()));
-    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, cu_view);
+    gather_counts(mine);
+    const KvRows kv_rows = kv_rows_of(work);
+    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, kv_rows);
     return x;
   }
 
@@ -100,6 +101,54 @@ class DistributedModel {
   const ModelDims& dims() const { return dims_; }
 
  private:
+  using IntView = Kokkos::View<int*, typename ExecSpace::memory_space>;
+  static IntView to_device(const std::vector<int>& v, const char* label) {
+    IntView d(std::string(label), v.size());
+    Kokkos::deep_copy(d, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(v.data(), v.size()));
+    return d;
+  }
+
+  // The keys this rank's queries attend: its DP group's requests (cu), the kv row of each of its
+  // own rows (positions, by which causality and the window go) and, under CP, where the rows
+  // all-gathered over attn_cp (CP rank after CP rank) belong in the group's order.
+  struct KvRows {
+    IntView cu, positions, order;
+    std::vector<int> counts;  // kv rows held by each CP rank
+  };
+  KvRows kv_rows_of(const Workload& work) const {
+    const RankCoords k = groups_.coords();
+    KvRows r;
+    r.cu = to_device(work.cu_seqlens_of(k.attn_dp_rank), "relayout::cu_seqlens");
+    std::vector<int> order, mine;
+    for (int c = 0; c < groups_.layout().widths().attn_cp; ++c) {
+      const std::vector<int> pos = work.positions_of(k.attn_dp_rank, CpShare::of(groups_.layout(), c));
+      r.counts.push_back(int(pos.size()));
+      order.insert(order.end(), pos.begin(), pos.end());
+      if (c == k.attn_cp_rank) mine = pos;
+    }
+    r.positions = to_device(mine, "relayout::positions");
+    r.order = to_device(order, "relayout::kv_order");
+    return r;
+  }
+
+  // CP: every CP rank's kv rows, all-gathered over attn_cp and put in the group's row order.
+  View gather_kv(const View& kv, const KvRows& r) {
+    const std::size_t D = kv.extent(1), total = r.order.extent(0);
+    View cat("relayout::kv_cp", total, D), all("relayout::kv_group", total, D);
+    std::vector<int> counts;
+    for (int c : r.counts) counts.push_back(c * int(D));
+    exec_.fence();
+    wire_.all_gatherv(GroupKind::attn_cp, std::span<const float>(kv.data(), kv.size()),
+                      std::span<float>(cat.data(), cat.size()), counts);
+    const IntView order = r.order;
+    Kokkos::parallel_for(
+        "relayout::kv_order", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(total)),
+        KOKKOS_LAMBDA(const std::int64_t j) {
+          for (std::size_t f = 0; f < D; ++f) all(order(j), f) = cat(j, f);
+        });
+    return all;
+  }
+
   View input(const std::vector<std::int64_t>& owners) const {
     const int H = dims_.hidden;
     const std::uint64_t seed = dims_.seed;
@@ -118,15 +167,14 @@ class DistributedModel {
   // Every rank all-gathers its DP group's token count (relayout::gather_num_tokens, which checks
   // that the members of an attention-TP group agree); all pick the padding mode from the result.
   void gather_counts(std::int64_t mine) {
-    counts_ = gather_num_tokens(groups_, mine);
+    counts_ = bridge_.gather_num_tokens(mine);
     if (groups_.layout().size() > 1)
       traffic_.add(Op::all_gather_counts, GroupKind::tp, std::int64_t(groups_.layout().size() * sizeof(std::int64_t)));
     mode_ = bridge_.padding(counts_);
     slots_ = groups_.layout().bridge_path() == BridgePath::dp_gather ? bridge_.slots(counts_) : nullptr;
   }
 
-  template <class Cu>
-  Rows<ExecSpace> layer_forward(int layer, const Rows<ExecSpace>& x, const Cu& cu) {
+  Rows<ExecSpace> layer_forward(int layer, const Rows<ExecSpace>& x, const KvRows& kv_rows) {
     const LayerShard<ExecSpace>& w = shards_[std::size_t(layer)];
     const std::size_t n = x.values.extent(0), H = std::size_t(dims_.hidden), Q = std::size_t(dims_.q_lora),
                       D = std::size_t(dims_.head_dim), HD = std::size_t(w.spec.heads) * D;
@@ -142,11 +190,12 @@ class DistributedModel {
     params.head_dim = dims_.head_dim;
     params.scale = kernels::default_softmax_scale(dims_.head_dim);
     params.window = dims_.window;
-    kernels::attention_prefill(exec_, q, kv, cu, o, params);
+    const View keys = groups_.layout().widths().attn_cp > 1 ? gather_kv(kv, kv_rows) : kv;
+    kernels::attention_prefill(exec_, q, keys, kv_rows.cu, kv_rows.positions, o, params);
     kernels::linear(exec_, o, w.wo_b, a);  // Partial over attn_tp
     exec_.fence();
     wire_.all_reduce(GroupKind::attn_tp, std::span<float>(a.data(), a.size()));  // now Replicated
-    const int group_ranks = groups_.layout().widths().tp / groups_.layout().widths().attn_dp;
+    const int group_ranks = groups_.layout().widths().attn_tp;  // the holders of each row
     recorder_(layer, {"attention all_reduce", "attn_out", trace::Sharing::replicated, group_ranks, GroupKind::attn_tp},
               x.owners, a);
 
@@ -170,7 +219,7 @@ class DistributedModel {
 
   // The hand-over through the library's bridge, with this model's router and SwiGLU experts.
   Rows<ExecSpace> moe(int layer, const LayerShard<ExecSpace>& w, const View& a, const std::vector<std::int64_t>& owners) {
-    const int group_ranks = groups_.layout().widths().tp / groups_.layout().widths().attn_dp;
+    const int group_ranks = groups_.layout().widths().attn_tp;
     recorder_(layer, {"bridge input", "moe_in", trace::Sharing::replicated, group_ranks, {}, false}, owners, a);
     const kernels::LinearTopkRouter<float, ExecSpace> router{w.router, dims_.router()};
     const kernels::SwigluExperts<float, ExecSpace> experts{w.experts, w.shared};

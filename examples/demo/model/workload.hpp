@@ -8,13 +8,23 @@
 #include <string>
 #include <vector>
 
-#include "relayout/mesh/error.hpp"
+#include "relayout/mesh/layout.hpp"
 #include "relayout/trace/owner.hpp"
 #include "demo/model/weights.hpp"
 
 namespace relayout::model {
 
 using RowOwner = trace::RowOwner;
+
+// Which of a DP group's rows one attention-CP rank holds (docs/cp.md): each request cut into cp
+// contiguous chunks (plain --cp), or token i of the group's batch on CP rank i mod cp (prefill CP).
+struct CpShare {
+  CpTokenSplit split = CpTokenSplit::contiguous;
+  int cp = 1;
+  int rank = 0;
+
+  static CpShare of(const RuntimeLayout& l, int cp_rank) { return {l.cp_token_split(), l.widths().attn_cp, cp_rank}; }
+};
 
 struct Workload {
   std::vector<int> lengths;    // prompt length of request i
@@ -60,6 +70,28 @@ struct Workload {
     std::vector<int> cu{0};
     for (int r : requests_of(g)) cu.push_back(cu.back() + lengths[std::size_t(r)]);
     return cu;
+  }
+  // Where the rows of CP share `s` sit among DP group g's rows (owners_of(g)), in group order: for
+  // each the kv row of its own token, which its attention mask is measured from.
+  std::vector<int> positions_of(int g, const CpShare& s) const {
+    std::vector<int> out;
+    int row = 0;
+    for (int r : requests_of(g)) {
+      const int n = lengths[std::size_t(r)];
+      const TokenRange chunk = cp_chunk(n, s.cp, s.rank);
+      for (int p = 0; p < n; ++p, ++row)
+        if (s.split == CpTokenSplit::round_robin ? prefill_cp_rank_of_token(row, s.cp) == s.rank
+                                                 : p >= chunk.begin && p < chunk.end)
+          out.push_back(row);
+    }
+    return out;
+  }
+  // The owners of the rows of CP share `s` of DP group g (all of the group's rows when cp == 1).
+  std::vector<std::int64_t> owners_of(int g, const CpShare& s) const {
+    const std::vector<std::int64_t> all = owners_of(g);
+    std::vector<std::int64_t> out;
+    for (int i : positions_of(g, s)) out.push_back(all[std::size_t(i)]);
+    return out;
   }
   std::int64_t total_rows() const {
     std::int64_t n = 0;

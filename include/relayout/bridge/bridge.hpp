@@ -8,6 +8,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <source_location>
 #include <span>
@@ -86,12 +87,13 @@ class MoeBridge {
   using view_type = impl::RowsView<T, Space>;
 
   // experts: the model's routed experts (global ids [0, experts)), split evenly over moe_ep.
+  // Under attention context parallelism (attn_cp > 1) the constructor is collective over the
+  // domain: it makes the groups of the CP shares (cp_share_layout).
   MoeBridge(const ProcessGroupsOf<C>& pg, int experts, BridgeOptions opts = {})
       : pg_(pg), experts_(experts), opts_(opts) {
     const Widths& w = pg.layout().widths();
-    if (w.attn_cp != 1)
-      throw LayoutError("attn_cp", "MoeBridge: the hand-over under attention context parallelism is not built yet; "
-                                   "attn_cp = " + std::to_string(w.attn_cp));
+    if (w.attn_cp > 1)
+      shares_ = std::make_shared<const ProcessGroupsOf<C>>(cp_share_layout(pg.layout()), pg.tp());
     if (experts < 1 || experts % w.moe_ep != 0)
       throw LayoutError("experts", "MoeBridge: " + std::to_string(experts) + " experts cannot be split evenly over moe_ep = " +
                                        std::to_string(w.moe_ep));
@@ -107,15 +109,31 @@ class MoeBridge {
   // The plan this layout runs with these token counts.
   std::span<const PlanStep> plan(std::span<const std::int64_t> global_num_tokens = {}) const {
     return bridge_plan(path(), path() == BridgePath::dp_gather ? padding(global_num_tokens) : PaddingMode::sum_len,
-                       opts_.restore);
+                       opts_.restore, shares_ != nullptr);
   }
   PaddingMode padding(std::span<const std::int64_t> global_num_tokens) const {
-    return opts_.padding ? *opts_.padding : pg_.layout().padding_mode(global_num_tokens);
+    return opts_.padding ? *opts_.padding : dp_groups().layout().padding_mode(global_num_tokens);
   }
   // The slot table of path dp_gather for this step (collective-free: every rank passes the same
   // counts, e.g. from gather_num_tokens).
   DpSlotsPtr slots(std::span<const std::int64_t> global_num_tokens) const {
-    return make_dp_slots(pg_.layout(), global_num_tokens, padding(global_num_tokens));
+    return make_dp_slots(dp_groups().layout(), global_num_tokens, padding(global_num_tokens));
+  }
+  // global_num_tokens of this step: every rank passes how many rows it holds. One entry per
+  // attention-DP group; under CP one per (DP group, CP rank) share, in rank order.
+  std::vector<std::int64_t> gather_num_tokens(std::int64_t local_tokens) const {
+    return relayout::gather_num_tokens(dp_groups(), local_tokens);
+  }
+  // The groups path dp_gather's steps run on: the domain's own, or under CP those of
+  // cp_share_layout, whose attention-DP groups are the CP shares.
+  const ProcessGroupsOf<C>& dp_groups() const { return shares_ ? *shares_ : pg_; }
+
+  // Ranks run (attn_dp, attn_cp, attn_tp), fastest last, so the ranks holding one CP share of one
+  // DP group are attn_tp consecutive ranks, like an attention-DP group with attn_cp == 1: the same
+  // domain with attn_dp * attn_cp DP groups and no CP moves every share as a group of its own.
+  static RuntimeLayout cp_share_layout(const RuntimeLayout& l) {
+    const Widths& w = l.widths();
+    return RuntimeLayout(LayoutConfig{.tp = w.tp, .dp = w.attn_dp * w.attn_cp, .enable_dp_attention = true});
   }
 
   // One layer's hand-over. Collective over the TP domain: every rank calls it, also with zero rows.
@@ -177,6 +195,7 @@ class MoeBridge {
     std::size_t at = 0;
 
     const ProcessGroupsOf<C>& pg() const { return b.pg_; }
+    const ProcessGroupsOf<C>& dpg() const { return b.dp_groups(); }
     const Widths& widths() const { return pg().layout().widths(); }
     BridgeFault fault() const { return b.opts_.fault; }
 
@@ -191,7 +210,7 @@ class MoeBridge {
       if constexpr (std::remove_cvref_t<Obs>::enabled)
         obs(BoundaryInfo{&s, partial, copies, name.empty() ? s.name : name}, own, values, first);
     }
-    int group_ranks() const { return widths().tp / widths().attn_dp; }
+    int group_ranks() const { return widths().attn_tp; }  // holders of a row outside the MoE
     int moe_holders() const { return widths().tp / widths().moe_dp; }
 
     static OwnerView owner_view(const std::vector<std::int64_t>& v) {
@@ -228,7 +247,7 @@ class MoeBridge {
       switch (b.path()) {
         case BridgePath::dp_gather: {
           if (!slots) throw LayoutError("slots", "MoeBridge::run: path dp_gather needs the step's DpSlots (MoeBridge::slots)");
-          plan = bridge_plan(BridgePath::dp_gather, slots->mode(), b.opts_.restore);
+          plan = bridge_plan(BridgePath::dp_gather, slots->mode(), b.opts_.restore, b.shares_ != nullptr);
           out.emplace(dp_gather(x, slots));
           break;
         }
@@ -247,12 +266,12 @@ class MoeBridge {
       const PlanStep& g_step = step(BridgeStep::dp_gather);
       Rows<T, Replicated<group::Tp>, DpGlobal, Space> global = [&] {
         if (fault() == BridgeFault::gather_partial)  // complete rows summed as partials: x attn_tp
-          return dp_gather_partial(exec, pg(), Rows<T, Partial<AttnTp>, DpLocal, Space>(x.view()), slots, traffic);
-        return dp_gather_replicate(exec, pg(), x, slots, traffic);
+          return dp_gather_partial(exec, dpg(), Rows<T, Partial<AttnTp>, DpLocal, Space>(x.view()), slots, traffic);
+        return dp_gather_replicate(exec, dpg(), x, slots, traffic);
       }();
       std::vector<std::int64_t> g_owners;
       if (owners) {
-        g_owners = to_vector(dp_gather_replicate(pg(), OwnerRows<Replicated<AttnTp>, DpLocal>(owner_view(*owners)), slots).view());
+        g_owners = to_vector(dp_gather_replicate(dpg(), OwnerRows<Replicated<AttnTp>, DpLocal>(owner_view(*owners)), slots).view());
         if (s.mode() == PaddingMode::max_len)
           for (int grp = 0; grp < s.groups(); ++grp)
             for (std::int64_t r = s.count(grp); r < s.slot_rows(); ++r)
@@ -270,7 +289,7 @@ class MoeBridge {
         p = Rows<T, Partial<group::Tp>, DpGlobal, Space>(
             impl::all_reduce_rows_in_place(pg().tp(), std::move(p).data(), GroupKind::tp, impl::ctx(exec, traffic)));
 
-      const int g = pg().coords().attn_dp_rank;
+      const int g = dpg().coords().attn_dp_rank;  // under CP: this rank's share
       const std::vector<std::int64_t> out_owners(g_owners.empty() ? g_owners.begin() : g_owners.begin() + s.offset(g),
                                                  g_owners.empty() ? g_owners.begin() : g_owners.begin() + s.offset(g) + s.count(g));
       Out out = [&]() -> Out {
@@ -278,27 +297,27 @@ class MoeBridge {
           const PlanStep& r_step = step(BridgeStep::all_reduce);
           auto summed = fault() == BridgeFault::skip_reduce
                             ? Rows<T, Replicated<group::Tp>, DpGlobal, Space>(std::move(p).data())
-                            : all_reduce(exec, pg(), std::move(p), traffic);
+                            : all_reduce(exec, dpg(), std::move(p), traffic);
           see(r_step, false, widths().tp, span_of(g_owners), summed.view());
           const PlanStep& s_step = step(BridgeStep::dp_scatter);
-          Out o = dp_scatter(exec, pg(), summed, traffic);
+          Out o = dp_scatter(exec, dpg(), summed, traffic);
           see(s_step, false, group_ranks(), span_of(out_owners), o.view());
           return o;
         }
         if (fault() == BridgeFault::skip_reduce) {  // a copy where a sum was due
           const PlanStep& r_step = step(s.mode() == PaddingMode::sum_len ? BridgeStep::reduce_scatterv : BridgeStep::dp_reduce_scatter);
-          Out o = dp_scatter(exec, pg(), Rows<T, Replicated<group::Tp>, DpGlobal, Space>(std::move(p).data()), traffic);
+          Out o = dp_scatter(exec, dpg(), Rows<T, Replicated<group::Tp>, DpGlobal, Space>(std::move(p).data()), traffic);
           see(r_step, false, group_ranks(), span_of(out_owners), o.view(), 0, "dp_scatter");
           return o;
         }
         if (s.mode() == PaddingMode::sum_len) {
           const PlanStep& r_step = step(BridgeStep::reduce_scatterv);
-          Out o = reduce_scatterv(exec, pg(), p, traffic);
+          Out o = reduce_scatterv(exec, dpg(), p, traffic);
           see(r_step, false, group_ranks(), span_of(out_owners), o.view());
           return o;
         }
         const PlanStep& r_step = step(BridgeStep::dp_reduce_scatter);
-        Out o = dp_reduce_scatter(exec, pg(), p, traffic);
+        Out o = dp_reduce_scatter(exec, dpg(), p, traffic);
         see(r_step, false, group_ranks(), span_of(out_owners), o.view());
         return o;
       }();
@@ -420,6 +439,7 @@ class MoeBridge {
   BridgeOptions opts_;
   EpWorkspace<T, Space> own_ws_;
   EpWorkspace<T, Space>* external_ws_ = nullptr;
+  std::shared_ptr<const ProcessGroupsOf<C>> shares_;  // attn_cp > 1: cp_share_layout's groups
 };
 
 }  // namespace relayout

@@ -100,14 +100,56 @@ inline constexpr std::array<PlanStep, 7> kPlanA2a{{
     {BridgeStep::all_gather, G::attn_tp, "all_gather", "moe_out", "Replicated<attn_tp>, DpLocal",
      "concatenate the chunks over attn_tp (restores split rows; not a sum)"},
 }};
+
+// Path dp_gather under attention context parallelism (backend none, attn_cp > 1): each CP rank
+// holds only its share of its DP group's rows, so the CP partners share rows before the MoE (the
+// MoE-DP group is the attention-CP group) and each gets its own share back. The ranks run
+// (attn_dp, attn_cp, attn_tp), so every (DP group, CP rank) pair is one block of the gathered
+// buffer and the DP steps run unchanged with those blocks as groups.
+inline constexpr std::array<PlanStep, 4> kPlanCpGatherSum{{
+    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
+     "every CP rank's share of every DP group into one buffer: the CP partners share their rows "
+     "(attn_tp_rank 0 of each CP rank contributes; sum_len: packed)"},
+    kRoute,
+    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpGlobal",
+     "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"},
+    {BridgeStep::reduce_scatterv, G::tp, "reduce_scatterv", "moe_out", "Replicated<attn_tp>, CP share",
+     "sums the partials over tp and returns each CP rank its own share, in one collective (the only sum)"},
+}};
+inline constexpr std::array<PlanStep, 4> kPlanCpGatherMax{{
+    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
+     "every CP rank's share of every DP group into one buffer, each share padded to the longest "
+     "(max_len): the CP partners share their rows"},
+    kRoute,
+    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpGlobal",
+     "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"},
+    {BridgeStep::dp_reduce_scatter, G::tp, "dp_reduce_scatter", "moe_out", "Replicated<attn_tp>, CP share",
+     "reduce-scatter over tp of equal slots, all-gather over attn_tp: each CP rank its own share, "
+     "padding dropped (the only sum)"},
+}};
+inline constexpr std::array<PlanStep, 5> kPlanCpGatherScatter{{
+    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
+     "every CP rank's share of every DP group into one buffer: the CP partners share their rows"},
+    kRoute,
+    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpGlobal",
+     "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"},
+    {BridgeStep::all_reduce, G::tp, "all_reduce", "moe_out", "Replicated<tp>, DpGlobal",
+     "the MoE sums its partials over tp (the only sum)"},
+    {BridgeStep::dp_scatter, std::nullopt, "dp_scatter", "moe_out", "Replicated<attn_tp>, CP share",
+     "copy this CP rank's own share out of the global buffer (no sum)"},
+}};
 }  // namespace impl
 
-// The steps of one layer's hand-over for a path; `padding` and `restore` matter on dp_gather only.
+// The steps of one layer's hand-over for a path; `padding` and `restore` matter on dp_gather only,
+// `cp` (attn_cp > 1) there too: the gathered blocks are CP shares, not whole DP groups.
 constexpr std::span<const PlanStep> bridge_plan(BridgePath path, PaddingMode padding = PaddingMode::sum_len,
-                                                BridgeRestore restore = BridgeRestore::reduce) {
+                                                BridgeRestore restore = BridgeRestore::reduce, bool cp = false) {
   switch (path) {
     case BridgePath::dp_gather:
-      if (restore == BridgeRestore::scatter) return impl::kPlanGatherScatter;
+      if (restore == BridgeRestore::scatter) return cp ? impl::kPlanCpGatherScatter : impl::kPlanGatherScatter;
+      if (cp)
+        return padding == PaddingMode::max_len ? std::span<const PlanStep>(impl::kPlanCpGatherMax)
+                                               : std::span<const PlanStep>(impl::kPlanCpGatherSum);
       return padding == PaddingMode::max_len ? std::span<const PlanStep>(impl::kPlanGatherMax)
                                              : std::span<const PlanStep>(impl::kPlanGatherSum);
     case BridgePath::tp_moe: return impl::kPlanTpMoe;
@@ -127,7 +169,8 @@ constexpr int plan_sums(std::span<const PlanStep> plan) {
 }
 static_assert(plan_sums(impl::kPlanGatherSum) == 1 && plan_sums(impl::kPlanGatherMax) == 1 &&
                   plan_sums(impl::kPlanGatherScatter) == 1 && plan_sums(impl::kPlanTpMoe) == 1 &&
-                  plan_sums(impl::kPlanA2a) == 1,
+                  plan_sums(impl::kPlanA2a) == 1 && plan_sums(impl::kPlanCpGatherSum) == 1 &&
+                  plan_sums(impl::kPlanCpGatherMax) == 1 && plan_sums(impl::kPlanCpGatherScatter) == 1,
               "every bridge plan sums the expert outputs exactly once");
 
 }  // namespace relayout

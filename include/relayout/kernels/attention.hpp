@@ -313,7 +313,19 @@ struct AttendCore {
   }
 };
 
-template <class ExecSpace, class Q, class KV, class O, class Cu>
+// Query row i is kv row i (plain prefill: every rank holds whole requests).
+struct SameRow {
+  KOKKOS_INLINE_FUNCTION std::int64_t operator()(std::int64_t i) const { return i; }
+};
+
+// Query row i is the kv row positions(i) (attention context parallelism).
+template <class Pos>
+struct RowAt {
+  Pos p;
+  KOKKOS_INLINE_FUNCTION std::int64_t operator()(std::int64_t i) const { return p(i); }
+};
+
+template <class ExecSpace, class Q, class KV, class O, class Cu, class Pos = SameRow>
 struct PrefillFunctor {
   using T = typename O::non_const_value_type;
   AttendCore<ExecSpace, T> core;
@@ -321,9 +333,11 @@ struct PrefillFunctor {
   O out;
   ContiguousKeys<KV, Cu> keys;
   int n_req, window;
+  Pos pos{};
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
-    const std::int64_t t = team.league_rank();
+    const std::int64_t i = team.league_rank();
+    const std::int64_t t = pos(i);  // the kv row of query i's own token: masks go by it
     int lo = 0, hi = n_req;  // the request b with cu[b] <= t < cu[b+1]
     while (hi - lo > 1) {
       const int mid = (lo + hi) / 2;
@@ -332,7 +346,7 @@ struct PrefillFunctor {
     const std::int64_t p = t - keys.cu(lo);
     std::int64_t begin = 0;
     if (window > 0 && p + 1 - window > begin) begin = p + 1 - window;
-    core.attend(team, keys, lo, begin, p + 1, &q(t, 0), &out(t, 0), static_cast<T*>(nullptr));
+    core.attend(team, keys, lo, begin, p + 1, &q(i, 0), &out(i, 0), static_cast<T*>(nullptr));
   }
 };
 
@@ -470,6 +484,43 @@ void attention_prefill(const ExecSpace& exec, const Q& q, const KV& kv, const Cu
                        impl::PrefillFunctor<ExecSpace, Q, KV, O, Cu>{
                            Core{heads, params.head_dim, impl::chunk_keys<T>(params.head_dim), T(params.scale)},
                            q, out, {kv, cu_seqlens}, n_req, params.window});
+}
+
+// Causal prefill of query rows that are a subset of the kv rows (attention context parallelism:
+// a CP rank holds some of each request's tokens and all of their keys). Query row i is the token
+// whose own key is kv row positions[i]; it attends the keys of that token's request from
+// max(start, positions[i] - window + 1) to positions[i], so causality and the window go by global
+// position. kv and cu_seqlens cover the whole requests; q, out: positions.extent(0) rows.
+template <class ExecSpace, RowMatrixView Q, RowMatrixView KV, VectorView Cu, VectorView Pos, MutableRowMatrixView O>
+void attention_prefill(const ExecSpace& exec, const Q& q, const KV& kv, const Cu& cu_seqlens, const Pos& positions,
+                       const O& out, const AttentionParams& params) {
+  static_assert(std::is_same_v<scalar_of<Q>, scalar_of<O>> && std::is_same_v<scalar_of<KV>, scalar_of<O>>,
+                "relayout::kernels::attention_prefill: q, kv and out must have the same scalar type");
+  static_assert(std::is_same_v<scalar_of<Cu>, int>, "relayout::kernels: cu_seqlens must hold int");
+  static_assert(std::is_same_v<scalar_of<Pos>, int>, "relayout::kernels: positions must hold int");
+  const int heads = impl::check_attention("attention_prefill", q, kv, out, params);
+  impl::require(positions.extent(0) == q.extent(0), "attention_prefill", "positions",
+                "must hold one kv row per query row (" + impl::str(q.extent(0)) + "), got " +
+                    impl::str(positions.extent(0)));
+  impl::check_offsets("attention_prefill", "cu_seqlens", cu_seqlens, std::int64_t(kv.extent(0)), true, false);
+  {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), positions);
+    for (std::size_t i = 0; i < h.extent(0); ++i)
+      impl::require(h(i) >= 0 && std::int64_t(h(i)) < std::int64_t(kv.extent(0)), "attention_prefill", "positions",
+                    "entry " + impl::str(std::int64_t(i)) + " is " + impl::str(h(i)) + "; a kv row must be in [0, " +
+                        impl::str(kv.extent(0)) + ")");
+  }
+  if (q.extent(0) == 0) return;
+  using T = scalar_of<O>;
+  using Core = impl::AttendCore<ExecSpace, T>;
+  using At = impl::RowAt<Pos>;
+  const int n_req = int(cu_seqlens.extent(0)) - 1;
+  Kokkos::TeamPolicy<ExecSpace> policy(exec, int(q.extent(0)), Kokkos::AUTO);
+  Kokkos::parallel_for("relayout::kernels::attention_prefill",
+                       policy.set_scratch_size(0, Kokkos::PerTeam(Core::scratch_bytes(heads))),
+                       impl::PrefillFunctor<ExecSpace, Q, KV, O, Cu, At>{
+                           Core{heads, params.head_dim, impl::chunk_keys<T>(params.head_dim), T(params.scale)},
+                           q, out, {kv, cu_seqlens}, n_req, params.window, At{positions}});
 }
 
 namespace impl {

@@ -58,8 +58,10 @@ constexpr GroupGeometry group_geometry(const Widths& w, GroupKind kind) {
   return {attention_radix(w), 0b111u};
 }
 
+// Without an all-to-all backend, rows that differ between ranks (attention DP, or CP ranks each
+// holding a share of their group's tokens) are gathered before the MoE: path dp_gather.
 constexpr BridgePath bridge_path(const Widths& w, Backend backend) {
-  if (backend == Backend::none) return w.attn_dp > 1 ? BridgePath::dp_gather : BridgePath::tp_moe;
+  if (backend == Backend::none) return w.attn_dp > 1 || w.attn_cp > 1 ? BridgePath::dp_gather : BridgePath::tp_moe;
   return w.attn_tp > 1 ? BridgePath::a2a_split : BridgePath::direct;
 }
 

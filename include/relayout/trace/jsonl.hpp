@@ -67,7 +67,10 @@ inline std::string to_jsonl(const Record& r) {
                   ",\"state\":" + json_string(r.state) + ",\"sharing\":\"" + to_string(r.sharing) +
                   "\",\"copies\":" + std::to_string(r.copies) + ",\"global_rank\":" + std::to_string(r.global_rank) +
                   ",\"attn_dp_rank\":" + std::to_string(r.attn_dp_rank) + ",\"attn_tp_rank\":" +
-                  std::to_string(r.attn_tp_rank) + ",\"moe_ep_rank\":" + std::to_string(r.moe_ep_rank) +
+                  std::to_string(r.attn_tp_rank) +
+                  // written only under CP, so traces without CP keep their format
+                  (r.attn_cp_rank > 0 ? ",\"attn_cp_rank\":" + std::to_string(r.attn_cp_rank) : std::string()) +
+                  ",\"moe_ep_rank\":" + std::to_string(r.moe_ep_rank) +
                   ",\"group\":" + (r.group.empty() ? "null" : json_string(r.group)) +
                   ",\"handle\":" + (r.handle < 0 ? "null" : std::to_string(r.handle)) +
                   ",\"row_count\":" + std::to_string(r.row_count) + ",\"pad_rows\":" + std::to_string(r.pad_rows) +

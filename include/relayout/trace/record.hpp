@@ -84,6 +84,7 @@ struct Record {
   Sharing sharing = Sharing::replicated;
   int copies = 1;  // how many times each row must appear over all ranks here (row conservation)
   int global_rank = 0, attn_dp_rank = 0, attn_tp_rank = 0, moe_ep_rank = 0;
+  int attn_cp_rank = 0;  // attention context parallelism: which CP share of its DP group's rows
   std::string group;  // the group the boundary's collective ran over; empty for a local step
   int handle = -1;    // that group's communicator handle id (ProcessGroups::handle_id), -1 if local
   std::int64_t row_count = 0;  // tensor rows, padding included
