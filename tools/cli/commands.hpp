@@ -8,7 +8,7 @@
 
 #include "cli/explain.hpp"
 #include "cli/layout_flags.hpp"
-#include "cli/plan.hpp"
+#include "cli/plan_rank.hpp"
 #include "cli/trace_diff.hpp"
 
 namespace relayout::cli {
@@ -33,6 +33,56 @@ inline std::string unknown_subcommand(const CLI::App& app, int argc, const char*
     at = next;
   }
   return "";
+}
+
+// `relayout plan` after parsing: one layout's plan, or with --gpus the ranking of every layout.
+inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, const std::string& preset,
+                        std::int64_t batch_tokens, int request_tokens, int gpus, int top, double gpu_memory,
+                        Cluster cluster, const std::string& format, std::ostream& out, std::ostream& err) {
+  cluster.resolve();
+  if (!preset.empty()) {  // the preset's dims under the model flags given explicitly
+    const model::ModelDims p = preset_dims(preset);
+    for (const ModelFlag& f : kModelFlags)
+      if (plan.count(f.name) == 0) in.dims.*f.member = p.*f.member;
+  }
+  if (batch_tokens > 0 && plan.count("--requests") > 0)
+    throw LayoutError("--batch-tokens", "--batch-tokens and --requests both give the batch: give one of them");
+  if (gpus > 0) {
+    for (const char* name : {"--tp", "--dp", "--cp", "--ep", "--moe-dp-size", "--enable-dp-attention", "--attn-dp-size",
+                             "--enable-prefill-cp", "--moe-a2a-backend", "--requests", "--placement", "--padding"})
+      if (plan.count(name) > 0)
+        throw LayoutError(name, std::string(name) + ": --gpus ranks every layout of " + std::to_string(gpus) +
+                                    " GPUs with automatic padding; give no layout, request or padding flags with it");
+    if (batch_tokens == 0) throw LayoutError("--batch-tokens", "--gpus needs --batch-tokens (the tokens of one forward over all GPUs)");
+    const Ranking r = rank_layouts(gpus, batch_tokens, request_tokens, in, cluster, gpu_memory);
+    if (format == "json") {
+      out << ranking_json(r).dump(2) << "\n";
+    } else {
+      char b[160];
+      std::snprintf(b, sizeof b, "%.3g-byte values, %.3g-byte weights", in.elem, in.weight_elem > 0 ? in.weight_elem : in.elem);
+      out << ranking_text(r, "ranking: " + std::to_string(gpus) + " GPUs, " + model_flags(in.dims) + ", " + b + "; batch " +
+                                 std::to_string(batch_tokens) + " tokens in requests of " + std::to_string(request_tokens) +
+                                 "; GPU memory " + bytes_text(gpu_memory) + "\n" + cluster_text(cluster) +
+                                 "dispatch/combine: " + kRoutingNote + "\n\n",
+                          std::size_t(top));
+    }
+    double least = r.layouts.front().memory_per_rank;
+    for (const RankedLayout& l : r.layouts) least = std::min(least, l.memory_per_rank);
+    if (least > gpu_memory) {
+      err << "error: --gpus " << gpus << ": no layout fits in --gpu-memory " << bytes_text(gpu_memory)
+          << " (the smallest needs " << bytes_text(least) << " per rank); use more GPUs, a smaller model or batch, "
+          << "smaller --weight-bytes / --element-bytes, or raise --gpu-memory\n";
+      return 2;
+    }
+    return 0;
+  }
+  if (batch_tokens > 0) in.requests = batch_requests(batch_tokens, request_tokens);
+  const LayerPlan p = plan_layer(flags.layout(), in);
+  if (format == "json")
+    out << timed_plan_json(p, cluster).dump(2) << "\n";
+  else
+    out << timed_plan_text(p, cluster);
+  return 0;
 }
 
 inline int relayout_command(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
@@ -60,6 +110,24 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
   plan->add_option("--padding", plan_in.padding, "auto (docs/bridge.md#padding rule), max_len or sum_len");
   plan->add_option("--restore", plan_in.restore, "path A restore: reduce or scatter");
   plan->add_option("--format", plan_format, "text or json")->check(CLI::IsMember({"text", "json"}));
+  // Sizes of values and weights, the model preset, the batch, and the ranking of layouts.
+  add_float(*plan, "--element-bytes", plan_in.elem, "bytes of one activation value (default 4: the demo layer's float)", 1.0, 64.0);
+  add_float(*plan, "--weight-bytes", plan_in.weight_elem, "bytes of one weight (default: --element-bytes)", 0.125, 64.0);
+  std::string preset;
+  plan->add_option("--preset", preset, "a published model configuration: deepseek-v3 (explicit model flags override it)");
+  std::int64_t batch_tokens = 0;
+  int request_tokens = 2048, gpus = 0, top = 20;
+  add_int<std::int64_t>(*plan, "--batch-tokens", batch_tokens, "tokens of one forward over all GPUs, as requests of --request-tokens (instead of --requests)", 1, std::int64_t(1) << 24);
+  add_int(*plan, "--request-tokens", request_tokens, "prompt length of the --batch-tokens requests (default 2048)", 1, 1 << 20);
+  add_int(*plan, "--gpus", gpus, "rank every valid layout of this many GPUs by predicted time per forward", 1, 4096);
+  add_int(*plan, "--top", top, "ranking: rows of the text table (default 20; 0: all)", 0, 1 << 20);
+  std::uint64_t gpu_memory = std::uint64_t(80) << 30;
+  plan->add_option_function<std::string>(
+          "--gpu-memory", [&gpu_memory](const std::string& text) { gpu_memory = parse_bytes("--gpu-memory", text); },
+          "memory per GPU (K, M, G, T suffixes; default 80G): layouts needing more are marked")
+      ->type_name("BYTES");
+  Cluster cluster;
+  cluster.add_to(*plan);
 
   // trace diff BASELINE CANDIDATE: first divergence of two row-ownership traces (trace_diff.hpp).
   CLI::App* trace = app.add_subcommand("trace", "row-ownership traces written with --trace DIR");
@@ -83,15 +151,9 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
 
   return run_main(app, argc, argv, out, err, [&] {
     if (diff->parsed()) return trace_diff(baseline, candidate, diff_opts, out, err);
-    const RuntimeLayout layout = plan->parsed() ? plan_flags.layout() : flags.layout();
-    if (plan->parsed()) {
-      const LayerPlan p = plan_layer(layout, plan_in);
-      if (plan_format == "json")
-        out << plan_json(p).dump(2) << "\n";
-      else
-        out << plan_text(p);
-      return 0;
-    }
+    if (plan->parsed()) return plan_command(*plan, plan_flags, plan_in, preset, batch_tokens, request_tokens, gpus,
+                                            top, double(gpu_memory), cluster, plan_format, out, err);
+    const RuntimeLayout layout = flags.layout();
     std::optional<int> focus;
     if (explain->count("--rank")) focus = layout.coords(rank).rank;  // throws when out of range
     if (format == "json")

@@ -93,21 +93,22 @@ struct RankRows {
 };
 
 // One rank of a DistributedModel of dims `d`; `longest` is the longest request; `elem` the bytes
-// of one value (the demo layer computes in float).
+// of one value (the demo layer computes in float), `weight_elem` of one weight (0: elem).
 inline MemoryEstimate estimate_rank(const model::ModelDims& d, const Widths& w, const RankRows& r, double longest,
-                                    bool shared_here = true, double elem = 4) {
+                                    bool shared_here = true, double elem = 4, double weight_elem = 0) {
+  if (weight_elem <= 0) weight_elem = elem;
   const double H = d.hidden, Q = d.q_lora, D = d.head_dim, L = d.layers, E = d.experts;
   const double HD = double(d.heads) / w.attn_tp * D;
   const double inter = double(d.moe_inter) / w.moe_tp, shared = double(d.shared_inter) / w.moe_tp;
   const WeightShards ws = weight_shards(d, w, shared_here);
   MemoryEstimate m;
-  m.weights = elem * ws.total();
+  m.weights = weight_elem * ws.total();
   // One layer's views at a time (xn, qa, qn, q, o, attention output, residual, input), the bridge's
   // gathered, partial and restored rows (padded: twice the rows), the routed rows' expert work.
   m.activations = elem * r.attention * (5 * H + 2 * Q + 2 * HD) + elem * r.moe * (6 * H + E) +
                   elem * r.expert * (3 * inter + H);
   m.kv = elem * r.attention * 2 * D;                            // kv_raw, kv of the layer running
-  m.buffers = elem * ws.total() / L + 8 * L * 8 * r.moe;         // weights being packed; owners per boundary
+  m.buffers = weight_elem * ws.total() / L + 8 * L * 8 * r.moe;         // weights being packed; owners per boundary
   const double attention = 2.0 * 2.0 * HD * longest * r.attention;  // causal: ~len^2 per request, bounded
   m.flops = 2 * L * (r.attention * (Q * H + HD * Q + D * H + H * HD) + r.moe * E * H + r.expert * 3 * inter * H +
                      (shared_here ? r.moe * 3 * shared * H : 0.0)) +

@@ -38,7 +38,8 @@ struct PlanInput {
   std::vector<int> placement;
   std::string padding = "auto";
   std::string restore = "reduce";
-  double elem = 4;  // bytes of one value: the demo layer computes in float
+  double elem = 4;         // bytes of one value: the demo layer computes in float
+  double weight_elem = 0;  // bytes of one weight (0: elem)
 };
 
 inline constexpr std::size_t kPlanSlots = TrafficLog::kOps * TrafficLog::kGroups;
@@ -71,7 +72,7 @@ struct LayerPlan {
   explicit LayerPlan(const RuntimeLayout& l) : layout(l) {}
   RuntimeLayout layout;
   model::ModelDims dims;
-  double elem = 4;
+  double elem = 4, weight_elem = 4;
   BridgePath path = BridgePath::tp_moe;
   PaddingMode padding = PaddingMode::sum_len;
   BridgeRestore restore = BridgeRestore::reduce;
@@ -106,9 +107,17 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
   LayerPlan p(layout);
   p.dims = in.dims;
   p.elem = in.elem;
+  p.weight_elem = in.weight_elem > 0 ? in.weight_elem : in.elem;
   p.path = layout.bridge_path();
   p.restore = parse_restore(in.restore);
-  for (int g = 0; g < w.attn_dp; ++g) p.global_num_tokens.push_back(std::int64_t(work.owners_of(g).size()));
+  // Rows and longest request of each DP group, in one pass over the requests.
+  p.global_num_tokens.assign(std::size_t(w.attn_dp), 0);
+  std::vector<double> longest_of(std::size_t(w.attn_dp), 0.0);
+  for (int q = 0; q < work.requests(); ++q) {
+    const std::size_t g = std::size_t(work.placement[std::size_t(q)]);
+    p.global_num_tokens[g] += work.lengths[std::size_t(q)];
+    longest_of[g] = std::max(longest_of[g], double(work.lengths[std::size_t(q)]));
+  }
   p.padding = in.padding == "auto" ? layout.padding_mode(p.global_num_tokens) : parse_padding(in.padding);
   p.steps = bridge_plan(p.path, p.padding, p.restore);
   const model::ModelDims& d = in.dims;
@@ -119,11 +128,16 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
   const DpSlots slots(layout, p.global_num_tokens, p.padding);
   const double total = double(slots.total_rows());
   const auto multi = [&](GroupKind g) { return layout.group_size(g) > 1; };
-  // Rows a rank routes on the all-to-all paths: its tensor_split chunk of its group's rows.
-  const auto chunk = [&](int rank) {
-    const RankCoords k = layout.coords(rank);
-    return double(tensor_split_range(p.global_num_tokens[std::size_t(k.attn_dp_rank)], A, k.attn_tp_rank).count);
-  };
+  // Rows each rank routes on the all-to-all paths: its tensor_split chunk of its group's rows;
+  // and their sum over each moe_ep group (the rows that may come to its members).
+  std::vector<double> chunk(std::size_t(layout.size()));
+  std::vector<double> ep_rows(std::size_t(layout.group_count(GroupKind::moe_ep)), 0.0);
+  for (int r = 0; r < layout.size(); ++r) {
+    const RankCoords k = layout.coords(r);
+    chunk[std::size_t(r)] =
+        double(tensor_split_range(p.global_num_tokens[std::size_t(k.attn_dp_rank)], A, k.attn_tp_rank).count);
+    ep_rows[std::size_t(layout.group_index(GroupKind::moe_ep, r))] += chunk[std::size_t(r)];
+  }
 
   for (int r = 0; r < layout.size(); ++r) {
     RankPlan rp;
@@ -166,12 +180,12 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
         case BridgeStep::all_reduce:
           if (multi(*s.group)) layer.add(TrafficOp::all_reduce, *s.group, (p.path == BridgePath::dp_gather ? total : n) * H * e);
           break;
-        case BridgeStep::split_rows: rp.moe_rows = chunk(r); break;
+        case BridgeStep::split_rows: rp.moe_rows = chunk[std::size_t(r)]; break;
         case BridgeStep::dispatch: {
           // Each routed row once per destination rank, with its k expert ids (int) and weights.
           if (multi(*s.group)) layer.add(TrafficOp::dispatch, *s.group, rp.moe_rows * p.destinations_per_row * (H * e + K * (4 + e)));
-          double arriving = 0;  // rows of every member of this rank's moe_ep group, each here with P(hit)
-          for (int m : layout.group_members(GroupKind::moe_ep, r)) arriving += chunk(m);
+          // rows of every member of this rank's moe_ep group, each here with P(hit)
+          const double arriving = ep_rows[std::size_t(layout.group_index(GroupKind::moe_ep, r))];
           rp.expert_rows = arriving * hit;
           rp.expert_pairs = arriving * K / ep;
           buffer_rows = n + rp.moe_rows + rp.expert_rows;
@@ -194,13 +208,12 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
       rp.calls[i] += layer.calls[i] * std::int64_t(L);
       rp.bytes[i] += layer.bytes[i] * L;
     }
-    const std::vector<int> mine = work.requests_of(k.attn_dp_rank);
-    double longest = 0;
-    for (int q : mine) longest = std::max(longest, double(work.lengths[std::size_t(q)]));
+    const double longest = longest_of[std::size_t(k.attn_dp_rank)];
     const WeightShards ws = weight_shards(d, w, shared_here);
-    rp.weights = {ws.attention * e, ws.router * e, ws.experts * e, ws.shared * e};
-    rp.memory = estimate_rank(d, w, {n, buffer_rows, rp.expert_pairs}, longest, shared_here, e);
-    rp.memory.flops = estimate_rank(d, w, {n, rp.moe_rows, rp.expert_pairs}, longest, shared_here, e).flops;
+    const double we = p.weight_elem;
+    rp.weights = {ws.attention * we, ws.router * we, ws.experts * we, ws.shared * we};
+    rp.memory = estimate_rank(d, w, {n, buffer_rows, rp.expert_pairs}, longest, shared_here, e, we);
+    rp.memory.flops = estimate_rank(d, w, {n, rp.moe_rows, rp.expert_pairs}, longest, shared_here, e, we).flops;
     rp.kv_per_token = L * d.head_dim * e;  // the shared K/V row of every layer
     p.ranks.push_back(rp);
   }
@@ -251,6 +264,7 @@ inline nlohmann::json plan_json(const LayerPlan& p) {
   j["global_num_tokens"] = p.global_num_tokens;
   j["layers"] = p.dims.layers;
   j["element_bytes"] = p.elem;
+  j["weight_bytes"] = p.weight_elem;
   j["routing"] = kRoutingNote;
   j["uniform_routing_ops"] = {"dispatch", "combine"};
   j["destinations_per_row"] = p.destinations_per_row;
@@ -284,7 +298,7 @@ inline std::string plan_text(const LayerPlan& p) {
     << to_string(p.path);
   if (p.path == BridgePath::dp_gather)
     s << ", padding " << to_string(p.padding) << ", restore " << (p.restore == BridgeRestore::scatter ? "scatter" : "reduce");
-  s << "\nmodel: " << model_flags(d) << " (" << p.elem << "-byte values)\n";
+  s << "\nmodel: " << model_flags(d) << " (" << p.elem << "-byte values, " << p.weight_elem << "-byte weights)\n";
   s << "global_num_tokens: [";
   for (std::size_t g = 0; g < p.global_num_tokens.size(); ++g) s << (g ? " " : "") << p.global_num_tokens[g];
   s << "]\nbridge steps per layer:";
