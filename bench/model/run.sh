@@ -1,4 +1,5 @@
-# Sourced by bench/run.sh: the decoder layer forward per bridge path at np = 2 and 4.
+# Sourced by bench/run.sh: the decoder layer forward per bridge path, and attention CP vs TP on
+# the same ranks, at np = 2 and 4.
 for np in 2 4; do
   echo "-- layer forward, np=$np"
   "$MPIEXEC" -n "$np" "$BIN/bench_layer" --benchmark_min_time=0.5 --benchmark_counters_tabular=true
