@@ -1,5 +1,5 @@
 // `relayout plan` against the real thing: dsv4_layer runs on MPI ranks (mpiexec) for every layout
-// of the np <= 8 sweep that the layer accepts (np 8: a few, one per bridge path and EP width), and
+// of the np <= 8 sweep that the plan models (attn_cp = 1) (np 8: a few, one per bridge path and EP width), and
 // every rank's measured collectives (--format json, ranks[].collectives[]) are compared with the
 // plan: the same (operation, group) entries, equal calls, equal bytes for every collective whose
 // size does not depend on routing. Dispatch/combine are expected values under uniform routing:
@@ -41,7 +41,7 @@ std::vector<Case> sweep(int np) {
             const LayoutConfig c{.tp = np, .dp = dp, .ep = ep, .moe_dp = moe_dp, .enable_dp_attention = dpa,
                                  .moe_a2a_backend = b};
             const WidthsResult r = derive_widths(c);
-            if (r.rule != LayoutRule::ok || r.widths.attn_cp != 1) continue;  // the layer runs attn_cp = 1 only
+            if (r.rule != LayoutRule::ok || r.widths.attn_cp != 1) continue;  // the plan models attn_cp = 1 only
             const Widths& w = r.widths;
             const std::string key = std::to_string(w.attn_dp) + "/" + std::to_string(w.moe_ep) + "/" +
                                     std::to_string(w.moe_dp) + "/" + std::string(to_string(b));

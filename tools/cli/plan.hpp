@@ -102,6 +102,9 @@ inline BridgeRestore parse_restore(const std::string& s) {
 // the flag when the dims, requests or placement do not fit the layout (the layer's own checks).
 inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
   const Widths& w = layout.widths();
+  if (w.attn_cp > 1)
+    throw LayoutError("--cp", "--cp: relayout plan does not model attention context parallelism yet (the CP KV "
+                              "all-gather and the bridge's CP blocks), got attn_cp = " + std::to_string(w.attn_cp));
   model::validate(in.dims, w);
   const model::Workload work = model::Workload::make(in.requests, in.placement, w.attn_dp);
   LayerPlan p(layout);

@@ -1,8 +1,8 @@
 // `relayout plan --gpus N`: every valid layout of N GPUs for a model and a batch, each planned
 // (plan.hpp) and timed (plan_time.hpp), sorted by predicted time per forward (those that fit in
 // the GPU's memory first). Validity is the layout engine's (relayout::derive_widths) and the demo
-// layer's (model::validate); layouts the layer cannot run (attention CP) are counted and named,
-// not ranked.
+// layer's (model::validate); layouts the plan does not model (attention CP) are counted and
+// named, not ranked.
 #pragma once
 
 #include <algorithm>
@@ -122,7 +122,7 @@ inline Ranking rank_layouts(int gpus, std::int64_t batch_tokens, int request_tok
                                         std::to_string(w.moe_dp) + "/" + std::string(to_string(b));
                 if (!seen.insert(key).second) continue;
                 if (w.attn_cp > 1) {
-                  ++out.skipped["attention CP (attn_cp > 1): the layer and the bridge do not run it yet"];
+                  ++out.skipped["attention CP (attn_cp > 1): relayout plan does not model it yet"];
                   continue;
                 }
                 PlanInput in = base;
