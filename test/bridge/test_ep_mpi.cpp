@@ -200,6 +200,30 @@ TEST_CASE("ep_dispatch and local_experts: a NaN or infinite router weight is a L
   }
 }
 
+TEST_CASE("ep_dispatch: a router output refused on one member makes every member throw (none waits forever)") {
+  const int np = world().size(), s = world().rank();
+  const ProcessGroups pg(direct_layout(np), world());
+  TopK<double, Space> r = route_of(s, 4, 2);
+  if (s == 0) {
+    auto wh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), r.weights);
+    wh(3, 1) = std::numeric_limits<double>::quiet_NaN();
+    Kokkos::deep_copy(r.weights, wh);
+  }
+  const Rows<double, RowShard<AttnTp>, DpLocal, Space> x(rows_of(s, 4), 4);
+  try {
+    ep_dispatch(Space(), pg, x, r, kExperts);
+    FAIL("ep_dispatch went on although member 0 refused its router output");
+  } catch (const LayoutError& e) {
+    CHECK(e.input() == "route");
+    const std::string what = e.what();
+    if (s == 0) CHECK(what.find("1 router weight(s) NaN or infinite") != std::string::npos);
+    else CHECK(what.find("moe_ep member 0 refused its router output") != std::string::npos);
+  }
+  // The group is still usable: the next dispatch of good rows goes through.
+  const auto d = ep_dispatch(Space(), pg, x, route_of(s, 4, 2), kExperts);
+  CHECK(d.rows == 4);
+}
+
 TEST_CASE("EpWorkspace: a second dispatch + combine with the same workspace allocates nothing and gives the same rows") {
   const int np = world().size(), s = world().rank();
   const ProcessGroups pg(direct_layout(np), world());

@@ -297,21 +297,24 @@ inline std::vector<int> times(const std::vector<int>& c, std::int64_t words, con
   return out;
 }
 
-template <class T, class Space>
-void check_topk(const Space& exec, const TopK<T, Space>& route, std::int64_t rows, int experts, int ep,
-                const char* call, bool full = true) {
-  if (route.rows() != rows || static_cast<std::int64_t>(route.weights.extent(0)) != rows ||
-      route.weights.extent(1) != route.ids.extent(1))
-    throw LayoutError("route", std::string(call) + ": the router output has " + std::to_string(route.rows()) +
-                                   " rows (ids " + std::to_string(route.ids.extent(0)) + " x " +
-                                   std::to_string(route.ids.extent(1)) + ", weights " +
-                                   std::to_string(route.weights.extent(0)) + " x " +
-                                   std::to_string(route.weights.extent(1)) + ") for " + std::to_string(rows) +
-                                   " rows; ids and weights must both be rows x k");
+inline void require_experts(int experts, int ep, const char* call) {
   if (experts < 1 || experts % ep != 0)
     throw LayoutError("experts", std::string(call) + ": " + std::to_string(experts) +
                                      " experts cannot be split evenly over moe_ep = " + std::to_string(ep));
-  if (!full) return;
+}
+
+// What is wrong with the router output, or "" when nothing is: its shape, then (when `full`) ids
+// outside [0, experts) and weights that are not finite.
+template <class T, class Space>
+std::string route_problem(const Space& exec, const TopK<T, Space>& route, std::int64_t rows, int experts,
+                          bool full) {
+  if (route.rows() != rows || static_cast<std::int64_t>(route.weights.extent(0)) != rows ||
+      route.weights.extent(1) != route.ids.extent(1))
+    return "the router output has " + std::to_string(route.rows()) + " rows (ids " +
+           std::to_string(route.ids.extent(0)) + " x " + std::to_string(route.ids.extent(1)) + ", weights " +
+           std::to_string(route.weights.extent(0)) + " x " + std::to_string(route.weights.extent(1)) + ") for " +
+           std::to_string(rows) + " rows; ids and weights must both be rows x k";
+  if (!full) return {};
   // One reduction finds ids out of range (low 32 bits) and weights that are NaN or infinite (high
   // bits), so a bad router fails loudly instead of writing out of bounds or spreading a NaN.
   const auto ids = route.ids;
@@ -329,12 +332,10 @@ void check_topk(const Space& exec, const TopK<T, Space>& route, std::int64_t row
       bad);
   exec.fence();
   const std::int64_t bad_ids = bad & 0xffffffff, bad_weights = bad >> 32;
-  if (bad_ids > 0)
-    throw LayoutError("route", std::string(call) + ": " + std::to_string(bad_ids) + " expert id(s) outside [0, " +
-                                   std::to_string(experts) + ")");
+  if (bad_ids > 0) return std::to_string(bad_ids) + " expert id(s) outside [0, " + std::to_string(experts) + ")";
   if (bad_weights > 0)
-    throw LayoutError("route", std::string(call) + ": " + std::to_string(bad_weights) +
-                                   " router weight(s) NaN or infinite; every weight must be finite");
+    return std::to_string(bad_weights) + " router weight(s) NaN or infinite; every weight must be finite";
+  return {};
 }
 
 }  // namespace impl
@@ -355,7 +356,10 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
   const auto& comm = pg.moe_ep();
   const int ep = comm.size();
   const std::int64_t m = x.rows(), H = x.hidden();
-  impl::check_topk(exec, route, m, experts, ep, "ep_dispatch", opts.check_route);
+  impl::require_experts(experts, ep, "ep_dispatch");
+  // A refused router output on one member must not leave the others waiting in the exchange: it
+  // sends nothing and says so with its counts, and every member throws after the count exchange.
+  const std::string problem = impl::route_problem(exec, route, m, experts, opts.check_route);
   const int K = route.k(), per_rank = experts / ep, me = comm.rank();
   auto& buf = ws.buffers();
 
@@ -371,12 +375,13 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
   const std::int64_t W = msg.words();
 
   // Send order is destination-major: (row i, rank r) gets its send row from one bucket scan.
-  d.send_pos = buf.rows(buf.send_pos, "relayout::send_pos", m, ep);
+  const std::int64_t mo = problem.empty() ? m : 0;  // a member that refused its router output sends nothing
+  d.send_pos = buf.rows(buf.send_pos, "relayout::send_pos", mo, ep);
   const auto ids = route.ids;
   const auto pos = d.send_pos;
   Kokkos::deep_copy(exec, pos, std::int64_t(-1));
   impl::bucket_scan(
-      exec, buf, ep, m,
+      exec, buf, ep, mo,
       KOKKOS_LAMBDA(const int r, const std::int64_t i) {
         bool hit = false;
         for (int k = 0; k < K; ++k) hit = hit || ids(i, k) / per_rank == r;
@@ -394,9 +399,9 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
   const auto xv = x.view();
   const auto wv = route.weights;
   Kokkos::parallel_for(
-      "relayout::ep_dispatch.pack", Kokkos::RangePolicy<Space>(exec, 0, m * ep), KOKKOS_LAMBDA(const std::int64_t idx) {
-        const int r = static_cast<int>(idx / m);
-        const std::int64_t i = idx % m, p = pos(i, r);
+      "relayout::ep_dispatch.pack", Kokkos::RangePolicy<Space>(exec, 0, mo * ep), KOKKOS_LAMBDA(const std::int64_t idx) {
+        const int r = static_cast<int>(idx / mo);
+        const std::int64_t i = idx % mo, p = pos(i, r);
         if (p < 0) return;
         char* at = reinterpret_cast<char*>(send.data() + p * W);
         T* w = reinterpret_cast<T*>(at + msg.weights);
@@ -411,8 +416,20 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
         for (std::int64_t f = 0; f < H; ++f) row[f] = impl::convert<P>(xv(i, f));
       });
 
+  // The counts, each with this member's verdict on its router output (1: refused).
+  std::vector<int> out(2 * static_cast<std::size_t>(ep)), in(out.size());
+  for (std::size_t r = 0; r < d.send_rows.size(); ++r) {
+    out[2 * r] = d.send_rows[r];
+    out[2 * r + 1] = problem.empty() ? 0 : 1;
+  }
+  all_to_all(exec, comm, std::span<const int>(out), std::span<int>(in), site);
+  if (!problem.empty()) throw LayoutError("route", "ep_dispatch: " + problem);
+  for (int r = 0; r < ep; ++r)
+    if (in[2 * static_cast<std::size_t>(r) + 1] != 0)
+      throw LayoutError("route", "ep_dispatch: moe_ep member " + std::to_string(r) +
+                                     " refused its router output (its error says why); no rows were exchanged");
   d.recv_rows.assign(static_cast<std::size_t>(ep), 0);
-  all_to_all(exec, comm, std::span<const int>(d.send_rows), std::span<int>(d.recv_rows), site);
+  for (std::size_t r = 0; r < d.recv_rows.size(); ++r) d.recv_rows[r] = in[2 * r];
   for (int c : d.recv_rows) d.received += c;
   d.received_messages = buf.flat(buf.recv, "relayout::ep_recv", d.received * W);
   all_to_allv(exec, comm, send, impl::times(d.send_rows, W, "ep_dispatch"), d.received_messages,
@@ -528,7 +545,9 @@ void local_experts(const Space& exec, const X& x, const TopK<T, Space>& route, i
                    int experts_total, E& experts, const impl::RowsView<T, Space>& out, EpWorkspace<T, Space>& ws,
                    bool check_route = true) {
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), H = impl::hidden_of(x.extent(1));
-  impl::check_topk(exec, route, n, experts_total, 1, "local_experts", check_route);
+  impl::require_experts(experts_total, 1, "local_experts");
+  if (const std::string problem = impl::route_problem(exec, route, n, experts_total, check_route); !problem.empty())
+    throw LayoutError("route", "local_experts: " + problem);
   const int K = route.k();
   auto& buf = ws.buffers();
   const auto lid = buf.rows(buf.local_ids, "relayout::local_ids", n, K);
