@@ -43,6 +43,9 @@ struct Options {
   double tolerance = 1e-4;
   std::uint64_t max_memory = 0;  // --max-memory (0: the available memory is the limit)
   int repeat = 0;
+  int decode_steps = 0;            // --decode-steps: decode steps after the prefill
+  std::vector<int> decode_lengths;  // --decode-lengths: steps of request i (default: all)
+  int kv_capacity = 4096;          // --kv-capacity: KV cache rows per request
 };
 
 std::string labels(const std::vector<std::int64_t>& owners, std::size_t max = 12) {
@@ -67,15 +70,74 @@ std::string kib(std::int64_t bytes) {
 // Refuses (exit 2) a run whose memory does not fit, before anything is allocated; returns the
 // estimate (its flops decide whether the run reports progress).
 cli::MemoryEstimate require_size(const Options& o, const Widths& w, const model::Workload& work,
-                                 const MpiCommunicator& world) {
+                                 const model::DecodePlan& plan, const MpiCommunicator& world) {
   model::validate(o.dims, w);  // the dims' own rules first: the estimate reads sane values
   const double tokens = double(work.total_rows());
   const double longest = work.lengths.empty() ? 0.0 : double(*std::max_element(work.lengths.begin(), work.lengths.end()));
   cli::MemoryEstimate need = cli::estimate_model(o.dims, w, tokens, longest);
-  if (o.check) need.buffers += cli::reference_bytes(o.dims, tokens);
+  if (plan.steps > 0) {  // the KV cache of every request (a rank holds its group's), decode rows
+    need.kv += 4.0 * o.dims.layers * o.dims.head_dim * double(work.requests()) * (o.kv_capacity + 16);
+    need.buffers += 8.0 * o.dims.hidden * double(work.requests()) * plan.steps;
+  }
+  if (o.check) need.buffers += cli::reference_bytes(o.dims, tokens + double(work.requests()) * plan.steps);
   cli::require_memory(world, need, o.max_memory,
                       cli::model_flags(o.dims) + " and " + std::to_string(work.total_rows()) + " tokens (--requests)");
   return need;
+}
+
+// Decode steps after the prefill: each step's rows per DP group (the gathered counts) and time (the
+// slowest rank's); with check, every row of every step against the reference recomputed without
+// a cache, matched by owner.
+struct DecodeRun {
+  std::vector<std::vector<std::int64_t>> counts;
+  std::vector<double> seconds;
+  double err = 0;
+  std::int64_t rows = 0, expected = 0, non_finite = 0;
+  int owners_ok = 1;
+};
+
+template <class Net>
+DecodeRun decode(Net& net, const model::Workload& work, const model::DecodePlan& plan, model::Rows<> prev,
+                 const MpiCommunicator& world, const RankCoords& me, bool check, const model::ModelDims& dims) {
+  DecodeRun r;
+  const std::vector<model::ReferenceRows> ref = check ? model::reference_decode(dims, work, plan) : std::vector<model::ReferenceRows>{};
+  for (int s = 1; s <= plan.steps; ++s) {
+    net.trace_step(s);
+    MPI_Barrier(world.native());
+    const double t0 = MPI_Wtime();
+    prev = net.decode_step(work, plan, s, prev);
+    Kokkos::fence();
+    double dt = MPI_Wtime() - t0;
+    all_reduce_in_place(world, std::span<double>(&dt, 1), ReduceOp::max);
+    r.seconds.push_back(dt);
+    r.counts.push_back(net.global_num_tokens());
+    if (!check) continue;
+    const model::ReferenceRows& want = ref[std::size_t(s - 1)];
+    r.expected += std::int64_t(want.owners.size());
+    std::map<std::int64_t, int> row_of;
+    for (std::size_t i = 0; i < want.owners.size(); ++i) row_of[want.owners[i]] = int(i);
+    std::vector<std::int64_t> expected;
+    for (int q : work.requests_of(me.attn_dp_rank))
+      if (plan.live(q, s)) expected.push_back(model::RowOwner::pack(q, work.lengths[std::size_t(q)] + s - 1));
+    if (prev.owners != expected) r.owners_ok = 0;
+    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), prev.values);
+    for (std::size_t i = 0; i < expected.size() && r.owners_ok; ++i) {
+      for (int f = 0; f < dims.hidden; ++f) {
+        const double v = double(h(i, f));
+        if (!std::isfinite(v)) ++r.non_finite;
+        r.err = std::isfinite(v) ? std::max(r.err, std::abs(v - want.rows(row_of.at(expected[i]), f)))
+                                 : std::numeric_limits<double>::infinity();
+      }
+      if (me.attn_tp_rank == 0) ++r.rows;
+    }
+  }
+  if (check) {
+    all_reduce_in_place(world, std::span<double>(&r.err, 1), ReduceOp::max);
+    all_reduce_in_place(world, std::span<std::int64_t>(&r.rows, 1));
+    all_reduce_in_place(world, std::span<std::int64_t>(&r.non_finite, 1));
+    all_reduce_in_place(world, std::span<int>(&r.owners_ok, 1), ReduceOp::min);
+  }
+  return r;
 }
 
 int run(const Options& o, const MpiCommunicator& world) {
@@ -97,7 +159,22 @@ int run(const Options& o, const MpiCommunicator& world) {
                                           ": an attention-DP group must be in [0, attn_dp = " + std::to_string(w.attn_dp) +
                                           ") (or -1: the first group with two rows)");
   const model::Workload work = model::Workload::make(o.requests, o.placement, w.attn_dp);
-  const cli::MemoryEstimate need = require_size(o, w, work, world);
+  const model::DecodePlan plan = model::DecodePlan::make(o.decode_steps, o.decode_lengths, work.requests());
+  if (plan.steps > 0) {
+    if (w.attn_cp > 1)
+      throw LayoutError("--decode-steps", "--decode-steps with attention context parallelism (attn_cp = " +
+                                              std::to_string(w.attn_cp) + ") is not supported: run decode with --cp 1");
+    for (int i = 0; i < work.requests(); ++i)
+      if (work.lengths[std::size_t(i)] + plan.lengths[std::size_t(i)] > o.kv_capacity)
+        throw LayoutError("--decode-steps", "--decode-steps " + std::to_string(plan.steps) + ": request " +
+                                                std::to_string(i) + " would hold " +
+                                                std::to_string(work.lengths[std::size_t(i)] + plan.lengths[std::size_t(i)]) +
+                                                " KV rows (prompt " + std::to_string(work.lengths[std::size_t(i)]) +
+                                                " + " + std::to_string(plan.lengths[std::size_t(i)]) +
+                                                " steps), more than the cache capacity of " + std::to_string(o.kv_capacity) +
+                                                " rows per request (--kv-capacity)");
+  }
+  const cli::MemoryEstimate need = require_size(o, w, work, plan, world);
   const ProcessGroups groups(layout, world);
   model::DistributedModel<MpiCommunicator, Kokkos::DefaultExecutionSpace, cli::RunSink> net(groups, o.dims, opts);
   cli::TraceDirLock trace_lock;  // held until the sink below is closed
@@ -113,11 +190,25 @@ int run(const Options& o, const MpiCommunicator& world) {
 
   std::string failure;
   model::Rows<> out;
+  if (plan.steps > 0) net.reserve_kv(work, o.kv_capacity);
+  DecodeRun dec;
+  std::size_t prefill_bounds = 0;
+  model::TrafficLog prefill_traffic;
+  std::vector<std::int64_t> prefill_counts;
   try {
     out = net.forward(work);
+    prefill_bounds = net.boundaries().size();
+    prefill_traffic = net.traffic();
+    prefill_counts = net.global_num_tokens();
+    if (plan.steps > 0) dec = decode(net, work, plan, out, world, me, o.check, o.dims);
   } catch (const LayoutError& e) {
     if (e.input() != "bridge") throw;
     failure = e.what();  // every rank of the job takes the same broken path and stops here
+    if (prefill_counts.empty()) {  // the prefill itself failed
+      prefill_bounds = net.boundaries().size();
+      prefill_traffic = net.traffic();
+      prefill_counts = net.global_num_tokens();
+    }
   }
   sink.file.close();  // the trace is complete
 
@@ -148,17 +239,20 @@ int run(const Options& o, const MpiCommunicator& world) {
     all_reduce_in_place(world, std::span<std::int64_t>(&non_finite, 1));
     all_reduce_in_place(world, std::span<int>(&owners_ok, 1), ReduceOp::min);
   }
+  const bool decode_ok = !o.check || plan.steps == 0 ||
+                         (dec.non_finite == 0 && dec.owners_ok && dec.err <= o.tolerance && dec.rows == dec.expected);
   const bool passed = failure.empty() && owners_ok && non_finite == 0 && err <= o.tolerance &&
-                      (!o.check || rows == work.total_rows());
+                      (!o.check || rows == work.total_rows()) && decode_ok;
 
   // Each rank's traffic and its first-layer boundaries, for rank 0 to print.
-  const auto& log = net.traffic();
+  const auto& log = prefill_traffic;
   std::vector<std::int64_t> traffic(log.calls.begin(), log.calls.end());
   traffic.insert(traffic.end(), log.bytes.begin(), log.bytes.end());
   const auto all_traffic = cli::gather_all(world, traffic);
   std::vector<std::int64_t> bounds;
   std::vector<std::string> names;
-  for (const model::Boundary& b : net.boundaries()) {
+  for (std::size_t i = 0; i < prefill_bounds; ++i) {
+    const model::Boundary& b = net.boundaries()[i];
     if (b.layer != 0) continue;
     names.push_back(b.name);
     bounds.push_back(std::int64_t(b.owners.size()));
@@ -180,6 +274,17 @@ int run(const Options& o, const MpiCommunicator& world) {
     }
   }
   const double tokens_per_s = best > 0 ? double(work.total_rows()) / best : 0.0;
+  // --repeat with decode steps: prefill and decode again, the best time of each step.
+  for (int i = 0; i < o.repeat && plan.steps > 0 && failure.empty(); ++i) {
+    const DecodeRun again = decode(net, work, plan, net.forward(work), world, me, false, o.dims);
+    for (std::size_t s = 0; s < dec.seconds.size(); ++s) dec.seconds[s] = std::min(dec.seconds[s], again.seconds[s]);
+  }
+  double decode_s = 0;
+  std::int64_t decode_rows = 0;
+  for (std::size_t s = 0; s < dec.seconds.size(); ++s) {
+    decode_s += dec.seconds[s];
+    for (std::int64_t c : dec.counts[s]) decode_rows += c;
+  }
   if (!root) return passed ? 0 : 1;
 
   const BridgePath path = layout.bridge_path();
@@ -189,7 +294,7 @@ int run(const Options& o, const MpiCommunicator& world) {
     nlohmann::json j;
     j["path"] = std::string(to_string(path));
     j["padding"] = mode;
-    j["global_num_tokens"] = net.global_num_tokens();
+    j["global_num_tokens"] = prefill_counts;
     j["check"] = o.check;
     j["max_abs_err"] = err;  // null when infinite (JSON has no inf): see non_finite
     j["non_finite"] = non_finite;
@@ -199,6 +304,12 @@ int run(const Options& o, const MpiCommunicator& world) {
     j["inject"] = o.inject;
     if (o.repeat > 0)
       j["timing"] = {{"repeats", o.repeat}, {"best_forward_s", best}, {"tokens_per_s", tokens_per_s}};
+    if (plan.steps > 0) {
+      j["decode"] = {{"steps", plan.steps}, {"rows_per_group", dec.counts}, {"rows_checked", dec.rows},
+                     {"max_abs_err", dec.err}, {"non_finite", dec.non_finite}};
+      if (o.repeat > 0)
+        j["decode"]["timing"] = {{"best_step_s", dec.seconds}, {"tokens_per_s", decode_s > 0 ? double(decode_rows) / decode_s : 0.0}};
+    }
     for (int r = 0; r < world.size(); ++r) {
       const RankCoords k = layout.coords(r);
       nlohmann::json rank{{"rank", r}, {"attn_dp_rank", k.attn_dp_rank}, {"attn_cp_rank", k.attn_cp_rank},
@@ -234,8 +345,8 @@ int run(const Options& o, const MpiCommunicator& world) {
   for (int i = 0; i < work.requests(); ++i)
     s << " " << model::RowOwner::request_name(i) << "(" << work.lengths[std::size_t(i)] << ")->g" << work.placement[std::size_t(i)];
   s << "\nglobal_num_tokens: [";
-  for (std::size_t g = 0; g < net.global_num_tokens().size(); ++g)
-    s << (g ? " " : "") << net.global_num_tokens()[g];
+  for (std::size_t g = 0; g < prefill_counts.size(); ++g)
+    s << (g ? " " : "") << prefill_counts[g];
   s << "]" << (w.attn_cp > 1 ? " (one entry per CP share of each DP group)" : "")
     << (o.inject != "none" ? "   INJECTED BUG: " + o.inject : "") << "\n\n";
 
@@ -278,10 +389,31 @@ int run(const Options& o, const MpiCommunicator& world) {
       any = true;
     }
   s << "\n";
+  if (plan.steps > 0 && failure.empty()) {
+    s << "\nDecode: " << plan.steps << " steps after the prefill, KV cache paged (blocks of 16 rows, " << o.kv_capacity
+      << " rows per request); rows per attention-DP group (its ranks) per step:\n";
+    for (std::size_t st = 0; st < dec.counts.size(); ++st) {
+      s << "  step " << st + 1 << ":";
+      for (int g = 0; g < w.attn_dp; ++g) {
+        s << (g ? "," : "") << " g" << g << " (";
+        const std::vector<int> ranks = layout.groups(GroupKind::attn_tp).at(std::size_t(g));
+        for (std::size_t m = 0; m < ranks.size(); ++m) s << (m ? " r" : "r") << ranks[m];
+        const std::int64_t c = dec.counts[st][std::size_t(g)];
+        s << ") " << c << (c == 1 ? " row" : " rows") << (c == 0 ? " IDLE" : "");
+      }
+      s << "\n";
+    }
+  }
   if (o.repeat > 0 && failure.empty()) {
     char line[160];
     std::snprintf(line, sizeof line, "\ntiming: best forward %.6f s of %d (after a warm-up), %.0f tokens/s\n", best,
                   o.repeat, tokens_per_s);
+    s << line;
+  }
+  if (o.repeat > 0 && plan.steps > 0 && failure.empty()) {
+    char line[200];
+    std::snprintf(line, sizeof line, "timing: decode %lld rows in %d steps, %.6f s (best of each step), %.0f tokens/s\n",
+                  static_cast<long long>(decode_rows), plan.steps, decode_s, decode_s > 0 ? double(decode_rows) / decode_s : 0.0);
     s << line;
   }
   if (!failure.empty()) s << "\nFAILED: " << failure << "\n";
@@ -294,6 +426,11 @@ int run(const Options& o, const MpiCommunicator& world) {
                   : non_finite ? "MISMATCH (non-finite values: NaN or inf)"
                                : "MISMATCH");
     s << line;
+    if (plan.steps > 0) {
+      std::snprintf(line, sizeof line, "check: decode: %lld rows over %d steps compared with the reference recomputed without a cache, max_abs_err %.3g: %s\n",
+                    static_cast<long long>(dec.rows), plan.steps, dec.err, decode_ok ? "OK" : "MISMATCH");
+      s << line;
+    }
   }
   std::cout << s.str();
   return passed ? 0 : 1;
@@ -323,6 +460,9 @@ int main(int argc, char** argv) {
     cli::add_max_memory(app, o.max_memory);
     app.add_option("--repeat", o.repeat, "after the (verified) forward, time N more forwards; report the best and tokens/s")
         ->check(CLI::Range(0, 1000000));
+    cli::add_int(app, "--decode-steps", o.decode_steps, "after the prefill, run N decode steps: each live request feeds one row");
+    cli::add_int_list(app, "--decode-lengths", o.decode_lengths, "decode steps of request i, e.g. 3,1 (default: --decode-steps)");
+    cli::add_int(app, "--kv-capacity", o.kv_capacity, "KV cache rows per request (prompt + decode steps)", 1, 1 << 24);
     app.add_option("--inject", o.inject, "wire a known bug on purpose: double_reduce, skip_reduce, gather_partial, no_split");
     rc = cli::run_mpi_main(app, args, job, [&] { return run(o, MpiCommunicator::world()); });
   }

@@ -3,18 +3,23 @@
 // completed by the attention-TP all-reduce), then the bridge (bridge.hpp) into the MoE and back.
 // Under attention context parallelism each CP rank holds its share of its DP group's rows and
 // all-gathers the shared KV over attn_cp (docs/cp.md).
+// With a KV cache (reserve_kv; attn_cp = 1) the prefill keeps every layer's shared KV rows and
+// decode_step runs one new row per live request against them (attention_decode through the block table).
 // A trace sink (relayout/trace; none by default) receives a record after every boundary, including
 // the attention all-reduce and each layer's output.
 #pragma once
 
 #include <Kokkos_Core.hpp>
 #include <cstdint>
+#include <memory>
+#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "relayout/comm.hpp"
 #include "relayout/kernels/attention.hpp"
+#include "relayout/kernels/kv_cache.hpp"
 #include "relayout/kernels/linear.hpp"
 #include "relayout/kernels/moe.hpp"
 #include "relayout/kernels/rms_norm.hpp"
@@ -89,7 +94,63 @@ class DistributedModel {
     if (!opts_.track_owners) x.owners.clear();
     gather_counts(mine);
     const KvRows kv_rows = kv_rows_of(work);
+    if (cache_) {  // the prefill fills the cache: request j of the group is slot j
+      for (int slot = 0; slot < cache_->shape().max_requests; ++slot) cache_->release(slot);
+      kv_cu_ = work.cu_seqlens_of(k.attn_dp_rank);
+      kv_slots_.resize(kv_cu_.size() - 1);
+      std::iota(kv_slots_.begin(), kv_slots_.end(), 0);
+    }
     for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, kv_rows);
+    return x;
+  }
+
+  // A paged KV cache for this rank's DP group's requests, each `rows_per_request` rows at most
+  // (prompt + decode steps); allocated here, filled by the next forward.
+  void reserve_kv(const Workload& work, int rows_per_request, int block_size = 16) {
+    if (groups_.layout().widths().attn_cp > 1)
+      throw LayoutError("decode", "the KV cache of the demo layer holds whole requests: decode runs with attn_cp = 1");
+    const int n = int(work.requests_of(groups_.coords().attn_dp_rank).size());
+    const int blocks = (rows_per_request + block_size - 1) / block_size;
+    cache_ = std::make_unique<Cache>(kernels::KvCacheShape{dims_.layers, dims_.head_dim, block_size, n * blocks, n, blocks});
+  }
+
+  // Decode step `step` (1-based): every live request of this rank's DP group feeds one row,
+  // next_input of its row in `prev` (the prefill's output at step 1, else the previous step's);
+  // returns the live requests' output rows in request order. Collective like forward: a group
+  // with no live request joins every collective with zero rows.
+  Rows<ExecSpace> decode_step(const Workload& work, const DecodePlan& plan, int step, const Rows<ExecSpace>& prev) {
+    if (!cache_) throw LayoutError("decode", "decode_step needs a KV cache: call reserve_kv before the prefill");
+    const std::vector<int> reqs = work.requests_of(groups_.coords().attn_dp_rank);
+    const std::vector<int> cu = work.cu_seqlens_of(groups_.coords().attn_dp_rank);
+    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), prev.values);
+    const int H = dims_.hidden;
+    std::vector<float> rows;
+    Rows<ExecSpace> x;
+    kv_slots_.clear();
+    kv_cu_ = {0};
+    for (int j = 0, at = 0; j < int(reqs.size()); ++j) {
+      const int r = reqs[std::size_t(j)];
+      if (step > 1 && !plan.live(r, step - 1)) continue;
+      const int from = step == 1 ? cu[std::size_t(j) + 1] - 1 : at++;  // its row in prev
+      if (!plan.live(r, step)) continue;
+      rows.resize(rows.size() + std::size_t(H));
+      next_input(&h(from, 0), rows.data() + rows.size() - std::size_t(H), H);
+      x.owners.push_back(RowOwner::pack(r, work.lengths[std::size_t(r)] + step - 1));
+      kv_slots_.push_back(j);
+      kv_cu_.push_back(int(kv_slots_.size()));
+    }
+    const std::size_t n = kv_slots_.size();
+    x.values = View("relayout::decode_input", n, std::size_t(H));
+    Kokkos::deep_copy(x.values, Kokkos::View<const float**, Kokkos::LayoutRight, Kokkos::HostSpace,
+                                             Kokkos::MemoryTraits<Kokkos::Unmanaged>>(rows.data(), n, std::size_t(H)));
+    const std::vector<std::int64_t> owners = x.owners;
+    if (!opts_.track_owners) x.owners.clear();
+    gather_counts(std::int64_t(n));
+    KvRows slots;
+    slots.cu = to_device(kv_slots_, "relayout::decode_slots");
+    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, slots, true);
+    if (opts_.track_owners && x.owners != owners)
+      throw LayoutError("bridge", "decode step " + std::to_string(step) + ": rows came back in another order");
     return x;
   }
 
@@ -174,7 +235,8 @@ class DistributedModel {
     slots_ = groups_.layout().bridge_path() == BridgePath::dp_gather ? bridge_.slots(counts_) : nullptr;
   }
 
-  Rows<ExecSpace> layer_forward(int layer, const Rows<ExecSpace>& x, const KvRows& kv_rows) {
+  // decode: kv_rows.cu holds the cache slot of each row and attention reads the cache.
+  Rows<ExecSpace> layer_forward(int layer, const Rows<ExecSpace>& x, const KvRows& kv_rows, bool decode = false) {
     const LayerShard<ExecSpace>& w = shards_[std::size_t(layer)];
     const std::size_t n = x.values.extent(0), H = std::size_t(dims_.hidden), Q = std::size_t(dims_.q_lora),
                       D = std::size_t(dims_.head_dim), HD = std::size_t(w.spec.heads) * D;
@@ -190,8 +252,15 @@ class DistributedModel {
     params.head_dim = dims_.head_dim;
     params.scale = kernels::default_softmax_scale(dims_.head_dim);
     params.window = dims_.window;
-    const View keys = groups_.layout().widths().attn_cp > 1 ? gather_kv(kv, kv_rows) : kv;
-    kernels::attention_prefill(exec_, q, keys, kv_rows.cu, kv_rows.positions, o, params);
+    if (cache_)
+      for (std::size_t i = 0; i < kv_slots_.size(); ++i)
+        cache_->append(exec_, layer, kv_slots_[i], Kokkos::subview(kv, std::pair<int, int>(kv_cu_[i], kv_cu_[i + 1]), Kokkos::ALL));
+    if (decode) {
+      kernels::attention_decode(exec_, q, cache_->view(layer, kv_rows.cu), o, params);
+    } else {
+      const View keys = groups_.layout().widths().attn_cp > 1 ? gather_kv(kv, kv_rows) : kv;
+      kernels::attention_prefill(exec_, q, keys, kv_rows.cu, kv_rows.positions, o, params);
+    }
     kernels::linear(exec_, o, w.wo_b, a);  // Partial over attn_tp
     exec_.fence();
     wire_.all_reduce(GroupKind::attn_tp, std::span<float>(a.data(), a.size()));  // now Replicated
@@ -252,6 +321,9 @@ class DistributedModel {
   std::vector<std::int64_t> counts_;
   Recorder recorder_{groups_, opts_, &boundaries_, nullptr, &counts_};
   PaddingMode mode_ = PaddingMode::sum_len;
+  using Cache = kernels::PagedKvCache<float, typename ExecSpace::memory_space>;
+  std::unique_ptr<Cache> cache_;
+  std::vector<int> kv_slots_, kv_cu_;  // this forward's rows [kv_cu_[i], kv_cu_[i + 1]) go to slot kv_slots_[i]
 };
 
 }  // namespace relayout::model

@@ -3,6 +3,7 @@
 // is checked row by row against it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -56,6 +57,51 @@ inline ReferenceRows reference_forward(const ModelDims& d, const Workload& work)
   for (int layer = 0; layer < d.layers; ++layer)
     r.rows = reference_layer(d, LayerFull::make(d, layer), r.rows, cu);
   return r;
+}
+
+// Decode steps recomputed without a cache: at step s every live request's whole sequence (its
+// prompt rows, then the inputs of steps 1..s, each next_input of the previous step's output) goes
+// through every layer again, and its last row is the step's output. steps[s - 1] holds the rows of
+// the requests live at step s, in request order.
+inline std::vector<ReferenceRows> reference_decode(const ModelDims& d, const Workload& work, const DecodePlan& plan) {
+  const ReferenceRows prefill = reference_forward(d, work);
+  std::vector<reference::Matrix> seq;      // each request's input rows so far
+  std::vector<std::vector<double>> last;   // each request's latest output row
+  for (int i = 0, row = 0; i < work.requests(); ++i) {
+    std::vector<std::int64_t> owners;
+    for (int p = 0; p < work.lengths[std::size_t(i)]; ++p) owners.push_back(RowOwner::pack(i, p));
+    seq.push_back(input_rows(d, owners));
+    row += work.lengths[std::size_t(i)];
+    last.emplace_back(prefill.rows.row(row - 1), prefill.rows.row(row - 1) + d.hidden);
+  }
+  std::vector<ReferenceRows> steps;
+  for (int s = 1; s <= plan.steps; ++s) {
+    ReferenceRows out;
+    std::vector<int> live, cu{0};
+    for (int i = 0; i < work.requests(); ++i) {
+      if (!plan.live(i, s)) continue;
+      reference::Matrix& m = seq[std::size_t(i)];
+      m.data.resize(m.data.size() + std::size_t(d.hidden));
+      next_input(last[std::size_t(i)].data(), &m.data[std::size_t(m.rows) * d.hidden], d.hidden);
+      ++m.rows;
+      live.push_back(i);
+      cu.push_back(cu.back() + m.rows);
+      out.owners.push_back(RowOwner::pack(i, work.lengths[std::size_t(i)] + s - 1));
+    }
+    reference::Matrix x(cu.back(), d.hidden);
+    for (std::size_t j = 0; j < live.size(); ++j)
+      std::copy(seq[std::size_t(live[j])].data.begin(), seq[std::size_t(live[j])].data.end(),
+                x.data.begin() + std::ptrdiff_t(std::size_t(cu[j]) * d.hidden));
+    for (int layer = 0; layer < d.layers; ++layer) x = reference_layer(d, LayerFull::make(d, layer), x, cu);
+    out.rows = reference::Matrix(int(live.size()), d.hidden);
+    for (std::size_t j = 0; j < live.size(); ++j) {
+      const double* r = x.row(cu[j + 1] - 1);
+      std::copy(r, r + d.hidden, &out.rows(int(j), 0));
+      last[std::size_t(live[j])].assign(r, r + d.hidden);
+    }
+    steps.push_back(std::move(out));
+  }
+  return steps;
 }
 
 }  // namespace relayout::model

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -99,6 +100,39 @@ struct Workload {
     return n;
   }
 };
+
+// Decode steps after the prefill: request i feeds one new row per step for lengths[i] steps
+// (--decode-lengths; requests not listed run every step), so requests finish at different steps.
+struct DecodePlan {
+  int steps = 0;
+  std::vector<int> lengths;
+
+  static DecodePlan make(int steps, std::vector<int> lengths, int requests) {
+    if (steps < 0) throw LayoutError("--decode-steps", "--decode-steps must be >= 0, got " + std::to_string(steps));
+    if (int(lengths.size()) > requests)
+      throw LayoutError("--decode-lengths", "--decode-lengths names " + std::to_string(lengths.size()) +
+                                                " requests but --requests has " + std::to_string(requests));
+    for (std::size_t i = 0; i < lengths.size(); ++i)
+      if (lengths[i] < 0 || lengths[i] > steps)
+        throw LayoutError("--decode-lengths", "--decode-lengths: request " + std::to_string(i) + " runs " +
+                                                  std::to_string(lengths[i]) + " steps; it must be in [0, --decode-steps = " +
+                                                  std::to_string(steps) + "]");
+    lengths.resize(std::size_t(requests), steps);
+    return {steps, std::move(lengths)};
+  }
+  // Whether request i feeds a row at step s (1-based).
+  bool live(int i, int s) const { return s <= lengths[std::size_t(i)]; }
+};
+
+// The input row of a decode step, from the request's previous output row: that row scaled to unit
+// RMS (a deterministic function both the layer, in float, and the reference, in double, apply).
+template <class T>
+void next_input(const T* prev, T* next, int hidden) {
+  double ss = 0;
+  for (int f = 0; f < hidden; ++f) ss += double(prev[f]) * double(prev[f]);
+  const double inv = 1.0 / std::sqrt(ss / hidden + 1e-6);
+  for (int f = 0; f < hidden; ++f) next[f] = T(double(prev[f]) * inv);
+}
 
 // Input hidden row of (request, position): a deterministic "embedding" in [-1, 1).
 KOKKOS_INLINE_FUNCTION float input_value(std::uint64_t seed, std::int64_t owner, int feature, int hidden) {
