@@ -157,6 +157,24 @@ TEST_CASE("explain: plain CP with DP attention shows contiguous chunks and the M
   CHECK(cli::explain_json(plain)["resolution"].empty());
 }
 
+TEST_CASE("explain: under CP the KV is all-gathered over attn_cp and the CP partners share rows in dp_gather") {
+  const json j = cli::explain_json(RuntimeLayout({.tp = 4, .cp = 2}));
+  CHECK(j["bridge"]["path"] == "dp_gather");  // attn_dp == 1, but the CP ranks hold different rows
+  const json& steps = j["bridge"]["steps"];
+  REQUIRE(steps.size() == 7);
+  CHECK(steps[0]["op"] == "all_gatherv");
+  CHECK(steps[0]["group"] == "attn_cp");
+  CHECK(steps[1]["op"] == "all_reduce");
+  CHECK(steps[1]["group"] == "attn_tp");
+  CHECK(steps[3]["op"] == "dp_gather");
+  CHECK(steps[3]["what"].get<std::string>().find("the CP partners share their rows") != std::string::npos);
+  CHECK(steps[6]["what"].get<std::string>().find("returns each CP rank its own share") != std::string::npos);
+  // With an all-to-all backend each CP rank dispatches its own rows.
+  const json a2a = cli::explain_json(RuntimeLayout({.tp = 4, .cp = 4, .moe_a2a_backend = Backend::deepep}));
+  CHECK(a2a["bridge"]["path"] == "direct");
+  CHECK(a2a["bridge"]["steps"][0]["group"] == "attn_cp");
+}
+
 TEST_CASE("explain: --attn-dp-size and the backends' own DP rules") {
   LayoutConfig c{.tp = 4, .enable_dp_attention = true, .moe_a2a_backend = Backend::flashinfer};
   c.attn_dp_size = 4;

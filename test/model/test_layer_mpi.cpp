@@ -58,8 +58,8 @@ std::vector<LayoutConfig> layouts(int np) {
           for (int ep = 1; ep <= (b == Backend::none ? np : 1); ++ep)
             for (int moe_dp = 1; moe_dp <= np; ++moe_dp) {
               // CP layouts: --dp 1 with DP attention has the widths of --dp 1 without; np 8 (slow
-              // oversubscribed) keeps ep 1 and ep = tp only.
-              if (cp > 1 && ((dpa && dp == 1) || (np >= 8 && ep != 1 && ep != np))) continue;
+              // oversubscribed) keeps ep 1 only (np 4 covers ep > 1 under CP).
+              if (cp > 1 && ((dpa && dp == 1) || (np >= 8 && ep != 1))) continue;
               const LayoutConfig c{.tp = np, .dp = dp, .cp = cp, .ep = ep, .moe_dp = moe_dp,
                                    .enable_dp_attention = dpa, .moe_a2a_backend = b};
               if (derive_widths(c).rule == LayoutRule::ok) out.push_back(c);

@@ -28,6 +28,9 @@ struct ExplainStep {
 inline std::vector<ExplainStep> bridge_steps(const RuntimeLayout& l) {
   const Widths& w = l.widths();
   std::vector<ExplainStep> s;
+  if (w.attn_cp > 1)  // docs/cp.md: the attention's own collective under CP
+    s.push_back({"all_gatherv", "attn_cp", "every CP rank's kv rows (head_dim floats per token): the shared KV of its "
+                                           "DP group, attended by global position"});
   if (w.attn_tp > 1)
     s.push_back({"all_reduce", "attn_tp", "wo_b partial sums -> identical complete rows (Replicated)"});
   else
@@ -307,7 +310,8 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
   o << "  padding: "
     << (forces_max_len(c.moe_a2a_backend)
             ? "max_len always (" + backend + ")"
-            : std::string("max_len if 2*sum(global_num_tokens) >= max*attn_dp, else sum_len"))
+            : std::string("max_len if 2*sum(global_num_tokens) >= max*attn_dp, else sum_len") +
+                  (w.attn_cp > 1 ? " (under CP, one count per CP share: attn_dp * attn_cp in place of attn_dp)" : ""))
     << "\n\n";
 
   const DsparkVerdict v = l.dspark();
