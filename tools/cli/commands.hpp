@@ -12,6 +12,7 @@
 // (relayout/comm/agreement.hpp) need: it builds the CLI without `plan`.
 #ifndef RELAYOUT_CLI_WITHOUT_PLAN
 #include "cli/plan_rank.hpp"
+#include "cli/plan_svg.hpp"
 #endif
 #include "cli/trace_diff.hpp"
 
@@ -62,6 +63,8 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
     const Ranking r = rank_layouts(gpus, batch_tokens, request_tokens, in, cluster, gpu_memory);
     if (format == "json") {
       out << ranking_json(r).dump(2) << "\n";
+    } else if (format == "svg") {
+      out << ranking_svg(r, std::size_t(top));
     } else {
       char b[160];
       std::snprintf(b, sizeof b, "%.3g-byte values, %.3g-byte weights", in.elem, in.weight_elem > 0 ? in.weight_elem : in.elem);
@@ -85,6 +88,8 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
   const LayerPlan p = plan_layer(flags.layout(), in);
   if (format == "json")
     out << timed_plan_json(p, cluster).dump(2) << "\n";
+  else if (format == "svg")
+    out << plan_svg(p, cluster);
   else
     out << timed_plan_text(p, cluster);
   return 0;
@@ -102,8 +107,8 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
   CLI::App* explain = app.add_subcommand("explain", "explain a layout given SGLang-style flags");
   flags.add_to(*explain);
   add_int(*explain, "--rank", rank, "focus one rank of the domain");
-  explain->add_option("--format", format, "text, json or dot")
-      ->check(CLI::IsMember({"text", "json", "dot"}));
+  explain->add_option("--format", format, "text, json, dot or svg")
+      ->check(CLI::IsMember({"text", "json", "dot", "svg"}));
 
 #ifndef RELAYOUT_CLI_WITHOUT_PLAN
   // plan: the collectives, rows and memory per rank of the demo layer (plan.hpp), from dsv4_layer's flags.
@@ -117,7 +122,7 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
   add_int_list(*plan, "--placement", plan_in.placement, "the DP group of each request, e.g. 0,0,2");
   plan->add_option("--padding", plan_in.padding, "auto (docs/bridge.md#padding rule), max_len or sum_len");
   plan->add_option("--restore", plan_in.restore, "path A restore: reduce or scatter");
-  plan->add_option("--format", plan_format, "text or json")->check(CLI::IsMember({"text", "json"}));
+  plan->add_option("--format", plan_format, "text, json or svg")->check(CLI::IsMember({"text", "json", "svg"}));
   // Sizes of values and weights, the model preset, the batch, and the ranking of layouts.
   add_float(*plan, "--element-bytes", plan_in.elem, "bytes of one activation value (default 4: the demo layer's float)", 1.0, 64.0);
   add_float(*plan, "--weight-bytes", plan_in.weight_elem, "bytes of one weight (default: --element-bytes)", 0.125, 64.0);
@@ -172,6 +177,8 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
       out << explain_json(layout, focus).dump(2) << "\n";
     else if (format == "dot")
       out << explain_dot(layout);
+    else if (format == "svg")
+      out << explain_svg(layout);
     else
       out << explain_text(layout, focus);
     return 0;

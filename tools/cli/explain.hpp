@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/svg.hpp"
 #include "relayout/bridge/plan.hpp"
 #include "relayout/mesh.hpp"
 
@@ -362,6 +363,140 @@ inline std::string explain_dot(const RuntimeLayout& l) {
   }
   o << "}\n";
   return o.str();
+}
+
+// The collective a bridge step runs (sum_len padding on path dp_gather).
+inline std::string step_collective(BridgeStep s) {
+  switch (s) {
+    case BridgeStep::dp_gather: return "all_gatherv";
+    case BridgeStep::dispatch:
+    case BridgeStep::combine: return "all_to_allv";
+    case BridgeStep::dp_reduce_scatter: return "reduce_scatter";
+    case BridgeStep::reduce_scatterv: return "reduce_scatterv";
+    case BridgeStep::all_reduce: return "all_reduce";
+    case BridgeStep::all_gather: return "all_gather";
+    default: return "local";
+  }
+}
+
+// What rank `r` holds after one bridge step, in words short enough for a cell, and the attention-DP
+// group whose rows they are (-1: rows of every group, or none).
+struct HeldRows {
+  std::string text;
+  int group = -1;
+};
+
+inline HeldRows held_after(const RuntimeLayout& l, const PlanStep& p, int r) {
+  const RankCoords k = l.coords(r);
+  const Widths& w = l.widths();
+  const std::string g = "g" + std::to_string(k.attn_dp_rank);
+  const std::string chunk = g + " " + std::to_string(k.attn_tp_rank + 1) + "/" + std::to_string(w.attn_tp);
+  switch (p.step) {
+    case BridgeStep::dp_gather: return {"all groups", -1};
+    case BridgeStep::local_experts:
+      return {w.moe_dp > 1 ? "slice " + std::to_string(k.moe_dp_rank + 1) + "/" + std::to_string(w.moe_dp) + " partial"
+                           : "all, partial",
+              -1};
+    case BridgeStep::all_reduce:
+      return l.bridge_path() == BridgePath::dp_gather ? HeldRows{"all, summed", -1} : HeldRows{g + " summed", k.attn_dp_rank};
+    case BridgeStep::split_rows:
+    case BridgeStep::combine:
+    case BridgeStep::shared_expert: return {w.attn_tp > 1 ? chunk : g, k.attn_dp_rank};
+    case BridgeStep::route: return {"", -1};  // the rows of the step before, routed (explain_svg)
+    case BridgeStep::dispatch:
+    case BridgeStep::experts: return {"ep " + std::to_string(k.moe_ep_rank) + "'s experts", -1};
+    case BridgeStep::reduce_scatterv:
+    case BridgeStep::dp_reduce_scatter:
+    case BridgeStep::dp_scatter:
+    case BridgeStep::all_gather: return {g, k.attn_dp_rank};
+  }
+  return {"", -1};
+}
+
+// The layout as a picture: the ranks as a grid in attention order (dp, cp; tp across) and in MoE
+// order (moe_dp, moe_ep; moe_tp across), both coloured by attention-DP group, and the bridge's
+// steps as a strip of which rows each rank holds after each step (the first 16 ranks).
+inline std::string explain_svg(const RuntimeLayout& l) {
+  const Widths& w = l.widths();
+  constexpr double cw = 64, ch = 24, left = 150, gap = 36;
+  constexpr int kMaxGridRanks = 256, kMaxStripRanks = 16;
+  svg::Doc d(800, 200);
+  double y = 24;
+  const std::string title = "relayout explain: tp " + std::to_string(w.tp) + "; attention dp x cp x tp = " + std::to_string(w.attn_dp) +
+                    " x " + std::to_string(w.attn_cp) + " x " + std::to_string(w.attn_tp) + "; MoE dp x ep x tp = " +
+                    std::to_string(w.moe_dp) + " x " + std::to_string(w.moe_ep) + " x " + std::to_string(w.moe_tp) +
+                    "; backend " + std::string(to_string(l.backend())) + "; bridge " + std::string(to_string(l.bridge_path()));
+  d.text(12, y, title, 13, "start", "title", "bold");
+  d.grow(24 + 8.0 * double(title.size()), 0);  // monospace, about 8 px per character at 13 px
+  y += 18;
+  d.text(12, y, "colour: attention-DP group (the rows a rank's attention works on)", 11, "start", "note");
+  y += gap;
+  const auto grid = [&](const std::string& title, int rows, int cols, const std::string& row_name,
+                        const std::string& col_name, auto rank_at, auto row_label) {
+    d.text(12, y - 10, title, 12, "start", "section", "bold");
+    d.text(left, y + 2, col_name + " ->", 10, "start", "axis");
+    y += 8;
+    int shown = 0;
+    for (int i = 0; i < rows && shown < kMaxGridRanks; ++i) {
+      d.text(12, y + i * ch + 16, row_label(i), 10, "start", "rowlabel");
+      for (int j = 0; j < cols && shown < kMaxGridRanks; ++j, ++shown) {
+        const int r = rank_at(i, j);
+        const RankCoords k = l.coords(r);
+        d.rect(left + j * cw, y + i * ch, cw - 2, ch - 2, svg::colour(k.attn_dp_rank, w.attn_dp), "rank",
+               "rank " + std::to_string(r) + ": attn dp " + std::to_string(k.attn_dp_rank) + ", tp " +
+                   std::to_string(k.attn_tp_rank) + "; moe ep " + std::to_string(k.moe_ep_rank) + ", tp " +
+                   std::to_string(k.moe_tp_rank));
+        d.text(left + j * cw + cw / 2 - 1, y + i * ch + 15, "r" + std::to_string(r), 11, "middle", "ranklabel");
+      }
+      d.grow(left + cols * cw + 20, 0);
+    }
+    const int drawn_rows = std::min(rows, (kMaxGridRanks + cols - 1) / cols);
+    if (rows * cols > kMaxGridRanks)
+      d.text(12, y + drawn_rows * ch + 14, "... " + std::to_string(rows * cols - kMaxGridRanks) + " more ranks", 10);
+    y += drawn_rows * ch + (rows * cols > kMaxGridRanks ? 20 : 0) + gap;
+    static_cast<void>(row_name);
+  };
+  grid("Attention order (dp, cp, tp)", w.attn_dp * w.attn_cp, w.attn_tp, "dp/cp", "attn_tp",
+       [&](int i, int j) { return i * w.attn_tp + j; },
+       [&](int i) { return "dp " + std::to_string(i / w.attn_cp) + (w.attn_cp > 1 ? " cp " + std::to_string(i % w.attn_cp) : ""); });
+  grid("MoE order (moe_dp, moe_ep, moe_tp)", w.moe_dp * w.moe_ep, w.moe_tp, "moe dp/ep", "moe_tp",
+       [&](int i, int j) { return i * w.moe_tp + j; },
+       [&](int i) { return (w.moe_dp > 1 ? "mdp " + std::to_string(i / w.moe_ep) + " " : std::string()) + "ep " + std::to_string(i % w.moe_ep); });
+
+  // The strip: the attention all-reduce, then the bridge plan's steps.
+  const auto plan = bridge_plan(l.bridge_path());
+  d.text(12, y - 10, "Bridge steps: rows each rank holds after each step (path " + std::string(to_string(l.bridge_path())) + ")",
+         12, "start", "section", "bold");
+  const double sw = 112, top = y + 28;
+  const int ranks = std::min(l.size(), kMaxStripRanks);
+  const auto header = [&](int col, const std::string& name, const std::string& op) {
+    d.text(left + col * sw + sw / 2, y + 4, name, 10, "middle", "step", "bold");
+    d.text(left + col * sw + sw / 2, y + 17, op, 9, "middle", "collective");
+  };
+  header(0, "attention", w.attn_tp > 1 ? "all_reduce@attn_tp" : "local");
+  for (std::size_t c = 0; c < plan.size(); ++c)
+    header(int(c) + 1, std::string(plan[c].name),
+           plan[c].group ? step_collective(plan[c].step) + "@" + std::string(to_string(*plan[c].group)) : "local");
+  for (int r = 0; r < ranks; ++r) {
+    const RankCoords k = l.coords(r);
+    d.text(12, top + r * ch + 15, "r" + std::to_string(r) + " (g" + std::to_string(k.attn_dp_rank) + ")", 10, "start", "rowlabel");
+    d.rect(left, top + r * ch, sw - 2, ch - 2, svg::colour(k.attn_dp_rank, w.attn_dp), "held");
+    d.text(left + sw / 2, top + r * ch + 15, "g" + std::to_string(k.attn_dp_rank), 10, "middle");
+    HeldRows h{"g" + std::to_string(k.attn_dp_rank), k.attn_dp_rank};
+    for (std::size_t c = 0; c < plan.size(); ++c) {
+      if (plan[c].step != BridgeStep::route) h = held_after(l, plan[c], r);
+      const double x = left + double(c + 1) * sw;
+      d.rect(x, top + r * ch, sw - 2, ch - 2, h.group >= 0 ? svg::colour(h.group, w.attn_dp) : "#eeeeee", "held");
+      d.text(x + sw / 2, top + r * ch + 15, h.text, 10, "middle");
+    }
+  }
+  double bottom = top + ranks * ch + 16;
+  if (l.size() > ranks) {
+    d.text(12, bottom, "... " + std::to_string(l.size() - ranks) + " more ranks", 10);
+    bottom += 16;
+  }
+  d.grow(left + double(plan.size() + 1) * sw + 20, bottom + 10);
+  return d.str();
 }
 
 }  // namespace relayout::cli
