@@ -431,16 +431,31 @@ inline std::string explain_svg(const RuntimeLayout& l) {
   y += 18;
   d.text(12, y, "colour: attention-DP group (the rows a rank's attention works on)", 11, "start", "note");
   y += gap;
-  const auto grid = [&](const std::string& title, int rows, int cols, const std::string& row_name,
-                        const std::string& col_name, auto rank_at, auto row_label) {
+  // A grid of `rows` x `cols` ranks in rank order (rank = row * cols + column). A single column
+  // (tp width 1) is laid out across instead, 16 ranks a row, its axis named `row_axis`.
+  const auto grid = [&](const std::string& title, int rows, int cols, const std::string& row_axis,
+                        const std::string& col_name, auto row_label) {
+    std::string axis = col_name;
+    auto label = [&](int i) { return row_label(i); };
+    const bool across = cols == 1 && rows > 1;
+    const int per_row = std::min(rows, 16);
+    if (across) {
+      cols = per_row;
+      rows = (rows + per_row - 1) / per_row;
+      axis = row_axis;
+    }
     d.text(12, y - 10, title, 12, "start", "section", "bold");
-    d.text(left, y + 2, col_name + " ->", 10, "start", "axis");
+    d.text(left, y + 2, axis + " ->", 10, "start", "axis");
     y += 8;
     int shown = 0;
     for (int i = 0; i < rows && shown < kMaxGridRanks; ++i) {
-      d.text(12, y + i * ch + 16, row_label(i), 10, "start", "rowlabel");
+      d.text(12, y + i * ch + 16,
+             across ? "ranks " + std::to_string(i * cols) + "-" + std::to_string(std::min(l.size(), (i + 1) * cols) - 1)
+                    : label(i),
+             10, "start", "rowlabel");
       for (int j = 0; j < cols && shown < kMaxGridRanks; ++j, ++shown) {
-        const int r = rank_at(i, j);
+        const int r = i * cols + j;
+        if (r >= l.size()) break;
         const RankCoords k = l.coords(r);
         d.rect(left + j * cw, y + i * ch, cw - 2, ch - 2, svg::colour(k.attn_dp_rank, w.attn_dp), "rank",
                "rank " + std::to_string(r) + ": attn dp " + std::to_string(k.attn_dp_rank) + ", tp " +
@@ -451,16 +466,15 @@ inline std::string explain_svg(const RuntimeLayout& l) {
       d.grow(left + cols * cw + 20, 0);
     }
     const int drawn_rows = std::min(rows, (kMaxGridRanks + cols - 1) / cols);
-    if (rows * cols > kMaxGridRanks)
-      d.text(12, y + drawn_rows * ch + 14, "... " + std::to_string(rows * cols - kMaxGridRanks) + " more ranks", 10);
-    y += drawn_rows * ch + (rows * cols > kMaxGridRanks ? 20 : 0) + gap;
-    static_cast<void>(row_name);
+    if (l.size() > kMaxGridRanks)
+      d.text(12, y + drawn_rows * ch + 14, "... " + std::to_string(l.size() - kMaxGridRanks) + " more ranks", 10);
+    y += drawn_rows * ch + (l.size() > kMaxGridRanks ? 20 : 0) + gap;
   };
-  grid("Attention order (dp, cp, tp)", w.attn_dp * w.attn_cp, w.attn_tp, "dp/cp", "attn_tp",
-       [&](int i, int j) { return i * w.attn_tp + j; },
+  grid("Attention order (dp, cp, tp)", w.attn_dp * w.attn_cp, w.attn_tp, w.attn_cp > 1 ? "attn dp, cp" : "attn_dp",
+       "attn_tp",
        [&](int i) { return "dp " + std::to_string(i / w.attn_cp) + (w.attn_cp > 1 ? " cp " + std::to_string(i % w.attn_cp) : ""); });
-  grid("MoE order (moe_dp, moe_ep, moe_tp)", w.moe_dp * w.moe_ep, w.moe_tp, "moe dp/ep", "moe_tp",
-       [&](int i, int j) { return i * w.moe_tp + j; },
+  grid("MoE order (moe_dp, moe_ep, moe_tp)", w.moe_dp * w.moe_ep, w.moe_tp, w.moe_dp > 1 ? "moe_dp, moe_ep" : "moe_ep",
+       "moe_tp",
        [&](int i) { return (w.moe_dp > 1 ? "mdp " + std::to_string(i / w.moe_ep) + " " : std::string()) + "ep " + std::to_string(i % w.moe_ep); });
 
   // The strip: the attention all-reduce, then the bridge plan's steps.
