@@ -130,6 +130,15 @@ TEST_CASE("svg: explain of path dp_gather names its collectives") {
   CHECK(t.count("all groups") == 1);
 }
 
+TEST_CASE("svg: explain under attention CP names each rank's CP share and the KV all-gather") {
+  // tp 8 = 2 DP groups x 2 CP ranks x 2 TP ranks: rank 2 is group 0, CP rank 1, TP rank 0.
+  const RuntimeLayout l({.tp = 8, .dp = 2, .cp = 2, .enable_dp_attention = true, .moe_a2a_backend = Backend::deepep});
+  const auto t = texts(parse(cli::explain_svg(l)));
+  CHECK(t.count("all_gatherv@attn_cp (KV)") == 1);
+  CHECK(t.count("g0 cp 2/2 1/2") == 1);
+  CHECK(t.count("dp 1 cp 1") == 1);
+}
+
 TEST_CASE("svg: plan's bars, one per rank and collective; the ranking's, one per layout") {
   // tp_moe at tp 4 with ep 2: every rank runs the counts all-gather over tp, the attention
   // all-reduce over attn_tp and the MoE all-reduce over tp: 3 bars per rank, 3 legend entries.

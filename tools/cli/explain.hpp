@@ -389,7 +389,9 @@ struct HeldRows {
 inline HeldRows held_after(const RuntimeLayout& l, const PlanStep& p, int r) {
   const RankCoords k = l.coords(r);
   const Widths& w = l.widths();
-  const std::string g = "g" + std::to_string(k.attn_dp_rank);
+  // Its DP group's rows; under attention CP, its CP share of them.
+  const std::string g = "g" + std::to_string(k.attn_dp_rank) +
+                        (w.attn_cp > 1 ? " cp " + std::to_string(k.attn_cp_rank + 1) + "/" + std::to_string(w.attn_cp) : "");
   const std::string chunk = g + " " + std::to_string(k.attn_tp_rank + 1) + "/" + std::to_string(w.attn_tp);
   switch (p.step) {
     case BridgeStep::dp_gather: return {"all groups", -1};
@@ -478,7 +480,7 @@ inline std::string explain_svg(const RuntimeLayout& l) {
        [&](int i) { return (w.moe_dp > 1 ? "mdp " + std::to_string(i / w.moe_ep) + " " : std::string()) + "ep " + std::to_string(i % w.moe_ep); });
 
   // The strip: the attention all-reduce, then the bridge plan's steps.
-  const auto plan = bridge_plan(l.bridge_path());
+  const auto plan = bridge_plan(l.bridge_path(), PaddingMode::sum_len, BridgeRestore::reduce, w.attn_cp > 1);
   d.text(12, y - 10, "Bridge steps: rows each rank holds after each step (path " + std::string(to_string(l.bridge_path())) + ")",
          12, "start", "section", "bold");
   const double sw = 112, top = y + 28;
@@ -487,7 +489,7 @@ inline std::string explain_svg(const RuntimeLayout& l) {
     d.text(left + col * sw + sw / 2, y + 4, name, 10, "middle", "step", "bold");
     d.text(left + col * sw + sw / 2, y + 17, op, 9, "middle", "collective");
   };
-  header(0, "attention", w.attn_tp > 1 ? "all_reduce@attn_tp" : "local");
+  header(0, "attention", w.attn_cp > 1 ? "all_gatherv@attn_cp (KV)" : w.attn_tp > 1 ? "all_reduce@attn_tp" : "local");
   for (std::size_t c = 0; c < plan.size(); ++c)
     header(int(c) + 1, std::string(plan[c].name),
            plan[c].group ? step_collective(plan[c].step) + "@" + std::string(to_string(*plan[c].group)) : "local");
@@ -495,8 +497,8 @@ inline std::string explain_svg(const RuntimeLayout& l) {
     const RankCoords k = l.coords(r);
     d.text(12, top + r * ch + 15, "r" + std::to_string(r) + " (g" + std::to_string(k.attn_dp_rank) + ")", 10, "start", "rowlabel");
     d.rect(left, top + r * ch, sw - 2, ch - 2, svg::colour(k.attn_dp_rank, w.attn_dp), "held");
-    d.text(left + sw / 2, top + r * ch + 15, "g" + std::to_string(k.attn_dp_rank), 10, "middle");
-    HeldRows h{"g" + std::to_string(k.attn_dp_rank), k.attn_dp_rank};
+    HeldRows h = held_after(l, PlanStep{BridgeStep::all_gather, std::nullopt, "", "", "", ""}, r);  // its own rows
+    d.text(left + sw / 2, top + r * ch + 15, h.text, 10, "middle");
     for (std::size_t c = 0; c < plan.size(); ++c) {
       if (plan[c].step != BridgeStep::route) h = held_after(l, plan[c], r);
       const double x = left + double(c + 1) * sw;
