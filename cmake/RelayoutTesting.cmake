@@ -72,3 +72,21 @@ function(relayout_add_command_test name)
                    -P ${PROJECT_SOURCE_DIR}/cmake/RelayoutCheckCommand.cmake)
   set_tests_properties(${name} PROPERTIES LABELS "cli;${T_LABELS}" TIMEOUT 300)
 endfunction()
+
+# Bad-input tests from a table: each case is "name|arguments|stderr regex". The test
+# bad_input_<prefix><name> runs the list in the variable named by command_var, then the arguments,
+# and expects exit code 2 and stderr starting with <stderr_prefix><regex>. The cases are read one
+# argument at a time (not as a CMake list), so a regex may hold an unbalanced '['.
+function(relayout_add_bad_input_cases prefix command_var stderr_prefix)
+  math(EXPR last "${ARGC} - 1")
+  foreach(i RANGE 3 ${last})
+    string(REPLACE "|" ";" parts "${ARGV${i}}")
+    list(GET parts 0 name)
+    list(GET parts 1 args)
+    list(GET parts 2 expect)
+    separate_arguments(args)
+    relayout_add_command_test(bad_input_${prefix}${name} EXPECT_RC 2 LABELS bad_input
+      COMMAND ${${command_var}} ${args}
+      STDERR "^${stderr_prefix}${expect}")
+  endforeach()
+endfunction()

@@ -48,13 +48,16 @@ struct PlanStep {
 namespace impl {
 using G = GroupKind;
 inline constexpr PlanStep kRoute{BridgeStep::route, std::nullopt, "route", "moe_in", "", "the engine's router picks each row's top-k experts"};
+// The experts on gathered rows (dp_gather paths): partial sums until the step that follows.
+inline constexpr PlanStep kExpertsGlobal{BridgeStep::local_experts, std::nullopt, "experts", "moe_partial",
+                                         "Partial<tp>, DpGlobal",
+                                         "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"};
 
 inline constexpr std::array<PlanStep, 4> kPlanGatherSum{{
     {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
      "every DP group's rows into one buffer (attn_tp_rank 0 of each group contributes; sum_len: packed)"},
     kRoute,
-    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpGlobal",
-     "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"},
+    kExpertsGlobal,
     {BridgeStep::reduce_scatterv, G::tp, "reduce_scatterv", "moe_out", "Replicated<attn_tp>, DpLocal",
      "sums the partials over tp and returns each DP group its rows, in one collective (the only sum)"},
 }};
@@ -62,8 +65,7 @@ inline constexpr std::array<PlanStep, 4> kPlanGatherMax{{
     {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
      "every DP group's rows into one buffer, each group padded to the longest (max_len)"},
     kRoute,
-    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpGlobal",
-     "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"},
+    kExpertsGlobal,
     {BridgeStep::dp_reduce_scatter, G::tp, "dp_reduce_scatter", "moe_out", "Replicated<attn_tp>, DpLocal",
      "reduce-scatter over tp of equal slots, all-gather over attn_tp, padding dropped (the only sum)"},
 }};
@@ -71,8 +73,7 @@ inline constexpr std::array<PlanStep, 5> kPlanGatherScatter{{
     {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
      "every DP group's rows into one buffer (attn_tp_rank 0 of each group contributes)"},
     kRoute,
-    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpGlobal",
-     "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"},
+    kExpertsGlobal,
     {BridgeStep::all_reduce, G::tp, "all_reduce", "moe_out", "Replicated<tp>, DpGlobal",
      "the MoE sums its partials over tp (the only sum)"},
     {BridgeStep::dp_scatter, std::nullopt, "dp_scatter", "moe_out", "Replicated<attn_tp>, DpLocal",
@@ -111,8 +112,7 @@ inline constexpr std::array<PlanStep, 4> kPlanCpGatherSum{{
      "every CP rank's share of every DP group into one buffer: the CP partners share their rows "
      "(attn_tp_rank 0 of each CP rank contributes; sum_len: packed)"},
     kRoute,
-    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpGlobal",
-     "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"},
+    kExpertsGlobal,
     {BridgeStep::reduce_scatterv, G::tp, "reduce_scatterv", "moe_out", "Replicated<attn_tp>, CP share",
      "sums the partials over tp and returns each CP rank its own share, in one collective (the only sum)"},
 }};
@@ -121,8 +121,7 @@ inline constexpr std::array<PlanStep, 4> kPlanCpGatherMax{{
      "every CP rank's share of every DP group into one buffer, each share padded to the longest "
      "(max_len): the CP partners share their rows"},
     kRoute,
-    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpGlobal",
-     "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"},
+    kExpertsGlobal,
     {BridgeStep::dp_reduce_scatter, G::tp, "dp_reduce_scatter", "moe_out", "Replicated<attn_tp>, CP share",
      "reduce-scatter over tp of equal slots, all-gather over attn_tp: each CP rank its own share, "
      "padding dropped (the only sum)"},
@@ -131,8 +130,7 @@ inline constexpr std::array<PlanStep, 5> kPlanCpGatherScatter{{
     {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
      "every CP rank's share of every DP group into one buffer: the CP partners share their rows"},
     kRoute,
-    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpGlobal",
-     "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"},
+    kExpertsGlobal,
     {BridgeStep::all_reduce, G::tp, "all_reduce", "moe_out", "Replicated<tp>, DpGlobal",
      "the MoE sums its partials over tp (the only sum)"},
     {BridgeStep::dp_scatter, std::nullopt, "dp_scatter", "moe_out", "Replicated<attn_tp>, CP share",
