@@ -90,7 +90,7 @@ TEST_CASE_TEMPLATE_DEFINE("PagedKvCache: truncate then append equals never havin
     }
     append<C>(a, 0, 1, other);
     append<C>(b, 0, 1, other);
-    a.truncate(0, kept);
+    a.truncate(typename C::exec(), 0, kept);
     CHECK(a.length(0, 0) == kept);
     CHECK(a.length(1, 0) == kept);
     CHECK(a.blocks(0) == (kept + bs - 1) / bs);  // whole blocks go back to the pool
@@ -103,9 +103,9 @@ TEST_CASE_TEMPLATE_DEFINE("PagedKvCache: truncate then append equals never havin
     }
     check_equal(read<C>(a, 0, 1), other.matrix);  // the other request is untouched
     // A layer shorter than the truncation point keeps its rows.
-    a.truncate(0, kept + 6);
+    a.truncate(typename C::exec(), 0, kept + 6);
     CHECK(a.length(0, 0) == kept + 6);
-    a.release(0);
+    a.release(typename C::exec(), 0);
     CHECK(a.length(0, 0) == 0);
     CHECK(a.blocks(0) == 0);
     CHECK(a.free_blocks() == 12 - a.blocks(1));
@@ -137,7 +137,7 @@ TEST_CASE_TEMPLATE_DEFINE("PagedKvCache: capacity and memory errors name the req
                        relayout::LayoutError);
   CHECK_THROWS_WITH_AS(append<C>(cache, 0, 0, rows_of<C>(1, dim + 1, 6)), doctest::Contains("must have head_dim 2 columns"),
                        relayout::LayoutError);
-  CHECK_THROWS_AS(cache.truncate(0, -1), relayout::LayoutError);
+  CHECK_THROWS_AS(cache.truncate(typename C::exec(), 0, -1), relayout::LayoutError);
 
   const rk::KvCacheShape big{4, 128, 16, 1000, 8, 64};
   CHECK(big.bytes(sizeof(T)) == std::size_t(4) * 1000 * 16 * 128 * sizeof(T) + 8 * 64 * 4 + 4 * 8 * 4);

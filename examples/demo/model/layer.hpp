@@ -95,7 +95,7 @@ class DistributedModel {
     gather_counts(mine);
     const KvRows kv_rows = kv_rows_of(work);
     if (cache_) {  // the prefill fills the cache: request j of the group is slot j
-      for (int slot = 0; slot < cache_->shape().max_requests; ++slot) cache_->release(slot);
+      for (int slot = 0; slot < cache_->shape().max_requests; ++slot) cache_->release(exec_, slot);
       kv_cu_ = work.cu_seqlens_of(k.attn_dp_rank);
       kv_slots_.resize(kv_cu_.size() - 1);
       std::iota(kv_slots_.begin(), kv_slots_.end(), 0);

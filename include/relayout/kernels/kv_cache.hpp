@@ -114,10 +114,10 @@ class PagedKvCache {
                   "must have head_dim " + impl::str(shape_.head_dim) + " columns, got " + impl::str(rows.extent(1)));
     const std::int64_t n = std::int64_t(rows.extent(0));
     const std::int64_t start = lengths_h_(layer, slot), end = start + n;
-    ensure_blocks(slot, end);
+    ensure_blocks(exec, slot, end);
     if (n == 0) return;
     lengths_h_(layer, slot) = int(end);
-    Kokkos::deep_copy(lengths_, lengths_h_);
+    Kokkos::deep_copy(exec, lengths_, lengths_h_);
     auto pool = pools_[std::size_t(layer)];
     auto table = Kokkos::subview(table_, slot, Kokkos::ALL);
     const int bs = shape_.block_size, dim = shape_.head_dim;
@@ -131,8 +131,10 @@ class PagedKvCache {
 
   // Keeps the first `length` rows of the request in every layer (a layer holding fewer keeps all
   // of its rows) and returns the blocks no layer needs any more: rolling back rejected speculative
-  // rows. Appending after it equals never having appended the dropped rows.
-  void truncate(int slot, std::int64_t length) {
+  // rows. Appending after it equals never having appended the dropped rows. The device copy of the
+  // lengths is updated on `exec`, as append does.
+  template <class ExecSpace>
+  void truncate(const ExecSpace& exec, int slot, std::int64_t length) {
     check_slot("truncate", slot);
     impl::require(length >= 0, "PagedKvCache::truncate", "length", "must be >= 0, got " + impl::str(length));
     std::int64_t longest = 0;
@@ -140,13 +142,16 @@ class PagedKvCache {
       if (lengths_h_(l, slot) > length) lengths_h_(l, slot) = int(length);
       longest = std::max<std::int64_t>(longest, lengths_h_(l, slot));
     }
-    Kokkos::deep_copy(lengths_, lengths_h_);
+    Kokkos::deep_copy(exec, lengths_, lengths_h_);
     const int keep = int((longest + shape_.block_size - 1) / shape_.block_size);
     int& used = used_[std::size_t(slot)];
     for (; used > keep; --used) free_.push_back(table_h_(slot, used - 1));
   }
   // Drops every row of the request (it finished) and returns its blocks.
-  void release(int slot) { truncate(slot, 0); }
+  template <class ExecSpace>
+  void release(const ExecSpace& exec, int slot) {
+    truncate(exec, slot, 0);
+  }
 
   // Decode-attention input for `layer`; query row b reads request slots(b).
   template <class Slots>
@@ -178,7 +183,8 @@ class PagedKvCache {
                   "request", "must be a slot in [0, " + impl::str(shape_.max_requests) + "), got " + impl::str(slot));
   }
   // Gives the request enough blocks for `rows` rows, or throws before changing anything.
-  void ensure_blocks(int slot, std::int64_t rows) {
+  template <class ExecSpace>
+  void ensure_blocks(const ExecSpace& exec, int slot, std::int64_t rows) {
     const std::int64_t cap = shape_.rows_per_request();
     if (rows > cap)
       throw KernelError("request", "relayout::kernels::PagedKvCache::append: request " + impl::str(slot) +
@@ -197,7 +203,7 @@ class PagedKvCache {
       table_h_(slot, used) = free_.back();
       free_.pop_back();
     }
-    Kokkos::deep_copy(table_, table_h_);
+    Kokkos::deep_copy(exec, table_, table_h_);
   }
 
   KvCacheShape shape_;
