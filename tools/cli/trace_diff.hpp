@@ -464,7 +464,13 @@ inline void check_run(const TraceRun& run, const trace::Tolerance& tol, bool bas
   std::map<std::pair<int, int>, std::vector<int>> tp_ranks;  // (attn_dp_rank, attn_cp_rank) -> attn_tp_ranks
   int cp = 1;  // attention CP width: global_num_tokens has one entry per CP share of each DP group
   for (const RankTrace& t : run.ranks)
-    for (const trace::Record& r : t.records) cp = std::max(cp, r.attn_cp_rank + 1);
+    for (std::size_t i = 0; i < t.records.size(); ++i) {
+      const int c = t.records[i].attn_cp_rank;
+      if (c >= run.world_size)
+        throw TraceInputError(at(t, i) + "field 'attn_cp_rank': " + std::to_string(c) + " in a run of " +
+                              std::to_string(run.world_size) + " ranks (a CP rank is below the CP width)");
+      cp = std::max(cp, c + 1);
+    }
   for (const RankTrace& t : run.ranks) {
     std::map<std::pair<int, std::string>, int> seen;
     std::map<int, std::size_t> step_first;  // step -> first record of it in this file
@@ -473,10 +479,12 @@ inline void check_run(const TraceRun& run, const trace::Tolerance& tol, bool bas
       const trace::Record& r0 = t.records.front();
       if (r.attn_dp_rank != r0.attn_dp_rank || r.attn_tp_rank != r0.attn_tp_rank || r.moe_ep_rank != r0.moe_ep_rank ||
           r.attn_cp_rank != r0.attn_cp_rank)
-        throw TraceInputError(at(t, i) + "fields 'attn_dp_rank', 'attn_tp_rank', 'moe_ep_rank' (" + std::to_string(r.attn_dp_rank) +
-                              ", " + std::to_string(r.attn_tp_rank) + ", " + std::to_string(r.moe_ep_rank) +
+        throw TraceInputError(at(t, i) + "fields 'attn_dp_rank', 'attn_cp_rank', 'attn_tp_rank', 'moe_ep_rank' (" +
+                              std::to_string(r.attn_dp_rank) + ", " + std::to_string(r.attn_cp_rank) + ", " +
+                              std::to_string(r.attn_tp_rank) + ", " + std::to_string(r.moe_ep_rank) +
                               ") differ from the file's first record's (" + std::to_string(r0.attn_dp_rank) + ", " +
-                              std::to_string(r0.attn_tp_rank) + ", " + std::to_string(r0.moe_ep_rank) +
+                              std::to_string(r0.attn_cp_rank) + ", " + std::to_string(r0.attn_tp_rank) + ", " +
+                              std::to_string(r0.moe_ep_rank) +
                               "): a rank's coordinates do not change");
       if (r.copies > run.world_size)
         throw TraceInputError(at(t, i) + "field 'copies': " + std::to_string(r.copies) + " copies of a row in a run of " +
