@@ -8,12 +8,8 @@
 
 #include "cli/explain.hpp"
 #include "cli/layout_flags.hpp"
-// The fuzz target's clang 14 has no std::source_location, which the traffic log's collective names
-// (relayout/comm/agreement.hpp) need: it builds the CLI without `plan`.
-#ifndef RELAYOUT_CLI_WITHOUT_PLAN
 #include "cli/plan_rank.hpp"
 #include "cli/plan_svg.hpp"
-#endif
 #include "cli/trace_diff.hpp"
 
 namespace relayout::cli {
@@ -40,7 +36,6 @@ inline std::string unknown_subcommand(const CLI::App& app, int argc, const char*
   return "";
 }
 
-#ifndef RELAYOUT_CLI_WITHOUT_PLAN
 // `relayout plan` after parsing: one layout's plan, or with --gpus the ranking of every layout.
 inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, const std::string& preset,
                         std::int64_t batch_tokens, int request_tokens, int gpus, int top, double gpu_memory,
@@ -95,8 +90,6 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
   return 0;
 }
 
-#endif
-
 inline int relayout_command(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"relayout: parallel layouts for DP-attention / EP-MoE inference engines"};
   app.require_subcommand(1);
@@ -110,7 +103,6 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
   explain->add_option("--format", format, "text, json, dot or svg")
       ->check(CLI::IsMember({"text", "json", "dot", "svg"}));
 
-#ifndef RELAYOUT_CLI_WITHOUT_PLAN
   // plan: the collectives, rows and memory per rank of the demo layer (plan.hpp), from dsv4_layer's flags.
   LayoutFlags plan_flags;  // its own: LayoutFlags keeps a pointer to the option it registered
   PlanInput plan_in;
@@ -142,7 +134,6 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
   Cluster cluster;
   cluster.add_to(*plan);
 
-#endif
 
   // trace diff BASELINE CANDIDATE: first divergence of two row-ownership traces (trace_diff.hpp).
   CLI::App* trace = app.add_subcommand("trace", "row-ownership traces written with --trace DIR");
@@ -166,10 +157,8 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
 
   return run_main(app, argc, argv, out, err, [&] {
     if (diff->parsed()) return trace_diff(baseline, candidate, diff_opts, out, err);
-#ifndef RELAYOUT_CLI_WITHOUT_PLAN
     if (plan->parsed()) return plan_command(*plan, plan_flags, plan_in, preset, batch_tokens, request_tokens, gpus,
                                             top, double(gpu_memory), cluster, plan_format, out, err);
-#endif
     const RuntimeLayout layout = flags.layout();
     std::optional<int> focus;
     if (explain->count("--rank")) focus = layout.coords(rank).rank;  // throws when out of range

@@ -32,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "relayout/comm/collective_kind.hpp"
 #include "relayout/comm/scalar.hpp"
 #include "relayout/mesh/error.hpp"
 
@@ -44,21 +45,6 @@
 #endif
 
 namespace relayout {
-
-enum class CollectiveKind : std::uint8_t {
-  all_reduce, all_reduce_in_place, all_gather, all_gather_in_place, all_gatherv,
-  all_gatherv_in_place, reduce_scatter, reduce_scatter_in_place, reduce_scatterv, all_to_all,
-  all_to_all_in_place, all_to_allv, broadcast, barrier
-};
-
-inline const char* to_string(CollectiveKind k) {
-  static constexpr const char* names[] = {
-      "all_reduce", "all_reduce_in_place", "all_gather", "all_gather_in_place", "all_gatherv",
-      "all_gatherv_in_place", "reduce_scatter", "reduce_scatter_in_place", "reduce_scatterv",
-      "all_to_all", "all_to_all_in_place", "all_to_allv", "broadcast", "barrier"};
-  const auto i = static_cast<std::size_t>(k);
-  return i < std::size(names) ? names[i] : "unknown collective";
-}
 
 template <class T>
 constexpr const char* scalar_name() {

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "relayout/comm/agreement.hpp"
+#include "relayout/comm/collective_kind.hpp"
 #include "relayout/mesh/names.hpp"
 
 namespace relayout {
