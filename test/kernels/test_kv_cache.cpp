@@ -241,3 +241,127 @@ TEST_CASE_TEMPLATE_DEFINE("paged attention_decode rejects a slot without rows", 
 TEST_CASE_TEMPLATE_APPLY(kv_decode_errors, Cases);
 
 }  // namespace
+
+// Attention context parallelism: each of P shards (CP ranks) caches some positions of every request
+// (round-robin by position, or contiguous chunks), attention_decode_partial attends each shard's
+// keys in the window, and attention_merge of the P partials equals decode over all the keys. Lengths
+// 1 and 2 leave shards without a key of that request (lse -inf); each shard's lse is checked against
+// log sum exp of the scores it holds, computed here in double.
+TEST_CASE_TEMPLATE_DEFINE("decode partials over CP shards merged by log-sum-exp equal decode over all keys", C,
+                          kv_decode_cp) {
+  using T = typename C::scalar;
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  const std::vector<int> lens = {1, 2, 5, 37};
+  const int n = int(lens.size()), head_dim = 8, heads = 3, HD = heads * head_dim;
+  const double scale = rk::default_softmax_scale(head_dim);
+  std::uint32_t seed = 90;
+  std::vector<rr::Matrix> keys;
+  std::vector<int> cu{0};
+  for (int b = 0; b < n; ++b) {
+    keys.push_back(rows_of<C>(lens[std::size_t(b)], head_dim, seed++).matrix);
+    cu.push_back(cu.back() + lens[std::size_t(b)]);
+  }
+  const rr::Matrix all = concat(keys);
+  auto q = random_tensor<C>(n, HD, seed++, -2.0, 2.0);
+  for (int P : {2, 3})
+    for (bool round_robin : {true, false})
+      for (int window : {0, 4})
+        for (int splits : {1, 3}) {
+          CAPTURE(P);
+          CAPTURE(round_robin);
+          CAPTURE(window);
+          CAPTURE(splits);
+          auto shard_of = [&](int b, int p) {
+            const int L = lens[std::size_t(b)], per = L / P, extra = L % P;
+            if (round_robin) return p % P;
+            for (int s = 0, begin = 0; s < P; ++s) {  // chunk s: per + (s < extra) positions
+              begin += per + (s < extra ? 1 : 0);
+              if (p < begin) return s;
+            }
+            return P - 1;
+          };
+          std::vector<double> parts(std::size_t(P) * n * HD), lses(std::size_t(P) * n * heads);
+          for (int s = 0; s < P; ++s) {
+            Cache<C> cache({1, head_dim, 4, 40, n, 10});
+            std::vector<int> first(std::size_t(n), 0);
+            std::vector<std::vector<int>> held(static_cast<std::size_t>(n));
+            for (int b = 0; b < n; ++b) {
+              const int L = lens[std::size_t(b)], start = window > 0 ? std::max(0, L - window) : 0;
+              std::vector<double> rows;
+              for (int p = 0; p < L; ++p) {
+                if (shard_of(b, p) != s) continue;
+                if (p < start) ++first[std::size_t(b)];
+                held[std::size_t(b)].push_back(p);
+                for (int d = 0; d < head_dim; ++d) rows.push_back(keys[std::size_t(b)](p, d));
+              }
+              if (!rows.empty()) cache.append(exec, 0, b, make_tensor<C>(int(rows.size()) / head_dim, head_dim, rows).view);
+            }
+            std::vector<int> slots(static_cast<std::size_t>(n));
+            for (int b = 0; b < n; ++b) slots[std::size_t(b)] = b;
+            auto out = rk::RowTensor<T, Mem>("out", n, HD);
+            auto lse = rk::RowTensor<T, Mem>("lse", n, heads);
+            rk::attention_decode_partial(exec, q.view, cache.view(0, make_ints<C>(slots)), make_ints<C>(first), out,
+                                         lse, {head_dim, scale, 0, splits});
+            const rr::Matrix o = rr::to_matrix(out), l = rr::to_matrix(lse);
+            for (int b = 0; b < n; ++b) {
+              const int L = lens[std::size_t(b)], start = window > 0 ? std::max(0, L - window) : 0;
+              for (int h = 0; h < heads; ++h) {
+                double m = -1e300, sum = 0;
+                std::vector<double> sc;
+                for (int p : held[std::size_t(b)]) {
+                  if (p < start) continue;
+                  double dot = 0;
+                  for (int d = 0; d < head_dim; ++d) dot += q.matrix(b, h * head_dim + d) * keys[std::size_t(b)](p, d);
+                  sc.push_back(dot * scale);
+                  m = std::max(m, dot * scale);
+                }
+                for (double x : sc) sum += std::exp(x - m);
+                if (sc.empty()) {
+                  CHECK(std::isinf(l(b, h)));
+                  CHECK(l(b, h) < 0);
+                } else {
+                  CHECK(std::abs(l(b, h) - (m + std::log(sum))) <= 64 * eps_of<T>() * (1 + std::abs(m)));
+                }
+                lses[(std::size_t(s) * n + b) * heads + h] = l(b, h);
+              }
+              for (int j = 0; j < HD; ++j) parts[(std::size_t(s) * n + b) * HD + j] = o(b, j);
+            }
+          }
+          auto merged = rk::RowTensor<T, Mem>("merged", n, HD);
+          rk::attention_merge(exec, make_tensor<C>(P * n, HD, parts).view, make_tensor<C>(P * n, heads, lses).view,
+                              merged);
+          const rr::Matrix want = rr::attention_decode(q.matrix, all, cu, head_dim, scale, window);
+          const double tol = 8 * eps_of<T>() * (head_dim + 40 + 8);
+          check_close(rr::to_matrix(merged), want, [&](int, int) { return tol; }, "merged CP decode");
+        }
+}
+TEST_CASE_TEMPLATE_APPLY(kv_decode_cp, Cases);
+
+TEST_CASE_TEMPLATE_DEFINE("attention_decode_partial and attention_merge reject bad shapes", C, kv_decode_cp_errors) {
+  using T = typename C::scalar;
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  Cache<C> cache({1, 4, 4, 4, 2, 2});
+  cache.append(exec, 0, 0, rows_of<C>(3, 4, 1).view);
+  auto q = rk::RowTensor<T, Mem>("q", 2, 8), out = rk::RowTensor<T, Mem>("out", 2, 8);
+  auto lse = rk::RowTensor<T, Mem>("lse", 2, 2);
+  const auto kv = cache.view(0, make_ints<C>({0, 1}));  // slot 1 holds no rows: allowed in a shard
+  CHECK_NOTHROW(rk::attention_decode_partial(exec, q, kv, make_ints<C>({0, 0}), out, lse, {4, 0.5, 0}));
+  CHECK_THROWS_WITH_AS(rk::attention_decode_partial(exec, q, kv, make_ints<C>({0, 0}), out, lse, {4, 0.5, 2}),
+                       doctest::Contains("window: must be 0: the window of a shard is given per query row by first"),
+                       rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::attention_decode_partial(exec, q, kv, make_ints<C>({0}), out, lse, {4, 0.5, 0}),
+                       doctest::Contains("first: must hold one entry per query row (2), got 1"), rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::attention_decode_partial(exec, q, kv, make_ints<C>({0, -1}), out, lse, {4, 0.5, 0}),
+                       doctest::Contains("entry 1 is -1; must be >= 0"), rk::KernelError);
+  CHECK_THROWS_WITH_AS(
+      rk::attention_decode_partial(exec, q, kv, make_ints<C>({0, 0}), out, rk::RowTensor<T, Mem>("l", 2, 3), {4, 0.5, 0}),
+      doctest::Contains("lse: must be 2 x 2 (query rows x heads), got 2 x 3"), rk::KernelError);
+  auto parts = rk::RowTensor<T, Mem>("parts", 5, 8), lses = rk::RowTensor<T, Mem>("lses", 5, 2);
+  CHECK_THROWS_WITH_AS(rk::attention_merge(exec, parts, lses, out), doctest::Contains("must hold P x 2 rows"),
+                       rk::KernelError);
+  CHECK_THROWS_WITH_AS(rk::attention_merge(exec, rk::RowTensor<T, Mem>("p", 4, 8), rk::RowTensor<T, Mem>("l", 4, 3), out),
+                       doctest::Contains("lse: must have one column per head"), rk::KernelError);
+}
+TEST_CASE_TEMPLATE_APPLY(kv_decode_cp_errors, Cases);

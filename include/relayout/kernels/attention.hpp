@@ -350,61 +350,112 @@ struct PrefillFunctor {
   }
 };
 
-// Work item (b, split) of decode: request b's keys in the window, split into `splits` ranges.
-// With one split the output row is final; with more, each split leaves an unnormalised partial
-// row and its (m, l) for DecodeMerge.
-template <class ExecSpace, class Q, class O, class Keys>
+// The first key request b attends among its len keys: the last `window` of them (0: all).
+struct WindowStart {
+  int window;
+  KOKKOS_INLINE_FUNCTION std::int64_t operator()(std::int64_t, std::int64_t len) const {
+    return window > 0 && len - window > 0 ? len - window : 0;
+  }
+};
+// ... or first(b), given per query row (a CP shard's keys: where the window starts among them).
+template <class First>
+struct FirstKey {
+  First first;
+  KOKKOS_INLINE_FUNCTION std::int64_t operator()(std::int64_t b, std::int64_t len) const {
+    return first(b) < len ? std::int64_t(first(b)) : len;
+  }
+};
+
+// Work item (b, split) of decode: request b's keys from start(b, len), split into `splits` ranges.
+// Without partial rows the output row is final; with them, each split leaves an unnormalised
+// partial row and its (m, l) for DecodeMerge.
+template <class ExecSpace, class Q, class O, class Keys, class Start>
 struct DecodeFunctor {
   using T = typename O::non_const_value_type;
   AttendCore<ExecSpace, T> core;
   Q q;
   O out;
   Keys keys;
-  Kokkos::View<T**, typename ExecSpace::memory_space> partial, ml;  // (requests x splits) rows
-  int window, splits;
+  Kokkos::View<T**, typename ExecSpace::memory_space> partial, ml;  // (requests x splits) rows, or none
+  Start start;
+  int splits;
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const std::int64_t item = team.league_rank(), b = item / splits, sp = item % splits;
     const std::int64_t len = keys.length(b);
-    const std::int64_t lo = window > 0 && len - window > 0 ? len - window : 0;
+    const std::int64_t lo = start(b, len);
     const std::int64_t per = (len - lo + splits - 1) / splits;
     const std::int64_t begin = lo + sp * per < len ? lo + sp * per : len;
     const std::int64_t end = begin + per < len ? begin + per : len;
-    if (splits == 1)
+    if (partial.extent(0) == 0)
       core.attend(team, keys, b, begin, end, &q(b, 0), &out(b, 0), static_cast<T*>(nullptr));
     else
       core.attend(team, keys, b, begin, end, &q(b, 0), &partial(item, 0), &ml(item, 0));
   }
 };
 
-// Merges the splits of (request, head) with the log-sum-exp rule: weights e^(m_s - max m).
-template <class O, class T, class Mem>
-struct DecodeMerge {
-  O out;
+// The parts DecodeMerge combines for (row b, head h): unnormalised rows with their running max m
+// and sum l (the key splits of one decode launch, part s of row b at b * parts + s) ...
+template <class T, class Mem>
+struct SplitParts {
   Kokkos::View<T**, Mem> partial, ml;
-  int heads, head_dim, splits;
+  int heads, head_dim, parts;
+  KOKKOS_INLINE_FUNCTION std::int64_t at(std::int64_t b, int s) const { return b * parts + s; }
+  KOKKOS_INLINE_FUNCTION T m(std::int64_t b, int s, int h) const { return ml(at(b, s), h); }
+  KOKKOS_INLINE_FUNCTION T l(std::int64_t b, int s, int h) const { return ml(at(b, s), heads + h); }
+  KOKKOS_INLINE_FUNCTION const T* o(std::int64_t b, int s, int h) const {
+    return &partial(at(b, s), std::size_t(h) * head_dim);
+  }
+};
+// ... or normalised rows with their log-sum-exp (attention_decode_partial's output from `parts`
+// shards, part s of row b at s * n + b): m = lse, l = 1, and a part with lse = -inf holds no key.
+template <class P, class L>
+struct LseParts {
+  using T = typename P::non_const_value_type;
+  P partial;
+  L lse;
+  std::int64_t n;
+  int head_dim, parts;
+  KOKKOS_INLINE_FUNCTION T m(std::int64_t b, int s, int h) const { return lse(s * n + b, h); }
+  KOKKOS_INLINE_FUNCTION T l(std::int64_t b, int s, int h) const { return m(b, s, h) > neg_inf<T>() ? T(1) : T(0); }
+  KOKKOS_INLINE_FUNCTION const T* o(std::int64_t b, int s, int h) const {
+    return &partial(s * n + b, std::size_t(h) * head_dim);
+  }
+};
+
+// Merges the parts of (row, head) with the log-sum-exp rule: weights e^(m_s - max m). Writes the
+// merged log-sum-exp too when lse has rows. A row no part has a key for gets 0 (lse -inf).
+template <class O, class Parts, class L>
+struct DecodeMerge {
+  using T = typename O::non_const_value_type;
+  O out;
+  Parts parts;
+  L lse;
+  int heads, head_dim, n_parts;
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i) const {
     const std::int64_t b = i / heads;
     const int h = int(i % heads);
     T mmax = T(0);
     bool any = false;
-    for (int s = 0; s < splits; ++s) {
-      const std::int64_t r = b * splits + s;
-      if (ml(r, heads + h) > T(0) && (!any || ml(r, h) > mmax)) mmax = ml(r, h), any = true;
-    }
+    for (int s = 0; s < n_parts; ++s)
+      if (parts.l(b, s, h) > T(0) && (!any || parts.m(b, s, h) > mmax)) mmax = parts.m(b, s, h), any = true;
     T* oh = &out(b, std::size_t(h) * head_dim);
     for (int d = 0; d < head_dim; ++d) oh[d] = T(0);
+    if (!any) {
+      if (lse.extent(0) > 0) lse(b, h) = neg_inf<T>();
+      return;
+    }
     T sum = T(0);
-    for (int s = 0; s < splits; ++s) {
-      const std::int64_t r = b * splits + s;
-      if (!(ml(r, heads + h) > T(0))) continue;
-      const T w = impl::exp(T(ml(r, h) - mmax));
-      sum += w * ml(r, heads + h);
-      const T* ph = &partial(r, std::size_t(h) * head_dim);
+    for (int s = 0; s < n_parts; ++s) {
+      if (!(parts.l(b, s, h) > T(0))) continue;
+      const T w = impl::exp(T(parts.m(b, s, h) - mmax));
+      sum += w * parts.l(b, s, h);
+      const T* ph = parts.o(b, s, h);
       for (int d = 0; d < head_dim; ++d) oh[d] += w * ph[d];
     }
     const T inv = T(1) / sum;
     for (int d = 0; d < head_dim; ++d) oh[d] *= inv;
+    if (lse.extent(0) > 0) lse(b, h) = mmax + impl::log(sum);
   }
 };
 
@@ -525,9 +576,12 @@ void attention_prefill(const ExecSpace& exec, const Q& q, const KV& kv, const Cu
 
 namespace impl {
 
-template <class ExecSpace, class Q, class O, class Keys>
+// Decode of every query row over keys from start(b, len) (longest: the most keys a row attends),
+// normalised into out; with lse rows (heads per query row), also each row's log-sum-exp per head,
+// which makes every launch go through the partial rows and the merge.
+template <class ExecSpace, class Q, class O, class Keys, class Start, class L>
 void decode_launch(const ExecSpace& exec, const Q& q, const Keys& keys, const O& out, const AttentionParams& params,
-                   int heads, std::int64_t longest) {
+                   int heads, std::int64_t longest, const Start& start, const L& lse) {
   using T = scalar_of<O>;
   using Mem = typename ExecSpace::memory_space;
   using Core = AttendCore<ExecSpace, T>;
@@ -535,7 +589,7 @@ void decode_launch(const ExecSpace& exec, const Q& q, const Keys& keys, const O&
   const std::int64_t keys_used = params.window > 0 && params.window < longest ? params.window : longest;
   const int splits = decode_splits(exec, params.splits, n_req, keys_used);
   Kokkos::View<T**, Mem> partial, ml;
-  if (splits > 1) {
+  if (splits > 1 || lse.extent(0) > 0) {
     partial = Kokkos::View<T**, Mem>(Kokkos::view_alloc(exec, "relayout::attention_partial", Kokkos::WithoutInitializing),
                                      n_req * splits, q.extent(1));
     ml = Kokkos::View<T**, Mem>(Kokkos::view_alloc(exec, "relayout::attention_ml", Kokkos::WithoutInitializing),
@@ -544,13 +598,35 @@ void decode_launch(const ExecSpace& exec, const Q& q, const Keys& keys, const O&
   Kokkos::TeamPolicy<ExecSpace> policy(exec, int(n_req * splits), Kokkos::AUTO);
   Kokkos::parallel_for("relayout::kernels::attention_decode",
                        policy.set_scratch_size(0, Kokkos::PerTeam(Core::scratch_bytes(heads))),
-                       DecodeFunctor<ExecSpace, Q, O, Keys>{
+                       DecodeFunctor<ExecSpace, Q, O, Keys, Start>{
                            Core{heads, params.head_dim, chunk_keys<T>(params.head_dim), T(params.scale)}, q, out,
-                           keys, partial, ml, params.window, splits});
-  if (splits > 1)
+                           keys, partial, ml, start, splits});
+  if (partial.extent(0) > 0)
     Kokkos::parallel_for("relayout::kernels::attention_decode_merge",
                          Kokkos::RangePolicy<ExecSpace>(exec, 0, n_req * heads),
-                         DecodeMerge<O, T, Mem>{out, partial, ml, heads, params.head_dim, splits});
+                         DecodeMerge<O, SplitParts<T, Mem>, L>{out, {partial, ml, heads, params.head_dim, splits}, lse,
+                                                               heads, params.head_dim, splits});
+}
+
+// No log-sum-exp wanted.
+template <class O>
+using NoLse = Kokkos::View<typename O::non_const_value_type**, Kokkos::LayoutRight, typename O::memory_space>;
+
+// Checks a paged view's slots against q; returns the lengths of the slots (host) and the slots.
+template <class Q, class T, class MemSpace>
+auto check_slots(const Q& q, const PagedKv<T, MemSpace>& kv, bool nonempty) {
+  require(kv.slots.extent(0) == q.extent(0), "attention_decode", "slots",
+          "must name one request slot per query row (" + str(q.extent(0)) + "), got " + str(kv.slots.extent(0)));
+  auto slots = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.slots);
+  auto lengths = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.lengths);
+  for (std::size_t b = 0; b < slots.extent(0); ++b) {
+    const int s = slots(b);
+    require(s >= 0 && std::size_t(s) < lengths.extent(0), "attention_decode", "slots",
+            "entry " + str(std::int64_t(b)) + " is " + str(s) + ", not a slot of the cache");
+    require(!nonempty || lengths(s) >= 1, "attention_decode", "slots",
+            "request slot " + str(s) + " holds no rows (append the new token's kv first)");
+  }
+  return std::make_pair(slots, lengths);
 }
 
 }  // namespace impl
@@ -571,7 +647,8 @@ void attention_decode(const ExecSpace& exec, const Q& q, const KV& kv_cache, con
   const std::int64_t longest =
       impl::check_offsets("attention_decode", "cu_cache", cu_cache, std::int64_t(kv_cache.extent(0)), false, true);
   if (q.extent(0) == 0) return;
-  impl::decode_launch(exec, q, impl::ContiguousKeys<KV, Cu>{kv_cache, cu_cache}, out, params, heads, longest);
+  impl::decode_launch(exec, q, impl::ContiguousKeys<KV, Cu>{kv_cache, cu_cache}, out, params, heads, longest,
+                      impl::WindowStart{params.window}, impl::NoLse<O>());
 }
 
 // Decode through a paged cache (PagedKvCache::view): query row b attends the last min(window, L)
@@ -582,22 +659,75 @@ void attention_decode(const ExecSpace& exec, const Q& q, const PagedKv<T, MemSpa
   static_assert(std::is_same_v<scalar_of<Q>, T> && std::is_same_v<scalar_of<O>, T>,
                 "relayout::kernels::attention_decode: q, the cache and out must have the same scalar type");
   const int heads = impl::check_attention("attention_decode", q, kv.pool, out, params);
-  impl::require(kv.slots.extent(0) == q.extent(0), "attention_decode", "slots",
-                "must name one request slot per query row (" + impl::str(q.extent(0)) + "), got " +
-                    impl::str(kv.slots.extent(0)));
-  auto slots = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.slots);
-  auto lengths = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.lengths);
+  const auto [slots, lengths] = impl::check_slots(q, kv, true);
+  std::int64_t longest = 0;
+  for (std::size_t b = 0; b < slots.extent(0); ++b) longest = lengths(slots(b)) > longest ? lengths(slots(b)) : longest;
+  if (q.extent(0) == 0) return;
+  impl::decode_launch(exec, q, impl::PagedKeys<T, MemSpace>{kv}, out, params, heads, longest,
+                      impl::WindowStart{params.window}, impl::NoLse<O>());
+}
+
+// Partial decode over one shard of each request's keys (attention context parallelism: a CP rank
+// holds some positions of every request, in order). Query row b attends rows [first(b), L) of
+// request slot kv.slots(b), L its length in this cache, and gets its normalised output row in out
+// and, per head, the log-sum-exp of its scaled scores in lse (rows x heads). first(b) is where
+// the sliding window starts among this shard's rows (0: all of them), so params.window must be 0.
+// A row with no key here (first(b) >= L) gets out = 0, lse = -inf. attention_merge combines the
+// shards' partials into what attention_decode over all the keys gives.
+template <class ExecSpace, RowMatrixView Q, class T, class MemSpace, VectorView First, MutableRowMatrixView O,
+          MutableRowMatrixView L>
+void attention_decode_partial(const ExecSpace& exec, const Q& q, const PagedKv<T, MemSpace>& kv, const First& first,
+                              const O& out, const L& lse, const AttentionParams& params) {
+  static_assert(std::is_same_v<scalar_of<Q>, T> && std::is_same_v<scalar_of<O>, T> && std::is_same_v<scalar_of<L>, T>,
+                "relayout::kernels::attention_decode_partial: q, the cache, out and lse must have the same scalar type");
+  static_assert(std::is_same_v<scalar_of<First>, int>, "relayout::kernels: first must hold int");
+  const char* fn = "attention_decode_partial";
+  const int heads = impl::check_attention(fn, q, kv.pool, out, params);
+  impl::require(params.window == 0, fn, "window",
+                "must be 0: the window of a shard is given per query row by first, got " + impl::str(params.window));
+  impl::require(first.extent(0) == q.extent(0), fn, "first",
+                "must hold one entry per query row (" + impl::str(q.extent(0)) + "), got " + impl::str(first.extent(0)));
+  impl::require(lse.extent(0) == q.extent(0) && int(lse.extent(1)) == heads, fn, "lse",
+                "must be " + impl::str(q.extent(0)) + " x " + impl::str(heads) + " (query rows x heads), got " +
+                    impl::str(lse.extent(0)) + " x " + impl::str(lse.extent(1)));
+  const auto [slots, lengths] = impl::check_slots(q, kv, false);
+  auto f = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), first);
   std::int64_t longest = 0;
   for (std::size_t b = 0; b < slots.extent(0); ++b) {
-    const int s = slots(b);
-    impl::require(s >= 0 && std::size_t(s) < lengths.extent(0), "attention_decode", "slots",
-                  "entry " + impl::str(std::int64_t(b)) + " is " + impl::str(s) + ", not a slot of the cache");
-    impl::require(lengths(s) >= 1, "attention_decode", "slots",
-                  "request slot " + impl::str(s) + " holds no rows (append the new token's kv first)");
-    longest = lengths(s) > longest ? lengths(s) : longest;
+    impl::require(f(b) >= 0, fn, "first", "entry " + impl::str(std::int64_t(b)) + " is " + impl::str(f(b)) + "; must be >= 0");
+    longest = lengths(slots(b)) - f(b) > longest ? lengths(slots(b)) - f(b) : longest;
   }
   if (q.extent(0) == 0) return;
-  impl::decode_launch(exec, q, impl::PagedKeys<T, MemSpace>{kv}, out, params, heads, longest);
+  impl::decode_launch(exec, q, impl::PagedKeys<T, MemSpace>{kv}, out, params, heads, longest,
+                      impl::FirstKey<First>{first}, lse);
+}
+
+// Merges the partials of n query rows from P shards (attention_decode_partial on each):
+// partials ((P * n) x heads*head_dim) and lse ((P * n) x heads), shard p's row b at p * n + b (the
+// order an all-gather or all-to-all over P ranks leaves). out(b) = sum_p e^(lse_p - M) partial_p /
+// sum_p e^(lse_p - M), M the largest lse of the row and head; shards with lse = -inf add nothing,
+// and a row no shard has a key for gets 0.
+template <class ExecSpace, RowMatrixView P, RowMatrixView L, MutableRowMatrixView O>
+void attention_merge(const ExecSpace& exec, const P& partials, const L& lse, const O& out) {
+  static_assert(std::is_same_v<scalar_of<P>, scalar_of<O>> && std::is_same_v<scalar_of<L>, scalar_of<O>>,
+                "relayout::kernels::attention_merge: partials, lse and out must have the same scalar type");
+  const char* fn = "attention_merge";
+  const int heads = int(lse.extent(1));
+  const std::int64_t n = std::int64_t(out.extent(0));
+  impl::require(heads >= 1 && out.extent(1) % std::size_t(heads) == 0, fn, "lse",
+                "must have one column per head, a positive divisor of out's " + impl::str(out.extent(1)) +
+                    " columns, got " + impl::str(heads));
+  impl::require(partials.extent(1) == out.extent(1), fn, "partials",
+                "must have out's " + impl::str(out.extent(1)) + " columns, got " + impl::str(partials.extent(1)));
+  impl::require(partials.extent(0) == lse.extent(0) && (n == 0 ? partials.extent(0) == 0 : partials.extent(0) % n == 0),
+                fn, "partials",
+                "must hold P x " + impl::str(n) + " rows (P shards of out's rows), as lse does; got " +
+                    impl::str(partials.extent(0)) + " and " + impl::str(lse.extent(0)));
+  if (n == 0) return;
+  const int head_dim = int(out.extent(1)) / heads, parts = int(std::int64_t(partials.extent(0)) / n);
+  Kokkos::parallel_for("relayout::kernels::attention_merge", Kokkos::RangePolicy<ExecSpace>(exec, 0, n * heads),
+                       impl::DecodeMerge<O, impl::LseParts<P, L>, impl::NoLse<O>>{
+                           out, {partials, lse, n, head_dim, parts}, impl::NoLse<O>(), heads, head_dim, parts});
 }
 
 }  // namespace relayout::kernels

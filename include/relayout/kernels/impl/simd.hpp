@@ -98,6 +98,14 @@ KOKKOS_FORCEINLINE_FUNCTION T exp(T x) {
 #endif
 }
 template <class T>
+KOKKOS_FORCEINLINE_FUNCTION T log(T x) {
+#if KOKKOS_VERSION >= 40000
+  return Kokkos::log(x);
+#else
+  return Kokkos::Experimental::log(x);
+#endif
+}
+template <class T>
 KOKKOS_FORCEINLINE_FUNCTION T sqrt(T x) {
 #if KOKKOS_VERSION >= 40000
   return Kokkos::sqrt(x);
