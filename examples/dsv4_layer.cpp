@@ -98,7 +98,8 @@ struct DecodeRun {
 
 template <class Net>
 DecodeRun decode(Net& net, const model::Workload& work, const model::DecodePlan& plan, model::Rows<> prev,
-                 const MpiCommunicator& world, const RankCoords& me, bool check, const model::ModelDims& dims) {
+                 const MpiCommunicator& world, const RankCoords& me, const model::CpShare& share, bool check,
+                 const model::ModelDims& dims) {
   DecodeRun r;
   const std::vector<model::ReferenceRows> ref = check ? model::reference_decode(dims, work, plan) : std::vector<model::ReferenceRows>{};
   for (int s = 1; s <= plan.steps; ++s) {
@@ -116,9 +117,8 @@ DecodeRun decode(Net& net, const model::Workload& work, const model::DecodePlan&
     r.expected += std::int64_t(want.owners.size());
     std::map<std::int64_t, int> row_of;
     for (std::size_t i = 0; i < want.owners.size(); ++i) row_of[want.owners[i]] = int(i);
-    std::vector<std::int64_t> expected;
-    for (int q : work.requests_of(me.attn_dp_rank))
-      if (plan.live(q, s)) expected.push_back(model::RowOwner::pack(q, work.lengths[std::size_t(q)] + s - 1));
+    const std::vector<std::int64_t> expected =
+        plan.owners_of(work, me.attn_dp_rank, s, share);
     if (prev.owners != expected) r.owners_ok = 0;
     const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), prev.values);
     for (std::size_t i = 0; i < expected.size() && r.owners_ok; ++i) {
@@ -161,9 +161,6 @@ int run(const Options& o, const MpiCommunicator& world) {
   const model::Workload work = model::Workload::make(o.requests, o.placement, w.attn_dp);
   const model::DecodePlan plan = model::DecodePlan::make(o.decode_steps, o.decode_lengths, work.requests());
   if (plan.steps > 0) {
-    if (w.attn_cp > 1)
-      throw LayoutError("--decode-steps", "--decode-steps with attention context parallelism (attn_cp = " +
-                                              std::to_string(w.attn_cp) + ") is not supported: run decode with --cp 1");
     for (int i = 0; i < work.requests(); ++i)
       if (work.lengths[std::size_t(i)] + plan.lengths[std::size_t(i)] > o.kv_capacity)
         throw LayoutError("--decode-steps", "--decode-steps " + std::to_string(plan.steps) + ": request " +
@@ -186,6 +183,7 @@ int run(const Options& o, const MpiCommunicator& world) {
   if (world.rank() == 0 && need.flops > cli::kProgressFlops) sink.show_progress("dsv4_layer", o.dims.layers);
   net.trace_to(sink);
   const RankCoords me = groups.coords();
+  const model::CpShare share = model::CpShare::of(layout, me.attn_cp_rank);
   const bool root = world.rank() == 0;
 
   std::string failure;
@@ -200,7 +198,7 @@ int run(const Options& o, const MpiCommunicator& world) {
     prefill_bounds = net.boundaries().size();
     prefill_traffic = net.traffic();
     prefill_counts = net.global_num_tokens();
-    if (plan.steps > 0) dec = decode(net, work, plan, out, world, me, o.check, o.dims);
+    if (plan.steps > 0) dec = decode(net, work, plan, out, world, me, share, o.check, o.dims);
   } catch (const LayoutError& e) {
     if (e.input() != "bridge") throw;
     failure = e.what();  // every rank of the job takes the same broken path and stops here
@@ -276,7 +274,7 @@ int run(const Options& o, const MpiCommunicator& world) {
   const double tokens_per_s = best > 0 ? double(work.total_rows()) / best : 0.0;
   // --repeat with decode steps: prefill and decode again, the best time of each step.
   for (int i = 0; i < o.repeat && plan.steps > 0 && failure.empty(); ++i) {
-    const DecodeRun again = decode(net, work, plan, net.forward(work), world, me, false, o.dims);
+    const DecodeRun again = decode(net, work, plan, net.forward(work), world, me, share, false, o.dims);
     for (std::size_t s = 0; s < dec.seconds.size(); ++s) dec.seconds[s] = std::min(dec.seconds[s], again.seconds[s]);
   }
   double decode_s = 0;
@@ -391,15 +389,21 @@ int run(const Options& o, const MpiCommunicator& world) {
   s << "\n";
   if (plan.steps > 0 && failure.empty()) {
     s << "\nDecode: " << plan.steps << " steps after the prefill, KV cache paged (blocks of 16 rows, " << o.kv_capacity
-      << " rows per request); rows per attention-DP group (its ranks) per step:\n";
+      << " rows per request); rows per attention-DP group (its ranks) per step"
+      << (w.attn_cp > 1 ? ", under CP per CP rank (a decode row at position p on CP rank p mod cp)" : "") << ":\n";
     for (std::size_t st = 0; st < dec.counts.size(); ++st) {
       s << "  step " << st + 1 << ":";
       for (int g = 0; g < w.attn_dp; ++g) {
-        s << (g ? "," : "") << " g" << g << " (";
-        const std::vector<int> ranks = layout.groups(GroupKind::attn_tp).at(std::size_t(g));
-        for (std::size_t m = 0; m < ranks.size(); ++m) s << (m ? " r" : "r") << ranks[m];
-        const std::int64_t c = dec.counts[st][std::size_t(g)];
-        s << ") " << c << (c == 1 ? " row" : " rows") << (c == 0 ? " IDLE" : "");
+        s << (g ? "," : "") << " g" << g << (w.attn_cp > 1 ? " [" : "");
+        for (int c = 0; c < w.attn_cp; ++c) {  // the counts: one per CP share of each DP group
+          const std::size_t share = std::size_t(g * w.attn_cp + c);
+          s << (c ? ", " : "") << (w.attn_cp > 1 ? "cp" + std::to_string(c) + " (" : " (");
+          const std::vector<int> ranks = layout.groups(GroupKind::attn_tp).at(share);
+          for (std::size_t m = 0; m < ranks.size(); ++m) s << (m ? " r" : "r") << ranks[m];
+          const std::int64_t n = dec.counts[st][share];
+          s << ") " << n << (n == 1 ? " row" : " rows") << (n == 0 ? " IDLE" : "");
+        }
+        s << (w.attn_cp > 1 ? "]" : "");
       }
       s << "\n";
     }

@@ -3,13 +3,15 @@
 // completed by the attention-TP all-reduce), then the bridge (bridge.hpp) into the MoE and back.
 // Under attention context parallelism each CP rank holds its share of its DP group's rows and
 // all-gathers the shared KV over attn_cp (docs/cp.md).
-// With a KV cache (reserve_kv; attn_cp = 1) the prefill keeps every layer's shared KV rows and
-// decode_step runs one new row per live request against them (attention_decode through the block table).
+// With a KV cache (reserve_kv) the prefill keeps every layer's shared KV rows (under CP each CP rank
+// those of the positions it holds) and decode_step runs one new row per live request against them
+// (attention_decode through the block table; under CP partials merged by log-sum-exp, docs/kv_cache.md).
 // A trace sink (relayout/trace; none by default) receives a record after every boundary, including
 // the attention all-reduce and each layer's output.
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <numeric>
@@ -94,10 +96,17 @@ class DistributedModel {
     if (!opts_.track_owners) x.owners.clear();
     gather_counts(mine);
     const KvRows kv_rows = kv_rows_of(work);
-    if (cache_) {  // the prefill fills the cache: request j of the group is slot j
+    if (cache_) {  // the prefill fills the cache: request j of the group is slot j, with the positions held here
       for (int slot = 0; slot < cache_->shape().max_requests; ++slot) cache_->release(exec_, slot);
-      kv_cu_ = work.cu_seqlens_of(k.attn_dp_rank);
-      kv_slots_.resize(kv_cu_.size() - 1);
+      const std::vector<int> cu = work.cu_seqlens_of(k.attn_dp_rank);
+      kv_held_.assign(cu.size() - 1, {});
+      for (int row : work.positions_of(k.attn_dp_rank, CpShare::of(groups_.layout(), k.attn_cp_rank))) {
+        const std::size_t j = std::size_t(std::upper_bound(cu.begin(), cu.end(), row) - cu.begin()) - 1;
+        kv_held_[j].push_back(row - cu[j]);
+      }
+      kv_cu_ = {0};
+      for (const auto& held : kv_held_) kv_cu_.push_back(kv_cu_.back() + int(held.size()));
+      kv_slots_.resize(kv_held_.size());
       std::iota(kv_slots_.begin(), kv_slots_.end(), 0);
     }
     for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, kv_rows);
@@ -107,37 +116,72 @@ class DistributedModel {
   // A paged KV cache for this rank's DP group's requests, each `rows_per_request` rows at most
   // (prompt + decode steps); allocated here, filled by the next forward.
   void reserve_kv(const Workload& work, int rows_per_request, int block_size = 16) {
-    if (groups_.layout().widths().attn_cp > 1)
-      throw LayoutError("decode", "the KV cache of the demo layer holds whole requests: decode runs with attn_cp = 1");
     const int n = int(work.requests_of(groups_.coords().attn_dp_rank).size());
     const int blocks = (rows_per_request + block_size - 1) / block_size;
     cache_ = std::make_unique<Cache>(kernels::KvCacheShape{dims_.layers, dims_.head_dim, block_size, n * blocks, n, blocks});
   }
 
   // Decode step `step` (1-based): every live request of this rank's DP group feeds one row,
-  // next_input of its row in `prev` (the prefill's output at step 1, else the previous step's);
-  // returns the live requests' output rows in request order. Collective like forward: a group
-  // with no live request joins every collective with zero rows.
+  // next_input of its previous output row (the prefill's last row at step 1); the row is held by
+  // CP rank p mod attn_cp, p its position, and `prev` holds the rows this rank returned last time.
+  // Under CP the rank holding a previous row computes the next input and the inputs are shared over
+  // attn_cp (an engine shares the sampled token). Returns this rank's rows in request order.
+  // Collective like forward: a group or CP rank with no live row joins every collective with zero rows.
   Rows<ExecSpace> decode_step(const Workload& work, const DecodePlan& plan, int step, const Rows<ExecSpace>& prev) {
     if (!cache_) throw LayoutError("decode", "decode_step needs a KV cache: call reserve_kv before the prefill");
-    const std::vector<int> reqs = work.requests_of(groups_.coords().attn_dp_rank);
-    const std::vector<int> cu = work.cu_seqlens_of(groups_.coords().attn_dp_rank);
+    const RankCoords k = groups_.coords();
+    const CpShare me = CpShare::of(groups_.layout(), k.attn_cp_rank);
+    const std::vector<int> reqs = work.requests_of(k.attn_dp_rank);
+    const std::vector<std::int64_t> had = plan.owners_of(work, k.attn_dp_rank, step - 1, me);  // prev's rows
     const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), prev.values);
-    const int H = dims_.hidden;
+    const int H = dims_.hidden, W = dims_.window;
+    // The inputs, CP rank after CP rank (each computes those of the previous rows it holds).
+    std::vector<float> inputs;
+    std::vector<int> at, counts(std::size_t(me.cp), 0);  // live request j's input: inputs row at[j]
+    std::vector<int> order;                              // requests in that order
+    for (int c = 0; c < me.cp; ++c)
+      for (int j = 0; j < int(reqs.size()); ++j) {
+        const int r = reqs[std::size_t(j)], p = work.lengths[std::size_t(r)] + step - 1;
+        if (!plan.live(r, step) || work.cp_rank_of(r, p - 1, me) != c) continue;
+        ++counts[std::size_t(c)];
+        order.push_back(j);
+        if (c != me.rank) continue;
+        const auto from = std::find(had.begin(), had.end(), RowOwner::pack(r, p - 1)) - had.begin();
+        inputs.resize(inputs.size() + std::size_t(H));
+        next_input(&h(from, 0), inputs.data() + inputs.size() - std::size_t(H), H);
+      }
+    std::vector<float> all(order.size() * std::size_t(H));
+    std::vector<int> elems;
+    for (int c : counts) elems.push_back(c * H);
+    wire_.all_gatherv(GroupKind::attn_cp, std::span<const float>(inputs), std::span<float>(all), elems);
+    at.assign(reqs.size(), -1);
+    for (std::size_t i = 0; i < order.size(); ++i) at[std::size_t(order[i])] = int(i);
+    // This rank's rows, and every row of the group attended here (under CP, CP rank after CP rank).
     std::vector<float> rows;
     Rows<ExecSpace> x;
     kv_slots_.clear();
     kv_cu_ = {0};
-    for (int j = 0, at = 0; j < int(reqs.size()); ++j) {
-      const int r = reqs[std::size_t(j)];
-      if (step > 1 && !plan.live(r, step - 1)) continue;
-      const int from = step == 1 ? cu[std::size_t(j) + 1] - 1 : at++;  // its row in prev
-      if (!plan.live(r, step)) continue;
-      rows.resize(rows.size() + std::size_t(H));
-      next_input(&h(from, 0), rows.data() + rows.size() - std::size_t(H), H);
-      x.owners.push_back(RowOwner::pack(r, work.lengths[std::size_t(r)] + step - 1));
-      kv_slots_.push_back(j);
-      kv_cu_.push_back(int(kv_slots_.size()));
+    std::vector<int> attended, first;
+    KvRows kr;
+    kr.counts.assign(std::size_t(me.cp), 0);
+    for (int c = 0; c < me.cp; ++c)
+      for (int j = 0; j < int(reqs.size()); ++j) {
+        const int r = reqs[std::size_t(j)], p = work.lengths[std::size_t(r)] + step - 1;
+        if (!plan.live(r, step) || work.cp_rank_of(r, p, me) != c) continue;
+        ++kr.counts[std::size_t(c)];
+        attended.push_back(j);
+        if (c != me.rank) continue;
+        rows.insert(rows.end(), all.begin() + std::ptrdiff_t(at[std::size_t(j)]) * H,
+                    all.begin() + std::ptrdiff_t(at[std::size_t(j)] + 1) * H);
+        x.owners.push_back(RowOwner::pack(r, p));
+        kv_held_[std::size_t(j)].push_back(p);
+        kv_slots_.push_back(j);
+        kv_cu_.push_back(int(kv_slots_.size()));
+      }
+    for (int j : attended) {  // where the window starts among the keys held here
+      const int start = W > 0 ? std::max(0, work.lengths[std::size_t(reqs[std::size_t(j)])] + step - W) : 0;
+      const auto& held = kv_held_[std::size_t(j)];
+      first.push_back(int(std::lower_bound(held.begin(), held.end(), start) - held.begin()));
     }
     const std::size_t n = kv_slots_.size();
     x.values = View("relayout::decode_input", n, std::size_t(H));
@@ -146,9 +190,9 @@ class DistributedModel {
     const std::vector<std::int64_t> owners = x.owners;
     if (!opts_.track_owners) x.owners.clear();
     gather_counts(std::int64_t(n));
-    KvRows slots;
-    slots.cu = to_device(kv_slots_, "relayout::decode_slots");
-    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, slots, true);
+    kr.cu = to_device(me.cp > 1 ? attended : kv_slots_, "relayout::decode_slots");
+    kr.positions = to_device(first, "relayout::decode_first");
+    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, kr, true);
     if (opts_.track_owners && x.owners != owners)
       throw LayoutError("bridge", "decode step " + std::to_string(step) + ": rows came back in another order");
     return x;
@@ -171,7 +215,9 @@ class DistributedModel {
 
   // The keys this rank's queries attend: its DP group's requests (cu), the kv row of each of its
   // own rows (positions, by which causality and the window go) and, under CP, where the rows
-  // all-gathered over attn_cp (CP rank after CP rank) belong in the group's order.
+  // all-gathered over attn_cp (CP rank after CP rank) belong in the group's order. In decode: cu
+  // the cache slot of each query row attended here (under CP the group's rows, CP rank after CP
+  // rank), positions where its window starts among the keys held here, counts rows per CP rank.
   struct KvRows {
     IntView cu, positions, order;
     std::vector<int> counts;  // kv rows held by each CP rank
@@ -208,6 +254,35 @@ class DistributedModel {
           for (std::size_t f = 0; f < D; ++f) all(order(j), f) = cat(j, f);
         });
     return all;
+  }
+
+  // CP decode: every CP rank attends all the group's decode rows (queries all-gathered over attn_cp)
+  // over the keys it holds; each row's partials (output and log-sum-exp per head) go back to the
+  // row's CP rank (all_to_allv), which merges them.
+  void cp_decode(int layer, const View& q, const KvRows& r, const View& o, kernels::AttentionParams params) {
+    const std::size_t HD = q.extent(1), heads = HD / std::size_t(dims_.head_dim), N = r.cu.extent(0), n = q.extent(0);
+    const int cp = int(r.counts.size());
+    View all_q("relayout::q_cp", N, HD), part("relayout::attn_partial", N, HD), lse("relayout::attn_lse", N, heads),
+        parts("relayout::attn_parts", std::size_t(cp) * n, HD), lses("relayout::attn_lses", std::size_t(cp) * n, heads);
+    std::vector<int> q_counts, o_send, o_recv, l_send, l_recv;
+    for (int c : r.counts) {
+      q_counts.push_back(c * int(HD));
+      o_send.push_back(c * int(HD));
+      l_send.push_back(c * int(heads));
+      o_recv.push_back(int(n * HD));
+      l_recv.push_back(int(n * heads));
+    }
+    exec_.fence();
+    wire_.all_gatherv(GroupKind::attn_cp, std::span<const float>(q.data(), q.size()),
+                      std::span<float>(all_q.data(), all_q.size()), q_counts);
+    params.window = 0;  // given per row by r.positions
+    kernels::attention_decode_partial(exec_, all_q, cache_->view(layer, r.cu), r.positions, part, lse, params);
+    exec_.fence();
+    wire_.all_to_allv(GroupKind::attn_cp, std::span<const float>(part.data(), part.size()), o_send,
+                      std::span<float>(parts.data(), parts.size()), o_recv);
+    wire_.all_to_allv(GroupKind::attn_cp, std::span<const float>(lse.data(), lse.size()), l_send,
+                      std::span<float>(lses.data(), lses.size()), l_recv);
+    kernels::attention_merge(exec_, parts, lses, o);
   }
 
   View input(const std::vector<std::int64_t>& owners) const {
@@ -255,7 +330,9 @@ class DistributedModel {
     if (cache_)
       for (std::size_t i = 0; i < kv_slots_.size(); ++i)
         cache_->append(exec_, layer, kv_slots_[i], Kokkos::subview(kv, std::pair<int, int>(kv_cu_[i], kv_cu_[i + 1]), Kokkos::ALL));
-    if (decode) {
+    if (decode && groups_.layout().widths().attn_cp > 1) {
+      cp_decode(layer, q, kv_rows, o, params);
+    } else if (decode) {
       kernels::attention_decode(exec_, q, cache_->view(layer, kv_rows.cu), o, params);
     } else {
       const View keys = groups_.layout().widths().attn_cp > 1 ? gather_kv(kv, kv_rows) : kv;
@@ -324,6 +401,7 @@ class DistributedModel {
   using Cache = kernels::PagedKvCache<float, typename ExecSpace::memory_space>;
   std::unique_ptr<Cache> cache_;
   std::vector<int> kv_slots_, kv_cu_;  // this forward's rows [kv_cu_[i], kv_cu_[i + 1]) go to slot kv_slots_[i]
+  std::vector<std::vector<int>> kv_held_;  // the positions of request slot j cached here, in order
 };
 
 }  // namespace relayout::model

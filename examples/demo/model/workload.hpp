@@ -94,6 +94,20 @@ struct Workload {
     for (int i : positions_of(g, s)) out.push_back(all[std::size_t(i)]);
     return out;
   }
+  // The CP rank that holds row `position` of request r in its DP group: a prompt row by the prefill
+  // split of `s`, a decode row (position >= the prompt length) round-robin by position, p mod cp,
+  // so a request's KV stays spread evenly over the CP ranks as it grows (docs/kv_cache.md).
+  int cp_rank_of(int r, int position, const CpShare& s) const {
+    const int n = lengths[std::size_t(r)];
+    if (position >= n || s.cp == 1) return position % s.cp;
+    if (s.split == CpTokenSplit::contiguous) return cp_chunk_rank_of_token(position, n, s.cp);
+    int row = position;  // its row in the group's batch
+    for (int q : requests_of(placement[std::size_t(r)])) {
+      if (q == r) break;
+      row += lengths[std::size_t(q)];
+    }
+    return prefill_cp_rank_of_token(row, s.cp);
+  }
   std::int64_t total_rows() const {
     std::int64_t n = 0;
     for (int l : lengths) n += l;
@@ -122,6 +136,17 @@ struct DecodePlan {
   }
   // Whether request i feeds a row at step s (1-based).
   bool live(int i, int s) const { return s <= lengths[std::size_t(i)]; }
+  // The owners of the decode rows of DP group g at step s that CP share `c` holds (all of the group's
+  // live requests when cp == 1), in request order; step 0: the prefill rows of the share.
+  std::vector<std::int64_t> owners_of(const Workload& w, int g, int s, const CpShare& c) const {
+    if (s == 0) return w.owners_of(g, c);
+    std::vector<std::int64_t> out;
+    for (int r : w.requests_of(g)) {
+      const int p = w.lengths[std::size_t(r)] + s - 1;
+      if (live(r, s) && w.cp_rank_of(r, p, c) == c.rank) out.push_back(RowOwner::pack(r, p));
+    }
+    return out;
+  }
 };
 
 // The input row of a decode step, from the request's previous output row: that row scaled to unit
