@@ -75,8 +75,9 @@ cli::MemoryEstimate require_size(const Options& o, const Widths& w, const model:
   const double tokens = double(work.total_rows());
   const double longest = work.lengths.empty() ? 0.0 : double(*std::max_element(work.lengths.begin(), work.lengths.end()));
   cli::MemoryEstimate need = cli::estimate_model(o.dims, w, tokens, longest);
-  if (plan.steps > 0) {  // the KV cache of every request (a rank holds its group's), decode rows
-    need.kv += 4.0 * o.dims.layers * o.dims.head_dim * double(work.requests()) * (o.kv_capacity + 16);
+  if (plan.steps > 0) {  // the KV cache of every request (a rank holds its group's, under CP its share), decode rows
+    need.kv += 4.0 * o.dims.layers * o.dims.head_dim * double(work.requests()) *
+               (double(o.kv_capacity + w.attn_cp - 1) / w.attn_cp + 17);
     need.buffers += 8.0 * o.dims.hidden * double(work.requests()) * plan.steps;
   }
   if (o.check) need.buffers += cli::reference_bytes(o.dims, tokens + double(work.requests()) * plan.steps);

@@ -115,9 +115,12 @@ class DistributedModel {
 
   // A paged KV cache for this rank's DP group's requests, each `rows_per_request` rows at most
   // (prompt + decode steps); allocated here, filled by the next forward.
+  // Under CP a rank holds at most ceil(L / cp) of a request's L prompt rows and ceil(S / cp) of its
+  // S decode rows, so at most ceil(rows_per_request / cp) + 1 rows of it.
   void reserve_kv(const Workload& work, int rows_per_request, int block_size = 16) {
-    const int n = int(work.requests_of(groups_.coords().attn_dp_rank).size());
-    const int blocks = (rows_per_request + block_size - 1) / block_size;
+    const int n = int(work.requests_of(groups_.coords().attn_dp_rank).size()), cp = groups_.layout().widths().attn_cp;
+    const int rows = cp > 1 ? (rows_per_request + cp - 1) / cp + 1 : rows_per_request;
+    const int blocks = (rows + block_size - 1) / block_size;
     cache_ = std::make_unique<Cache>(kernels::KvCacheShape{dims_.layers, dims_.head_dim, block_size, n * blocks, n, blocks});
   }
 
