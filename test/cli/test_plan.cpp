@@ -52,6 +52,60 @@ TEST_CASE("plan: the forward is the slowest rank's collectives plus its flops") 
   CHECK(t.compute == doctest::Approx(std::max(p.ranks[0].memory.flops, p.ranks[1].memory.flops) / c.gpu_flops));
 }
 
+TEST_CASE("plan: attention CP: the CP shares' rows, the KV all-gather over attn_cp and K/V per CP rank") {
+  cli::PlanInput in;
+  in.dims.hidden = 16;
+  in.dims.heads = 4;
+  in.dims.head_dim = 4;
+  in.dims.q_lora = 8;
+  in.dims.experts = 8;
+  in.dims.moe_inter = 8;
+  in.dims.shared_inter = 8;
+  in.dims.layers = 2;
+  in.requests = {5, 3};
+  // --tp 4 --cp 2: one DP group of 8 tokens; plain CP cuts 5 into 3 + 2 and 3 into 2 + 1: shares 5
+  // and 3, CP rank 0 on ranks 0-1, CP rank 1 on ranks 2-3.
+  const cli::LayerPlan p = cli::plan_layer(RuntimeLayout({.tp = 4, .cp = 2}), in);
+  CHECK(p.global_num_tokens == std::vector<std::int64_t>{5, 3});
+  CHECK(p.ranks[1].attention_rows == 5);
+  CHECK(p.ranks[2].attention_rows == 3);
+  const std::size_t kv = TrafficLog::slot(TrafficOp::all_gatherv, GroupKind::attn_cp);
+  for (const cli::RankPlan& r : p.ranks) {
+    CHECK(r.calls[kv] == 2);           // once per layer
+    CHECK(r.bytes[kv] == 2 * 8 * 4 * 4);  // the group's 8 rows x head_dim 4 x 4 bytes, 2 layers
+  }
+  // K/V memory: its own rows' kv_raw and kv (2 x rows x 4 x 4 B) and the gathered and reordered
+  // group (2 x 8 x 4 x 4 B).
+  CHECK(p.ranks[0].memory.kv == 2 * 5 * 16 + 2 * 8 * 16);
+  CHECK(p.ranks[3].memory.kv == 2 * 3 * 16 + 2 * 8 * 16);
+  // The attention all-reduce over attn_tp moves the share's rows: 5 x 16 x 4 B per layer.
+  CHECK(p.ranks[0].bytes[TrafficLog::slot(TrafficOp::all_reduce, GroupKind::attn_tp)] == 2 * 5 * 64);
+  // Prefill CP at tp 4 (attn_cp 4): the group's 9 tokens dealt round-robin, 3 2 2 2.
+  in.requests = {5, 1, 3};
+  const cli::LayerPlan q = cli::plan_layer(RuntimeLayout({.tp = 4, .enable_prefill_cp = true}), in);
+  CHECK(q.global_num_tokens == std::vector<std::int64_t>{3, 2, 2, 2});
+  // Plain CP 4 on the same requests: 5 -> 2 1 1 1, 1 -> 1 0 0 0, 3 -> 1 1 1 0.
+  const cli::LayerPlan c = cli::plan_layer(RuntimeLayout({.tp = 4, .cp = 4}), in);
+  CHECK(c.global_num_tokens == std::vector<std::int64_t>{4, 2, 2, 1});
+}
+
+TEST_CASE("plan: a dispatched row is ep_dispatch's message") {
+  cli::PlanInput in;  // hidden 64, top-2 by default
+  in.dims.hidden = 64;
+  in.dims.topk = 2;
+  const cli::LayerPlan p = cli::plan_layer(RuntimeLayout({.tp = 2, .moe_a2a_backend = Backend::deepep}), in);
+  // float: 2 weights and 2 ids (8 B each pair) and 64 values: 16 + 256 B.
+  CHECK(p.message.bytes == 16 + 256);
+  CHECK(p.message.bytes == EpMessage::of<float>(2, 64).bytes);
+  in.elem = 2;  // bf16 values: 2 x (2 + 4) + 128 = 140 B, padded to 4
+  CHECK(cli::plan_layer(RuntimeLayout({.tp = 2, .moe_a2a_backend = Backend::deepep}), in).message.bytes ==
+        EpMessage::of<bf16>(2, 64).bytes);
+  CHECK(EpMessage::of<bf16>(2, 64).bytes == 140);
+  in.elem = 3;
+  CHECK_THROWS_WITH_AS(cli::plan_layer(RuntimeLayout({.tp = 2}), in), doctest::Contains("--element-bytes must be 1, 2, 4 or 8"),
+                       LayoutError);
+}
+
 TEST_CASE("plan: the ranking enumerates every layout of 4 GPUs the layer runs") {
   // By hand: 4 replicas of tp 1 (backend none, deepep): 2; 2 replicas of tp 2 (ep 1, 2; deepep):
   // 3; tp 4 without DP attention (ep 1, 2, 4; deepep): 4; with DP attention dp 2 and 4: 4 each.

@@ -1,5 +1,6 @@
 // `relayout plan` against the real thing: dsv4_layer runs on MPI ranks (mpiexec) for every layout
-// of the np <= 8 sweep that the plan models (attn_cp = 1) (np 8: a few, one per bridge path and EP width), and
+// of the np <= 8 sweep, attention CP and prefill CP included (np 8: a few, one per bridge path, EP
+// width and CP kind), and
 // every rank's measured collectives (--format json, ranks[].collectives[]) are compared with the
 // plan: the same (operation, group) entries, equal calls, equal bytes for every collective whose
 // size does not depend on routing. Dispatch/combine are expected values under uniform routing:
@@ -28,32 +29,42 @@ struct Case {
   std::string padding = "auto", restore = "reduce";
 };
 
-// The sweep of test/model/test_layer_mpi.cpp (tp = np; DP attention off/on, every dp; backend
-// none with every ep, deepep; every moe_dp), one entry per distinct widths and backend.
+// The sweep of test/model/test_layer_mpi.cpp (tp = np; DP attention off/on, every dp; attention CP
+// off, every cp, prefill CP; backend none with every ep, deepep; every moe_dp), one entry per
+// distinct widths, token split and backend.
 std::vector<Case> sweep(int np) {
   std::vector<Case> out;
   std::set<std::string> seen;
-  for (bool dpa : {false, true})
-    for (int dp = 1; dp <= (dpa ? np : 1); ++dp)
-      for (Backend b : {Backend::none, Backend::deepep})
-        for (int ep = 1; ep <= (b == Backend::none ? np : 1); ++ep)
-          for (int moe_dp = 1; moe_dp <= np; ++moe_dp) {
-            const LayoutConfig c{.tp = np, .dp = dp, .ep = ep, .moe_dp = moe_dp, .enable_dp_attention = dpa,
-                                 .moe_a2a_backend = b};
-            const WidthsResult r = derive_widths(c);
-            if (r.rule != LayoutRule::ok || r.widths.attn_cp != 1) continue;  // the plan models attn_cp = 1 only
-            const Widths& w = r.widths;
-            const std::string key = std::to_string(w.attn_dp) + "/" + std::to_string(w.moe_ep) + "/" +
-                                    std::to_string(w.moe_dp) + "/" + std::string(to_string(b));
-            if (!seen.insert(key).second) continue;
-            if (w.attn_dp > 1 && b == Backend::none && np <= 4) {  // path dp_gather: every restore
-              out.push_back({c, "sum_len"});
-              out.push_back({c, "max_len"});
-              out.push_back({c, "sum_len", "scatter"});
-            } else {
-              out.push_back({c});
-            }
-          }
+  for (bool prefill : {false, true})
+    for (int cp = 1; cp <= (prefill ? 1 : np); ++cp)
+      for (bool dpa : {false, true})
+        for (int dp = 1; dp <= (dpa ? np : 1); ++dp)
+          for (Backend b : {Backend::none, Backend::deepep})
+            for (int ep = 1; ep <= (b == Backend::none ? np : 1); ++ep)
+              for (int moe_dp = 1; moe_dp <= np; ++moe_dp) {
+                const LayoutConfig c{.tp = np, .dp = dp, .cp = cp, .ep = ep, .moe_dp = moe_dp,
+                                     .enable_dp_attention = dpa, .moe_a2a_backend = b, .enable_prefill_cp = prefill};
+                const WidthsResult r = derive_widths(c);
+                if (r.rule != LayoutRule::ok) continue;
+                const Widths& w = r.widths;
+                // CP layouts (each mpiexec costs about a second): one per bridge path, token split and
+                // whether attn_dp, moe_ep and moe_dp are > 1.
+                const std::string key =
+                    w.attn_cp == 1 ? std::to_string(w.attn_dp) + "/" + std::to_string(w.moe_ep) + "/" +
+                                         std::to_string(w.moe_dp) + "/" + std::string(to_string(b))
+                                   : "cp/" + std::string(to_string(bridge_path(w, b))) + "/" + std::to_string(prefill) +
+                                         std::to_string(w.attn_dp > 1) + std::to_string(w.moe_ep > 1) +
+                                         std::to_string(w.moe_dp > 1);
+                if (!seen.insert(key).second) continue;
+                const bool restores = w.attn_cp == 1 ? np <= 4 : np == 2 && !prefill && w.moe_ep == 1 && w.moe_dp == 1;
+                if (w.attn_dp * w.attn_cp > 1 && b == Backend::none && restores) {
+                  out.push_back({c, "sum_len"});  // path dp_gather: every restore
+                  out.push_back({c, "max_len"});
+                  out.push_back({c, "sum_len", "scatter"});
+                } else {
+                  out.push_back({c});
+                }
+              }
   return out;
 }
 
@@ -61,6 +72,8 @@ std::string flags_of(const LayoutConfig& c) {
   std::string s = "--tp " + std::to_string(c.tp) + " --dp " + std::to_string(c.dp) + " --ep " + std::to_string(c.ep) +
                   " --moe-dp-size " + std::to_string(c.moe_dp) + " --moe-a2a-backend " +
                   std::string(to_string(c.moe_a2a_backend));
+  if (c.cp > 1) s += " --cp " + std::to_string(c.cp);
+  if (c.enable_prefill_cp) s += " --enable-prefill-cp";
   return c.enable_dp_attention ? s + " --enable-dp-attention" : s;
 }
 
@@ -112,7 +125,7 @@ std::string model_args(const cli::PlanInput& in) {
 }  // namespace
 
 TEST_CASE("plan: measured collectives of dsv4_layer equal the plan (dispatch/combine within 20%)") {
-  int layouts = 0;
+  int layouts = 0, cp_layouts = 0;
   double worst_dispatch = 0, worst_combine_group = 0, worst_combine_rank = 0;
   for (int np : {1, 2, 4, 8}) {
     std::vector<Case> cases = sweep(np);
@@ -121,7 +134,8 @@ TEST_CASE("plan: measured collectives of dsv4_layer equal the plan (dispatch/com
       std::set<std::string> kinds;
       for (const Case& c : cases) {
         const RuntimeLayout l(c.config);
-        const std::string kind = std::string(to_string(l.bridge_path())) + std::to_string(l.widths().moe_ep > 1);
+        const std::string kind = std::string(to_string(l.bridge_path())) + std::to_string(l.widths().moe_ep > 1) +
+                                 std::to_string(l.widths().attn_cp > 1) + std::to_string(c.config.enable_prefill_cp);
         if (kinds.insert(kind).second) few.push_back(c);
       }
       cases = few;
@@ -174,10 +188,12 @@ TEST_CASE("plan: measured collectives of dsv4_layer equal the plan (dispatch/com
         CHECK(rel <= 0.20);
       }
       ++layouts;
+      cp_layouts += layout.widths().attn_cp > 1;
     }
   }
-  MESSAGE("layouts compared: " << layouts << "; worst dispatch per rank " << worst_dispatch * 100
+  MESSAGE("layouts compared: " << layouts << " (" << cp_layouts << " with attention CP); worst dispatch per rank " << worst_dispatch * 100
                                << "%, combine per moe_ep group " << worst_combine_group * 100 << "% (single rank "
                                << worst_combine_rank * 100 << "%)");
   CHECK(layouts >= 20);
+  CHECK(cp_layouts >= 20);
 }

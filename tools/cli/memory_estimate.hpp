@@ -87,9 +87,10 @@ inline WeightShards weight_shards(const model::ModelDims& d, const Widths& w, bo
 
 // The rows one rank works on in one forward: `attention` rows of its DP group (attention, K/V),
 // `moe` rows entering its MoE step (the gathered rows on path dp_gather, its chunk on the
-// all-to-all paths), `expert` (row, expert) pairs its experts compute.
+// all-to-all paths), `expert` (row, expert) pairs its experts compute; under attention CP
+// `kv_gathered` K/V rows all-gathered over attn_cp (its whole DP group's).
 struct RankRows {
-  double attention = 0, moe = 0, expert = 0;
+  double attention = 0, moe = 0, expert = 0, kv_gathered = 0;
 };
 
 // One rank of a DistributedModel of dims `d`; `longest` is the longest request; `elem` the bytes
@@ -107,7 +108,7 @@ inline MemoryEstimate estimate_rank(const model::ModelDims& d, const Widths& w, 
   // gathered, partial and restored rows (padded: twice the rows), the routed rows' expert work.
   m.activations = elem * r.attention * (5 * H + 2 * Q + 2 * HD) + elem * r.moe * (6 * H + E) +
                   elem * r.expert * (3 * inter + H);
-  m.kv = elem * r.attention * 2 * D;                            // kv_raw, kv of the layer running
+  m.kv = elem * r.attention * 2 * D + elem * r.kv_gathered * 2 * D;  // kv_raw, kv; CP: gathered and reordered
   m.buffers = weight_elem * ws.total() / L + 8 * L * 8 * r.moe;         // weights being packed; owners per boundary
   const double attention = 2.0 * 2.0 * HD * longest * r.attention;  // causal: ~len^2 per request, bounded
   m.flops = 2 * L * (r.attention * (Q * H + HD * Q + D * H + H * HD) + r.moe * E * H + r.expert * 3 * inter * H +

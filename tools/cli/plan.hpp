@@ -26,6 +26,7 @@
 #include "relayout/bridge/plan.hpp"
 #include "relayout/mesh.hpp"
 #include "relayout/placement/dp_slots.hpp"
+#include "relayout/placement/ep.hpp"
 #include "relayout/placement/split.hpp"
 #include "relayout/placement/traffic.hpp"
 
@@ -76,8 +77,10 @@ struct LayerPlan {
   BridgePath path = BridgePath::tp_moe;
   PaddingMode padding = PaddingMode::sum_len;
   BridgeRestore restore = BridgeRestore::reduce;
-  std::vector<std::int64_t> global_num_tokens;
+  std::vector<std::int64_t> global_num_tokens;  // one entry per CP share of each DP group
+  std::vector<std::int64_t> group_rows;         // rows of each attention-DP group
   std::span<const PlanStep> steps;
+  EpMessage message;  // one dispatched row (ep_dispatch's message, with elem-byte values)
   double destinations_per_row = 0;  // expected moe_ep ranks a row is dispatched to (uniform routing)
   std::vector<RankPlan> ranks;
 };
@@ -102,10 +105,12 @@ inline BridgeRestore parse_restore(const std::string& s) {
 // the flag when the dims, requests or placement do not fit the layout (the layer's own checks).
 inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
   const Widths& w = layout.widths();
-  if (w.attn_cp > 1)
-    throw LayoutError("--cp", "--cp: relayout plan does not model attention context parallelism yet (the CP KV "
-                              "all-gather and the bridge's CP blocks), got attn_cp = " + std::to_string(w.attn_cp));
   model::validate(in.dims, w);
+  if (in.elem != 1 && in.elem != 2 && in.elem != 4 && in.elem != 8) {
+    char got[32];
+    std::snprintf(got, sizeof got, "%g", in.elem);
+    throw LayoutError("--element-bytes", std::string("--element-bytes must be 1, 2, 4 or 8 (the bytes of one value type), got ") + got);
+  }
   const model::Workload work = model::Workload::make(in.requests, in.placement, w.attn_dp);
   LayerPlan p(layout);
   p.dims = in.dims;
@@ -113,32 +118,50 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
   p.weight_elem = in.weight_elem > 0 ? in.weight_elem : in.elem;
   p.path = layout.bridge_path();
   p.restore = parse_restore(in.restore);
-  // Rows and longest request of each DP group, in one pass over the requests.
-  p.global_num_tokens.assign(std::size_t(w.attn_dp), 0);
+  // Under attention CP (attn_cp > 1) each rank holds its CP share of its DP group's rows, and the
+  // bridge moves every (DP group, CP rank) share as a DP group of its own (MoeBridge::cp_share_layout:
+  // the same domain with attn_dp * attn_cp groups and no CP); global_num_tokens has one entry per
+  // share, in rank order. Each share's rows: plain CP cuts every request into attn_cp chunks, prefill
+  // CP deals the group's tokens round-robin (docs/cp.md); both give cp_token_count rows.
+  const int C = w.attn_cp;
+  const RuntimeLayout shares =
+      C > 1 ? RuntimeLayout(LayoutConfig{.tp = w.tp, .dp = w.attn_dp * C, .enable_dp_attention = true}) : layout;
+  const bool round_robin = layout.cp_token_split() == CpTokenSplit::round_robin;
+  p.global_num_tokens.assign(std::size_t(w.attn_dp * C), 0);
+  p.group_rows.assign(std::size_t(w.attn_dp), 0);
   std::vector<double> longest_of(std::size_t(w.attn_dp), 0.0);
   for (int q = 0; q < work.requests(); ++q) {
-    const std::size_t g = std::size_t(work.placement[std::size_t(q)]);
-    p.global_num_tokens[g] += work.lengths[std::size_t(q)];
-    longest_of[g] = std::max(longest_of[g], double(work.lengths[std::size_t(q)]));
+    const int g = work.placement[std::size_t(q)];
+    const std::int64_t len = work.lengths[std::size_t(q)];
+    p.group_rows[std::size_t(g)] += len;
+    longest_of[std::size_t(g)] = std::max(longest_of[std::size_t(g)], double(len));
+    if (!round_robin)
+      for (int c = 0; c < C; ++c) p.global_num_tokens[std::size_t(g * C + c)] += cp_token_count(len, C, c);
   }
-  p.padding = in.padding == "auto" ? layout.padding_mode(p.global_num_tokens) : parse_padding(in.padding);
-  p.steps = bridge_plan(p.path, p.padding, p.restore);
+  if (round_robin)
+    for (int g = 0; g < w.attn_dp; ++g)
+      for (int c = 0; c < C; ++c)
+        p.global_num_tokens[std::size_t(g * C + c)] = cp_token_count(p.group_rows[std::size_t(g)], C, c);
+  p.padding = in.padding == "auto" ? shares.padding_mode(p.global_num_tokens) : parse_padding(in.padding);
+  p.steps = bridge_plan(p.path, p.padding, p.restore, C > 1);
   const model::ModelDims& d = in.dims;
   const double H = d.hidden, K = d.topk, e = in.elem, L = d.layers;
   const int A = w.attn_tp, ep = w.moe_ep;
+  // The value type is also the payload type (ep_dispatch<T, T>): scalars are aligned to their size.
+  p.message = EpMessage::of(d.topk, d.hidden, std::int64_t(e), std::int64_t(e), std::int64_t(e), std::int64_t(e));
   p.destinations_per_row = ep > 1 ? expected_destinations(d.experts, d.topk, ep) : 1.0;
   const double hit = p.destinations_per_row / ep;  // P(a row goes to a given moe_ep rank)
-  const DpSlots slots(layout, p.global_num_tokens, p.padding);
+  const DpSlots slots(shares, p.global_num_tokens, p.padding);
   const double total = double(slots.total_rows());
   const auto multi = [&](GroupKind g) { return layout.group_size(g) > 1; };
   // Rows each rank routes on the all-to-all paths: its tensor_split chunk of its group's rows;
   // and their sum over each moe_ep group (the rows that may come to its members).
   std::vector<double> chunk(std::size_t(layout.size()));
   std::vector<double> ep_rows(std::size_t(layout.group_count(GroupKind::moe_ep)), 0.0);
+  const auto share_of = [&](const RankCoords& k) { return std::size_t(k.attn_dp_rank * C + k.attn_cp_rank); };
   for (int r = 0; r < layout.size(); ++r) {
     const RankCoords k = layout.coords(r);
-    chunk[std::size_t(r)] =
-        double(tensor_split_range(p.global_num_tokens[std::size_t(k.attn_dp_rank)], A, k.attn_tp_rank).count);
+    chunk[std::size_t(r)] = double(tensor_split_range(p.global_num_tokens[share_of(k)], A, k.attn_tp_rank).count);
     ep_rows[std::size_t(layout.group_index(GroupKind::moe_ep, r))] += chunk[std::size_t(r)];
   }
 
@@ -146,7 +169,7 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
     RankPlan rp;
     rp.coords = layout.coords(r);
     const RankCoords& k = rp.coords;
-    const std::int64_t n_rows = p.global_num_tokens[std::size_t(k.attn_dp_rank)];
+    const std::int64_t n_rows = p.global_num_tokens[share_of(k)];
     const double n = double(n_rows);
     rp.attention_rows = n;
     // The token counts of every DP group, once per forward (gather_num_tokens).
@@ -155,6 +178,10 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
     bool shared_here = true;
     // One layer; every layer is the same.
     RankPlan layer;
+    // CP: the shared K/V rows of every CP rank, all-gathered over attn_cp (the demo layer's
+    // gather_kv): the assembled buffer is the whole DP group's rows.
+    const double kv_rows = double(p.group_rows[std::size_t(k.attn_dp_rank)]);
+    if (C > 1) layer.add(TrafficOp::all_gatherv, GroupKind::attn_cp, kv_rows * d.head_dim * e);
     if (multi(GroupKind::attn_tp)) layer.add(TrafficOp::all_reduce, GroupKind::attn_tp, n * H * e);
     for (const PlanStep& s : p.steps) {
       switch (s.step) {
@@ -185,8 +212,9 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
           break;
         case BridgeStep::split_rows: rp.moe_rows = chunk[std::size_t(r)]; break;
         case BridgeStep::dispatch: {
-          // Each routed row once per destination rank, with its k expert ids (int) and weights.
-          if (multi(*s.group)) layer.add(TrafficOp::dispatch, *s.group, rp.moe_rows * p.destinations_per_row * (H * e + K * (4 + e)));
+          // Each routed row once per destination rank, in one message with its k expert ids and weights.
+          if (multi(*s.group))
+            layer.add(TrafficOp::dispatch, *s.group, rp.moe_rows * p.destinations_per_row * double(p.message.bytes));
           // rows of every member of this rank's moe_ep group, each here with P(hit)
           const double arriving = ep_rows[std::size_t(layout.group_index(GroupKind::moe_ep, r))];
           rp.expert_rows = arriving * hit;
@@ -215,8 +243,9 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
     const WeightShards ws = weight_shards(d, w, shared_here);
     const double we = p.weight_elem;
     rp.weights = {ws.attention * we, ws.router * we, ws.experts * we, ws.shared * we};
-    rp.memory = estimate_rank(d, w, {n, buffer_rows, rp.expert_pairs}, longest, shared_here, e, we);
-    rp.memory.flops = estimate_rank(d, w, {n, rp.moe_rows, rp.expert_pairs}, longest, shared_here, e, we).flops;
+    const double gathered = C > 1 ? kv_rows : 0.0;
+    rp.memory = estimate_rank(d, w, {n, buffer_rows, rp.expert_pairs, gathered}, longest, shared_here, e, we);
+    rp.memory.flops = estimate_rank(d, w, {n, rp.moe_rows, rp.expert_pairs, gathered}, longest, shared_here, e, we).flops;
     rp.kv_per_token = L * d.head_dim * e;  // the shared K/V row of every layer
     p.ranks.push_back(rp);
   }
@@ -280,6 +309,7 @@ inline nlohmann::json plan_json(const LayerPlan& p) {
     const RankCoords& k = r.coords;
     j["ranks"].push_back({{"rank", k.rank},
                           {"attn_dp_rank", k.attn_dp_rank},
+                          {"attn_cp_rank", k.attn_cp_rank},
                           {"attn_tp_rank", k.attn_tp_rank},
                           {"moe_ep_rank", k.moe_ep_rank},
                           {"collectives", collectives_json(r)},
@@ -296,7 +326,8 @@ inline std::string plan_text(const LayerPlan& p) {
   const Widths& w = p.layout.widths();
   const model::ModelDims& d = p.dims;
   std::ostringstream s;
-  s << "plan: tp=" << w.tp << " attn dp x tp = " << w.attn_dp << " x " << w.attn_tp << ", moe dp x ep x tp = " << w.moe_dp
+  s << "plan: tp=" << w.tp << " attn dp x " << (w.attn_cp > 1 ? "cp x " : "") << "tp = " << w.attn_dp << " x "
+    << (w.attn_cp > 1 ? std::to_string(w.attn_cp) + " x " : "") << w.attn_tp << ", moe dp x ep x tp = " << w.moe_dp
     << " x " << w.moe_ep << " x " << w.moe_tp << ", backend " << to_string(p.layout.backend()) << " -> bridge "
     << to_string(p.path);
   if (p.path == BridgePath::dp_gather)
@@ -304,7 +335,7 @@ inline std::string plan_text(const LayerPlan& p) {
   s << "\nmodel: " << model_flags(d) << " (" << p.elem << "-byte values, " << p.weight_elem << "-byte weights)\n";
   s << "global_num_tokens: [";
   for (std::size_t g = 0; g < p.global_num_tokens.size(); ++g) s << (g ? " " : "") << p.global_num_tokens[g];
-  s << "]\nbridge steps per layer:";
+  s << "]" << (w.attn_cp > 1 ? " (one entry per CP share of each DP group)" : "") << "\nbridge steps per layer:";
   for (const PlanStep& st : p.steps)
     s << " " << st.name << (st.group ? "@" + std::string(to_string(*st.group)) : std::string());
   s << "\n";
@@ -317,8 +348,9 @@ inline std::string plan_text(const LayerPlan& p) {
   for (const RankPlan& r : p.ranks) {
     const RankCoords& k = r.coords;
     char head[200];
-    std::snprintf(head, sizeof head, "rank %d (attn dp %d tp %d, moe ep %d): rows attention %.0f, moe %.0f, experts %.1f%s\n",
-                  k.rank, k.attn_dp_rank, k.attn_tp_rank, k.moe_ep_rank, r.attention_rows, r.moe_rows, r.expert_rows,
+    std::snprintf(head, sizeof head, "rank %d (attn dp %d%s tp %d, moe ep %d): rows attention %.0f, moe %.0f, experts %.1f%s\n",
+                  k.rank, k.attn_dp_rank, w.attn_cp > 1 ? (" cp " + std::to_string(k.attn_cp_rank)).c_str() : "",
+                  k.attn_tp_rank, k.moe_ep_rank, r.attention_rows, r.moe_rows, r.expert_rows,
                   p.path == BridgePath::a2a_split || p.path == BridgePath::direct ? " (expected)" : "");
     s << head << "  collectives:";
     bool any = false;

@@ -122,7 +122,7 @@ inline Ranking rank_layouts(int gpus, std::int64_t batch_tokens, int request_tok
                                         std::to_string(w.moe_dp) + "/" + std::string(to_string(b));
                 if (!seen.insert(key).second) continue;
                 if (w.attn_cp > 1) {
-                  ++out.skipped["attention CP (attn_cp > 1): relayout plan does not model it yet"];
+                  ++out.skipped["attention CP (attn_cp > 1): not ranked yet (relayout plan --cp plans one)"];
                   continue;
                 }
                 PlanInput in = base;

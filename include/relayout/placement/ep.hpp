@@ -160,12 +160,16 @@ struct EpMessage {
   std::int64_t weights = 0, ids = 0, row = 0, bytes = 0;
   template <class T, class P = T>
   static EpMessage of(int k, std::int64_t hidden) {
-    constexpr std::int64_t align = alignof(T) > 4 ? std::int64_t(alignof(T)) : 4;
-    constexpr std::int64_t row_align = std::int64_t(alignof(P));
+    return of(k, hidden, sizeof(T), alignof(T), sizeof(P), alignof(P));
+  }
+  // The same from the types' sizes and alignments (what `relayout plan` predicts from).
+  static constexpr EpMessage of(int k, std::int64_t hidden, std::int64_t t_size, std::int64_t t_align,
+                                std::int64_t p_size, std::int64_t p_align) {
+    const std::int64_t align = t_align > 4 ? t_align : 4;
     EpMessage m;
-    m.ids = k * std::int64_t(sizeof(T));
-    m.row = (m.ids + k * 4 + row_align - 1) / row_align * row_align;
-    m.bytes = (m.row + hidden * std::int64_t(sizeof(P)) + align - 1) / align * align;
+    m.ids = k * t_size;
+    m.row = (m.ids + k * 4 + p_align - 1) / p_align * p_align;
+    m.bytes = (m.row + hidden * p_size + align - 1) / align * align;
     return m;
   }
   std::int64_t words() const { return bytes / 4; }
