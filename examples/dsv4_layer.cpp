@@ -98,7 +98,7 @@ struct DecodeRun {
 };
 
 template <class Net>
-DecodeRun decode(Net& net, const model::Workload& work, const model::DecodePlan& plan, model::Rows<> prev,
+DecodeRun decode(Net& net, const model::Workload& work, const model::DecodePlan& plan, model::LayerRows<> prev,
                  const MpiCommunicator& world, const RankCoords& me, const model::CpShare& share, bool check,
                  const model::ModelDims& dims) {
   DecodeRun r;
@@ -121,7 +121,7 @@ DecodeRun decode(Net& net, const model::Workload& work, const model::DecodePlan&
     const std::vector<std::int64_t> expected =
         plan.owners_of(work, me.attn_dp_rank, s, share);
     if (prev.owners != expected) r.owners_ok = 0;
-    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), prev.values);
+    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), prev.view());
     for (std::size_t i = 0; i < expected.size() && r.owners_ok; ++i) {
       for (int f = 0; f < dims.hidden; ++f) {
         const double v = double(h(i, f));
@@ -188,7 +188,7 @@ int run(const Options& o, const MpiCommunicator& world) {
   const bool root = world.rank() == 0;
 
   std::string failure;
-  model::Rows<> out;
+  model::LayerRows<> out;
   if (plan.steps > 0) net.reserve_kv(work, o.kv_capacity);
   DecodeRun dec;
   std::size_t prefill_bounds = 0;
@@ -223,7 +223,7 @@ int run(const Options& o, const MpiCommunicator& world) {
     for (std::size_t i = 0; i < ref.owners.size(); ++i) row_of[ref.owners[i]] = int(i);
     const auto expected = work.owners_of(me.attn_dp_rank, model::CpShare::of(layout, me.attn_cp_rank));
     owners_ok = out.owners == expected ? 1 : 0;
-    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.values);
+    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.view());
     for (std::size_t i = 0; i < expected.size() && owners_ok; ++i) {
       for (int f = 0; f < o.dims.hidden; ++f) {
         const double v = double(h(i, f));

@@ -89,7 +89,7 @@ inline model::Workload round_workload(const DpSyncMetadata& meta, int attn_dp) {
 template <class C, class ExecSpace = Kokkos::DefaultExecutionSpace, class Sink = trace::NullSink>
 class SpecDecoder {
  public:
-  using View = typename model::Rows<ExecSpace>::View;
+  using View = typename model::LayerRows<ExecSpace>::view_type;
 
   // Collective over the domain. Runs the docs/dspark.md start-up check first (throws LayoutError with the
   // exact message) unless cfg.bypass_guard.
@@ -190,9 +190,9 @@ class SpecDecoder {
     }
     site(log, cfg_.sample ? kSiteDraftSample : kSiteDraftGreedy, draft);
 
-    const model::Rows<ExecSpace> out = target_->forward(work);
+    const model::LayerRows<ExecSpace> out = target_->forward(work);
     ++target_forwards_;
-    const std::vector<double> ht = host_rows(out.values);
+    const std::vector<double> ht = host_rows(out.view());
     std::vector<std::int32_t> choice(n * std::size_t(T));
     for (std::size_t i = 0; i < n; ++i)
       for (int j = 0; j < T; ++j) {
@@ -273,7 +273,7 @@ class SpecDecoder {
   }
 
   std::vector<double> draft_hidden(const model::Workload& work) {
-    if (draft_) return host_rows(draft_->forward(work).values);
+    if (draft_) return host_rows(draft_->forward(work).view());
     return host_rows(dense_forward(work));
   }
 

@@ -7,7 +7,6 @@
 #include "demo/model/layer.hpp"
 #include "demo/model/layer_weights.hpp"
 #include "demo/model/reference.hpp"
-#include "demo/model/rows.hpp"
 #include "demo/model/traffic.hpp"
 #include "demo/model/weights.hpp"
 #include "demo/model/workload.hpp"

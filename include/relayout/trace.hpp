@@ -6,3 +6,4 @@
 #include "relayout/trace/jsonl.hpp"
 #include "relayout/trace/owner.hpp"
 #include "relayout/trace/record.hpp"
+#include "relayout/trace/tracked.hpp"

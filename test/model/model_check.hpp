@@ -22,13 +22,13 @@ struct Comparison {
 
 inline Comparison compare_with_reference(const model::ModelDims& dims, const model::Workload& work,
                                          const model::ReferenceRows& ref, int attn_dp_rank,
-                                         const model::Rows<>& got, const model::CpShare& share = {}) {
+                                         const model::LayerRows<>& got, const model::CpShare& share = {}) {
   Comparison c;
   const auto expected = work.owners_of(attn_dp_rank, share);
   c.owners_match = got.owners == expected && std::int64_t(expected.size()) == got.count();
   std::map<std::int64_t, int> row_of;
   for (std::size_t i = 0; i < ref.owners.size(); ++i) row_of[ref.owners[i]] = int(i);
-  const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got.values);
+  const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got.view());
   for (std::int64_t i = 0; i < got.count() && i < std::int64_t(expected.size()); ++i) {
     const int r = row_of.at(expected[std::size_t(i)]);
     for (int f = 0; f < dims.hidden; ++f) {

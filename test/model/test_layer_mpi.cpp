@@ -114,7 +114,7 @@ Outcome run(const MpiCommunicator& world, const LayoutConfig& c, model::BridgeOp
   const model::Workload work = workload(w.attn_dp);
   opts.record_boundaries = true;
   model::DistributedModel<MpiCommunicator> net(groups, dims, opts);
-  const model::Rows<> out = net.forward(work);
+  const model::LayerRows<> out = net.forward(work);
   const auto ref = model::reference_forward(dims, work);
   const RankCoords k = groups.coords();
   const auto mine = cp_share(work, k.attn_dp_rank, w.attn_cp, k.attn_cp_rank, c.enable_prefill_cp);
@@ -186,13 +186,13 @@ TEST_CASE("layer: a NaN or inf row never passes the reference comparison") {
   const model::ModelDims dims = tiny_dims();
   const model::Workload work = workload(1);
   const auto ref = model::reference_forward(dims, work);
-  model::Rows<> got;
-  got.owners = work.owners_of(0);
-  got.values = model::Rows<>::View("got", got.owners.size(), std::size_t(dims.hidden));
-  const auto h = Kokkos::create_mirror_view(got.values);
+  const std::vector<std::int64_t> owners = work.owners_of(0);
+  const model::LayerRows<>::view_type values("got", owners.size(), std::size_t(dims.hidden));
+  const model::LayerRows<> got(model::LayerRows<>::rows_type(values), owners);
+  const auto h = Kokkos::create_mirror_view(values);
   for (std::size_t i = 0; i < got.owners.size(); ++i)
     for (int f = 0; f < dims.hidden; ++f) h(i, std::size_t(f)) = float(ref.rows(int(i), f));
-  Kokkos::deep_copy(got.values, h);
+  Kokkos::deep_copy(values, h);
   const auto exact = test::compare_with_reference(dims, work, ref, 0, got);
   CHECK(exact.max_abs_err < kTolerance);
   CHECK(exact.non_finite == 0);
@@ -200,7 +200,7 @@ TEST_CASE("layer: a NaN or inf row never passes the reference comparison") {
     CAPTURE(bad);
     for (std::size_t i = 0; i < got.owners.size(); ++i)  // every row, as a layer that outputs NaN rows would
       for (int f = 0; f < dims.hidden; ++f) h(i, std::size_t(f)) = bad;
-    Kokkos::deep_copy(got.values, h);
+    Kokkos::deep_copy(values, h);
     const auto c = test::compare_with_reference(dims, work, ref, 0, got);
     CHECK_FALSE(c.max_abs_err < kTolerance);
     CHECK(c.non_finite == std::int64_t(got.owners.size()) * dims.hidden);

@@ -15,12 +15,17 @@
 
 #include "relayout/bridge.hpp"
 #include "relayout/mesh/layout.hpp"
-#include "demo/model/rows.hpp"
 #include "demo/model/traffic.hpp"
 #include "demo/model/workload.hpp"
 #include "relayout/trace/record.hpp"
+#include "relayout/trace/tracked.hpp"
 
 namespace relayout::model {
+
+// A layer's rows on a rank: its DP group's rows (under CP its share), Replicated over attn_tp, with
+// their owners when BridgeOptions::track_owners.
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+using LayerRows = trace::Tracked<relayout::Rows<float, Replicated<AttnTp>, DpLocal, ExecSpace>>;
 
 // Known bugs, wired on purpose so that verification can be shown to catch them (docs/bridge.md,
 // "Why illegal transitions do not compile"): never use outside tests and demonstrations.
@@ -129,7 +134,7 @@ class BoundaryRecorder {
   }
   // A boundary whose values this rank cannot see (the rows dispatched to its experts).
   void owners_only(int layer, const BoundaryPoint& p, const std::vector<std::int64_t>& owners) const {
-    (*this)(layer, p, owners, typename Rows<ExecSpace>::View());
+    (*this)(layer, p, owners, RowsView<float, ExecSpace>());
   }
   // A checked invariant failed at this boundary: the trace shows it before the error is thrown.
   void fail(int layer, const BoundaryPoint& p, const std::string& error) const {

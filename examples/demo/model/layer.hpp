@@ -37,7 +37,9 @@ template <class C, class ExecSpace = Kokkos::DefaultExecutionSpace, class Sink =
   requires trace::TraceSink<Sink>
 class DistributedModel {
  public:
-  using View = typename Rows<ExecSpace>::View;
+  using View = RowsView<float, ExecSpace>;
+  using Tracked = LayerRows<ExecSpace>;
+  using Typed = typename Tracked::rows_type;
   using Recorder = BoundaryRecorder<C, ExecSpace, Sink>;
 
   DistributedModel(const ProcessGroupsOf<C>& groups, const ModelDims& dims, const BridgeOptions& opts = {},
@@ -87,13 +89,13 @@ class DistributedModel {
 
   // Every layer on this rank's rows: its attention-DP group's requests, under CP its CP share of
   // them. Collective over the domain: every rank calls it, a rank with no rows too (an IDLE forward).
-  Rows<ExecSpace> forward(const Workload& work) {
+  Tracked forward(const Workload& work) {
     const RankCoords k = groups_.coords();
-    Rows<ExecSpace> x;
-    x.owners = work.owners_of(k.attn_dp_rank, CpShare::of(groups_.layout(), k.attn_cp_rank));
-    x.values = input(x.owners);
-    const std::int64_t mine = std::int64_t(x.owners.size());
-    if (!opts_.track_owners) x.owners.clear();
+    std::vector<std::int64_t> owners = work.owners_of(k.attn_dp_rank, CpShare::of(groups_.layout(), k.attn_cp_rank));
+    const View values = input(owners);
+    const std::int64_t mine = std::int64_t(owners.size());
+    if (!opts_.track_owners) owners.clear();
+    Tracked x(Typed(values), std::move(owners));
     gather_counts(mine);
     const KvRows kv_rows = kv_rows_of(work);
     if (cache_) {  // the prefill fills the cache: request j of the group is slot j, with the positions held here
@@ -130,13 +132,13 @@ class DistributedModel {
   // Under CP the rank holding a previous row computes the next input and the inputs are shared over
   // attn_cp (an engine shares the sampled token). Returns this rank's rows in request order.
   // Collective like forward: a group or CP rank with no live row joins every collective with zero rows.
-  Rows<ExecSpace> decode_step(const Workload& work, const DecodePlan& plan, int step, const Rows<ExecSpace>& prev) {
+  Tracked decode_step(const Workload& work, const DecodePlan& plan, int step, const Tracked& prev) {
     if (!cache_) throw LayoutError("decode", "decode_step needs a KV cache: call reserve_kv before the prefill");
     const RankCoords k = groups_.coords();
     const CpShare me = CpShare::of(groups_.layout(), k.attn_cp_rank);
     const std::vector<int> reqs = work.requests_of(k.attn_dp_rank);
     const std::vector<std::int64_t> had = plan.owners_of(work, k.attn_dp_rank, step - 1, me);  // prev's rows
-    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), prev.values);
+    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), prev.view());
     const int H = dims_.hidden, W = dims_.window;
     // The inputs, CP rank after CP rank (each computes those of the previous rows it holds).
     std::vector<float> inputs;
@@ -161,7 +163,7 @@ class DistributedModel {
     for (std::size_t i = 0; i < order.size(); ++i) at[std::size_t(order[i])] = int(i);
     // This rank's rows, and every row of the group attended here (under CP, CP rank after CP rank).
     std::vector<float> rows;
-    Rows<ExecSpace> x;
+    std::vector<std::int64_t> owners;
     kv_slots_.clear();
     kv_cu_ = {0};
     std::vector<int> attended, first;
@@ -176,7 +178,7 @@ class DistributedModel {
         if (c != me.rank) continue;
         rows.insert(rows.end(), all.begin() + std::ptrdiff_t(at[std::size_t(j)]) * H,
                     all.begin() + std::ptrdiff_t(at[std::size_t(j)] + 1) * H);
-        x.owners.push_back(RowOwner::pack(r, p));
+        owners.push_back(RowOwner::pack(r, p));
         kv_held_[std::size_t(j)].push_back(p);
         kv_slots_.push_back(j);
         kv_cu_.push_back(int(kv_slots_.size()));
@@ -187,11 +189,10 @@ class DistributedModel {
       first.push_back(int(std::lower_bound(held.begin(), held.end(), start) - held.begin()));
     }
     const std::size_t n = kv_slots_.size();
-    x.values = View("relayout::decode_input", n, std::size_t(H));
-    Kokkos::deep_copy(x.values, Kokkos::View<const float**, Kokkos::LayoutRight, Kokkos::HostSpace,
-                                             Kokkos::MemoryTraits<Kokkos::Unmanaged>>(rows.data(), n, std::size_t(H)));
-    const std::vector<std::int64_t> owners = x.owners;
-    if (!opts_.track_owners) x.owners.clear();
+    const View values("relayout::decode_input", n, std::size_t(H));
+    Kokkos::deep_copy(values, Kokkos::View<const float**, Kokkos::LayoutRight, Kokkos::HostSpace,
+                                           Kokkos::MemoryTraits<Kokkos::Unmanaged>>(rows.data(), n, std::size_t(H)));
+    Tracked x(Typed(values), opts_.track_owners ? owners : std::vector<std::int64_t>{});
     gather_counts(std::int64_t(n));
     kr.cu = to_device(me.cp > 1 ? attended : kv_slots_, "relayout::decode_slots");
     kr.positions = to_device(first, "relayout::decode_first");
@@ -314,13 +315,13 @@ class DistributedModel {
   }
 
   // decode: kv_rows.cu holds the cache slot of each row and attention reads the cache.
-  Rows<ExecSpace> layer_forward(int layer, const Rows<ExecSpace>& x, const KvRows& kv_rows, bool decode = false) {
+  Tracked layer_forward(int layer, const Tracked& x, const KvRows& kv_rows, bool decode = false) {
     const LayerShard<ExecSpace>& w = shards_[std::size_t(layer)];
-    const std::size_t n = x.values.extent(0), H = std::size_t(dims_.hidden), Q = std::size_t(dims_.q_lora),
+    const std::size_t n = x.view().extent(0), H = std::size_t(dims_.hidden), Q = std::size_t(dims_.q_lora),
                       D = std::size_t(dims_.head_dim), HD = std::size_t(w.spec.heads) * D;
     View xn("relayout::xn", n, H), qa("relayout::qa", n, Q), qn("relayout::qn", n, Q), q("relayout::q", n, HD),
         kvr("relayout::kv_raw", n, D), kv("relayout::kv", n, D), o("relayout::o", n, HD), a("relayout::attn_out", n, H);
-    kernels::rms_norm(exec_, x.values, w.attn_norm, dims_.rms_eps, xn);
+    kernels::rms_norm(exec_, x.view(), w.attn_norm, dims_.rms_eps, xn);
     kernels::linear(exec_, xn, w.wq_a, qa);
     kernels::rms_norm(exec_, qa, w.q_norm, dims_.rms_eps, qn);
     kernels::linear(exec_, qn, w.wq_b, q);
@@ -349,43 +350,39 @@ class DistributedModel {
               x.owners, a);
 
     View residual("relayout::residual", n, H);
-    Kokkos::deep_copy(exec_, residual, x.values);
+    Kokkos::deep_copy(exec_, residual, x.view());
     kernels::add_rms_norm(exec_, a, residual, w.ffn_norm, dims_.rms_eps);  // residual = x + attn
     exec_.fence();
-    const Rows<ExecSpace> y = moe(layer, w, a, x.owners);
-    if (y.values.extent(0) != n)
+    const Tracked y = moe(layer, w, a, x.owners);
+    if (y.view().extent(0) != n)
       throw LayoutError("bridge", "layer " + std::to_string(layer) + ": the bridge returned " +
-                                      std::to_string(y.values.extent(0)) + " rows for " + std::to_string(n) +
+                                      std::to_string(y.view().extent(0)) + " rows for " + std::to_string(n) +
                                       " (rows lost or duplicated)");
-    const View yv = y.values;
+    const View yv = y.view();
     Kokkos::parallel_for(
         "relayout::residual_add", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(n * H)),
         KOKKOS_LAMBDA(const std::int64_t i) { residual.data()[i] += yv.data()[i]; });
     exec_.fence();
     recorder_(layer, {"layer output", "layer_out", trace::Sharing::replicated, group_ranks, {}, false}, y.owners, residual);
-    return {residual, y.owners};
+    return Tracked(Typed(residual), y.owners);
   }
 
   // The hand-over through the library's bridge, with this model's router and SwiGLU experts.
-  Rows<ExecSpace> moe(int layer, const LayerShard<ExecSpace>& w, const View& a, const std::vector<std::int64_t>& owners) {
+  Tracked moe(int layer, const LayerShard<ExecSpace>& w, const View& a, const std::vector<std::int64_t>& owners) {
     const int group_ranks = groups_.layout().widths().attn_tp;
     recorder_(layer, {"bridge input", "moe_in", trace::Sharing::replicated, group_ranks, {}, false}, owners, a);
     const kernels::LinearTopkRouter<float, ExecSpace> router{w.router, dims_.router()};
     const kernels::SwigluExperts<float, ExecSpace> experts{w.experts, w.shared};
-    Rows<ExecSpace> out;
-    out.owners = owners;
+    std::vector<std::int64_t> out_owners = owners;
     try {
-      out.values = bridge_
-                       .run(exec_, relayout::Rows<float, Replicated<AttnTp>, DpLocal, ExecSpace>(a), slots_, router,
-                            experts, opts_.track_owners ? &out.owners : nullptr, RecordBoundaries<Recorder>{recorder_, layer},
-                            &traffic_)
-                       .view();
+      Typed y = bridge_.run(exec_, Typed(a), slots_, router, experts, opts_.track_owners ? &out_owners : nullptr,
+                            RecordBoundaries<Recorder>{recorder_, layer}, &traffic_);
+      return Tracked(std::move(y), std::move(out_owners));
     } catch (const LayoutError& e) {
       if (e.input() == "bridge")
         recorder_.fail(layer, {"row conservation", "moe_out", trace::Sharing::replicated, group_ranks, {}, false}, e.what());
       throw LayoutError(e.input(), "layer " + std::to_string(layer) + ": " + e.what());
     }
-    return out;
   }
 
   const ProcessGroupsOf<C>& groups_;
