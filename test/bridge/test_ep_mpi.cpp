@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <cmath>
 #include <cstdint>
 #include <relayout/bridge.hpp>
 #include <relayout/comm.hpp>
@@ -312,6 +313,92 @@ TEST_CASE("ep_dispatch<bf16>: float rows travel as bf16 (half the row bytes) and
     }
   CHECK(err_rounded <= 1e-3);  // the experts saw bf16(x): float sums of the same products
   if (m > 0) CHECK(err_exact > 1e-2);  // and not x itself: the rows did travel as bf16
+}
+
+namespace {
+// The router of the bridge tests: row i of rank s goes to expert_of(s, i, k, K) with weight_of(k)
+// (path direct: the rows a rank routes are its own).
+struct FixedRouter {
+  int s = 0, K = 2;
+  int top_k() const { return K; }
+  void operator()(const Space& exec, const RowsView<float, Space>& x, TopK<float, Space>& out) const {
+    auto ih = Kokkos::create_mirror_view(out.ids);
+    auto wh = Kokkos::create_mirror_view(out.weights);
+    for (std::size_t i = 0; i < x.extent(0); ++i)
+      for (int k = 0; k < K; ++k) {
+        ih(i, k) = expert_of(s, std::int64_t(i), k, K);
+        wh(i, k) = float(weight_of(k));
+      }
+    Kokkos::deep_copy(exec, out.ids, ih);
+    Kokkos::deep_copy(exec, out.weights, wh);
+  }
+};
+}  // namespace
+
+TEST_CASE("MoeBridge dispatch_dtype bf16/fp16: the rows travel in 2 bytes per value and the result is the rounded rows'") {
+  const int np = world().size(), s = world().rank();
+  const ProcessGroups pg(direct_layout(np), world());
+  const std::int64_t m = 6 + s;
+  const int K = 2;
+  RowsView<float, Space> xv("x", std::size_t(m), kHidden);
+  auto xh = Kokkos::create_mirror_view(xv);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (int f = 0; f < kHidden; ++f) xh(i, f) = float(value(s, i, f));  // e.g. 101.03: not a bf16 value
+  Kokkos::deep_copy(xv, xh);
+  const Rows<float, Replicated<AttnTp>, DpLocal, Space> x(xv);
+  const Space exec;
+  FixedRouter router{s, K};
+  // The message of one dispatched row, by this test's own count: k weights (4 B) and k ids (4 B),
+  // then the row in 4-byte floats, or in 2-byte values padded to 4 B.
+  const std::int64_t full = K * 8 + kHidden * 4, half = K * 8 + (kHidden * 2 + 3) / 4 * 4;
+  std::int64_t sent = 0;  // rows this rank dispatches (one per destination rank of each row)
+  for (std::int64_t i = 0; i < m; ++i) {
+    std::set<int> dest;
+    for (int k = 0; k < K; ++k) dest.insert(expert_of(s, i, k, K) / (kExperts / np));
+    sent += std::int64_t(dest.size());
+  }
+  for (const DispatchDtype dt : {DispatchDtype::compute, DispatchDtype::bf16, DispatchDtype::fp16}) {
+    CAPTURE(int(dt));
+    BridgeOptions o;
+    o.dispatch_dtype = dt;
+    MoeBridge<MpiCommunicator, float, Space> bridge(pg, kExperts, o);
+    ScaleExpertsOf<float> experts;
+    TrafficLog log;
+    const auto y = bridge.run(exec, x, nullptr, router, experts, nullptr, NoObserver{}, &log);
+    if (np > 1)
+      CHECK(log.bytes_of(TrafficOp::dispatch, GroupKind::moe_ep) == sent * (dt == DispatchDtype::compute ? full : half));
+    REQUIRE(y.rows() == m);
+    auto yh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y.view());
+    double err_rounded = 0, err_exact = 0;
+    for (std::int64_t i = 0; i < m; ++i)
+      for (int f = 0; f < kHidden; ++f) {
+        const float v = xh(i, f);
+        const float rounded = dt == DispatchDtype::bf16   ? static_cast<float>(bf16(v))
+                              : dt == DispatchDtype::fp16 ? static_cast<float>(fp16(v))
+                                                          : v;
+        double want = 0, exact = 0;
+        for (int k = 0; k < K; ++k) {
+          want += weight_of(k) * double(expert_of(s, i, k, K) + 1) * double(rounded);
+          exact += weight_of(k) * double(expert_of(s, i, k, K) + 1) * double(v);
+        }
+        // Tolerance: float sums of at most K products, relative 1e-6 of the value.
+        err_rounded = std::max(err_rounded, std::abs(double(yh(i, f)) - want) / std::abs(want));
+        err_exact = std::max(err_exact, std::abs(double(yh(i, f)) - exact) / std::abs(exact));
+      }
+    CHECK(err_rounded <= 1e-6);
+    // bf16 keeps 8 significant bits, fp16 11: the rows did travel rounded.
+    if (dt == DispatchDtype::bf16) CHECK(err_exact > 1e-4);
+    if (dt == DispatchDtype::fp16) CHECK(err_exact > 1e-5);
+  }
+}
+
+TEST_CASE("MoeBridge: a 16-bit dispatch dtype on a path that does not dispatch is a LayoutError") {
+  const int np = world().size();
+  const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true}), world());
+  BridgeOptions o;
+  o.dispatch_dtype = DispatchDtype::bf16;
+  using Bridge = MoeBridge<MpiCommunicator, float, Space>;
+  CHECK_THROWS_WITH_AS(Bridge(pg, kExperts, o), doctest::Contains("needs a path that dispatches rows"), LayoutError);
 }
 
 TEST_CASE("bridge plans: each path's plan sums the expert outputs exactly once and names its groups") {

@@ -48,12 +48,18 @@ enum class BridgeFault : std::uint8_t {
   no_split,        // every attn_tp member dispatches every row (rows processed attn_tp times)
 };
 
+// The type the rows travel as in the EP dispatch (paths a2a_split and direct): the element type
+// itself, or a 16-bit storage type (half the row bytes; the experts see the rows rounded to it).
+// The router weights and the combine stay in the element type.
+enum class DispatchDtype : std::uint8_t { compute, bf16, fp16 };
+
 struct BridgeOptions {
   std::optional<PaddingMode> padding;  // forced; otherwise the layout's rule on global_num_tokens
   BridgeRestore restore = BridgeRestore::reduce;
   BridgeFault fault = BridgeFault::none;
   // Validate the router's output every layer (ids in range, weights finite: EpOptions::check_route).
   bool check_route = true;
+  DispatchDtype dispatch_dtype = DispatchDtype::compute;
 };
 
 // What an observer sees at each boundary: the plan step, this rank's rows' owners (when an owner
@@ -98,6 +104,10 @@ class MoeBridge {
       throw LayoutError("experts", "MoeBridge: " + std::to_string(experts) + " experts cannot be split evenly over moe_ep = " +
                                        std::to_string(w.moe_ep));
     check_fault();
+    if (opts_.dispatch_dtype != DispatchDtype::compute && path() != BridgePath::a2a_split && path() != BridgePath::direct)
+      throw LayoutError("dispatch_dtype", "MoeBridge: a 16-bit dispatch dtype needs a path that dispatches rows "
+                                          "(a2a_split or direct); this layout takes path " +
+                                              std::string(to_string(path())));
   }
 
   BridgePath path() const { return pg_.layout().bridge_path(); }
@@ -378,8 +388,7 @@ class MoeBridge {
 
       const TopK<T, Space> r = route(chunk.view());
       const PlanStep& d_step = step(BridgeStep::dispatch);
-      const Dispatched<T, Space> d =
-          ep_dispatch(exec, pg(), chunk, r, b.experts_, ws, EpOptions{traffic, owners ? &c_owners : nullptr, b.opts_.check_route});
+      const Dispatched<T, Space> d = dispatch(chunk, r, EpOptions{traffic, owners ? &c_owners : nullptr, b.opts_.check_route});
       static_cast<void>(d_step);
       const PlanStep& e_step = step(BridgeStep::experts);
       const auto y = ws.expert_outputs(d.batch.rows(), impl::hidden_of(chunk.view().extent(1)));
@@ -410,6 +419,17 @@ class MoeBridge {
       }
       see(g_step, false, group_ranks(), owners ? span_of(*owners) : std::span<const std::int64_t>{}, o.view());
       return o;
+    }
+
+    // ep_dispatch with the rows travelling as BridgeOptions::dispatch_dtype.
+    Dispatched<T, Space> dispatch(const Rows<T, RowShard<AttnTp>, DpLocal, Space>& chunk, const TopK<T, Space>& r,
+                                  const EpOptions& o) {
+      switch (b.opts_.dispatch_dtype) {
+        case DispatchDtype::bf16: return ep_dispatch<relayout::bf16>(exec, pg(), chunk, r, b.experts_, ws, o);
+        case DispatchDtype::fp16: return ep_dispatch<relayout::fp16>(exec, pg(), chunk, r, b.experts_, ws, o);
+        case DispatchDtype::compute: break;
+      }
+      return ep_dispatch(exec, pg(), chunk, r, b.experts_, ws, o);
     }
 
     // Row conservation: every row that entered leaves exactly once, in order. A broken invariant
