@@ -528,10 +528,13 @@ inline void check_run(const TraceRun& run, const trace::Tolerance& tol, bool bas
                           : o.global_num_tokens != r.global_num_tokens ? "global_num_tokens"
                           : o.scaled_global_num_tokens != r.scaled_global_num_tokens ? "scaled_global_num_tokens"
                                                                                      : nullptr;
-      if (field)
+      if (field) {
+        std::string where = at(*it->second.t, it->second.i);
+        where.resize(where.size() - 2);  // "FILE:LINE", without the ": " of a message prefix
         throw TraceInputError(at(t, i) + "field '" + field + "' of layer " + std::to_string(r.layer) + " boundary \"" +
-                              r.boundary + "\" differs from rank " + std::to_string(o.global_rank) + "'s record (" +
-                              at(*it->second.t, it->second.i) + "): the ranks of one boundary agree on it");
+                              r.boundary + "\" differs from rank " + std::to_string(o.global_rank) + "'s record at " +
+                              where + ": the ranks of one boundary agree on it");
+      }
     }
     if (!t.records.empty())
       tp_ranks[{t.records.front().attn_dp_rank, t.records.front().attn_cp_rank}].push_back(t.records.front().attn_tp_rank);
