@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "relayout/kernels/error.hpp"
 #include "relayout/kernels/impl/simd.hpp"
