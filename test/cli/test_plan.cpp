@@ -107,22 +107,41 @@ TEST_CASE("plan: a dispatched row is ep_dispatch's message") {
 }
 
 TEST_CASE("plan: the ranking enumerates every layout of 4 GPUs the layer runs") {
-  // By hand: 4 replicas of tp 1 (backend none, deepep): 2; 2 replicas of tp 2 (ep 1, 2; deepep):
-  // 3; tp 4 without DP attention (ep 1, 2, 4; deepep): 4; with DP attention dp 2 and 4: 4 each.
-  // The attention-CP layouts are skipped, under one reason.
+  // By hand, without CP: 4 replicas of tp 1 (backend none; all-to-all): 2; 2 replicas of tp 2
+  // (ep 1, 2; all-to-all): 3; tp 4 without DP attention (ep 1, 2, 4; all-to-all): 4; with DP
+  // attention dp 2 and 4: 4 each. 17.
+  // With CP (tp 4 only: 2 replicas of tp 2 cannot hold cp 2, tp % (dp * cp) != 0): cp 2 (attn_tp
+  // 2): ep 1, 2, 4 and moe_dp 2 with ep 1, 2, all-to-all: 6; cp 4: ep 1, 2, 4, moe_dp 4, all-to-all:
+  // 5; dp 2 with DP attention and cp 2: 6 as cp 2; prefill CP (attn_cp 4, round-robin): 5 as cp 4.
+  // 22. Nothing is skipped.
   cli::PlanInput in;
   const cli::Ranking r = cli::rank_layouts(4, 512, 128, in, cli::Cluster{}, 1e12);
-  CHECK(r.layouts.size() == 17);
+  CHECK(r.layouts.size() == 39);
   std::set<std::string> flags;
+  int cp = 0;
   for (std::size_t i = 0; i < r.layouts.size(); ++i) {
     flags.insert(r.layouts[i].flags);
     if (i > 0) CHECK(r.layouts[i - 1].time.total() <= r.layouts[i].time.total());
     CHECK(r.layouts[i].fits);
+    cp += RuntimeLayout(r.layouts[i].config).widths().attn_cp > 1;
   }
-  CHECK(flags.size() == 17);
-  CHECK(flags.count("--tp 4 --dp 2 --enable-dp-attention --moe-a2a-backend deepep") == 1);
+  CHECK(flags.size() == 39);
+  CHECK(cp == 22);
+  CHECK(r.skipped.empty());
+  // Each all-to-all row names every backend the layout engine accepts for it: FlashInfer's need
+  // dp == tp with DP attention, pplx two DP groups, prefill CP deepep, mori or megamoe.
+  const auto backends_of = [&](const std::string& f) -> std::string {
+    for (const cli::RankedLayout& l : r.layouts)
+      if (l.flags.rfind(f + " --moe-a2a-backend ", 0) == 0) return l.flags.substr(f.size() + 19);
+    return "missing";
+  };
+  CHECK(backends_of("--tp 4") == "deepep|deepep_v2|mooncake|nixl|mori|ascend_fuseep|megamoe");
+  CHECK(backends_of("--tp 4 --dp 2 --enable-dp-attention") == "deepep|deepep_v2|mooncake|nixl|mori|ascend_fuseep|megamoe|pplx");
+  CHECK(backends_of("--tp 4 --dp 4 --enable-dp-attention") ==
+        "deepep|deepep_v2|mooncake|nixl|mori|ascend_fuseep|flashinfer|flashinfer_megamoe|megamoe|pplx");
+  CHECK(backends_of("--tp 4 --enable-prefill-cp") == "deepep|mori|megamoe");
   CHECK(flags.count("--tp 1 --dp 4") == 1);
-  CHECK(r.skipped.size() == 1);
+  CHECK(flags.count("--tp 4 --cp 2 --ep 2 --moe-dp-size 2") == 1);
   // Too little memory for any: still ranked, none fits.
   const cli::Ranking tight = cli::rank_layouts(4, 512, 128, in, cli::Cluster{}, 1024);
   for (const cli::RankedLayout& l : tight.layouts) CHECK_FALSE(l.fits);

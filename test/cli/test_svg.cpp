@@ -150,12 +150,18 @@ TEST_CASE("svg: plan's bars, one per rank and collective; the ranking's, one per
   const auto t = texts(els);
   CHECK(t.count("all_reduce@tp") == 1);
   CHECK(t.count("all_gather(counts)@tp") == 1);
-  // The 17 layouts of 4 GPUs (test_plan): one communication and one compute bar each.
+  // The 39 layouts of 4 GPUs (test_plan): one communication and one compute bar each.
   const cli::Ranking r = cli::rank_layouts(4, 512, 128, in, cli::Cluster{}, 1e12);
   const auto rels = parse(cli::ranking_svg(r, 0));
-  CHECK(count_class(rels, "comm") == 17);
-  CHECK(count_class(rels, "compute") == 17);
-  CHECK(count_class(rels, "layout") == 17);
+  CHECK(count_class(rels, "comm") == 39);
+  CHECK(count_class(rels, "compute") == 39);
+  CHECK(count_class(rels, "layout") == 39);
+  // A row of all-to-all backends names the first and counts the others (10 at dp 4 = tp).
+  int shared_rows = 0;
+  for (const Element& e : rels)
+    shared_rows += e.text.find("--tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend deepep (or 9 other backends)") !=
+                   std::string::npos;
+  CHECK(shared_rows == 1);
   CHECK(parse(cli::ranking_svg(r, 5)).size() < rels.size());
 }
 

@@ -1,8 +1,8 @@
 // `relayout plan --gpus N`: every valid layout of N GPUs for a model and a batch, each planned
 // (plan.hpp) and timed (plan_time.hpp), sorted by predicted time per forward (those that fit in
 // the GPU's memory first). Validity is the layout engine's (relayout::derive_widths) and the demo
-// layer's (model::validate); layouts the plan does not model (attention CP) are counted and
-// named, not ranked.
+// layer's (model::validate). The all-to-all backends a layout accepts share one row: each spans EP
+// over tp and takes the same bridge path, so the plan's rows, bytes and time are the same for all.
 #pragma once
 
 #include <algorithm>
@@ -59,6 +59,7 @@ inline std::vector<int> batch_requests(std::int64_t tokens, int request_tokens) 
 struct RankedLayout {
   std::string flags;
   LayoutConfig config;
+  std::vector<Backend> backends;  // the backends of this row: none, or every all-to-all backend it accepts
   int replicas = 1;  // domains of tp = gpus / replicas (--dp without DP attention)
   BridgePath path = BridgePath::tp_moe;
   double bytes_per_rank = 0, memory_per_rank = 0;
@@ -72,16 +73,25 @@ struct Ranking {
   std::map<std::string, int> skipped;          // reason -> layouts
 };
 
-inline std::string layout_flags(const LayoutConfig& c) {
+// The flags of a row; several backends are written a|b|c (any one of them).
+inline std::string layout_flags(const LayoutConfig& c, const std::vector<Backend>& backends) {
   std::string s = "--tp " + std::to_string(c.tp);
   if (c.dp > 1) s += " --dp " + std::to_string(c.dp);
   if (c.enable_dp_attention) s += " --enable-dp-attention";
+  if (c.enable_prefill_cp) s += " --enable-prefill-cp";
   if (c.cp > 1) s += " --cp " + std::to_string(c.cp);
   if (c.ep > 1) s += " --ep " + std::to_string(c.ep);
   if (c.moe_dp > 1) s += " --moe-dp-size " + std::to_string(c.moe_dp);
-  if (c.moe_a2a_backend != Backend::none) s += " --moe-a2a-backend " + std::string(to_string(c.moe_a2a_backend));
+  if (c.moe_a2a_backend != Backend::none) {
+    s += " --moe-a2a-backend ";
+    for (std::size_t i = 0; i < backends.size(); ++i) s += (i ? "|" : "") + std::string(to_string(backends[i]));
+  }
   return s;
 }
+
+inline constexpr const char* kBackendsNote =
+    "a row naming several all-to-all backends (a|b|c) stands for each of them: every one spans EP over tp and "
+    "takes the same bridge path, so the plan's rows, bytes and time are the same";
 
 inline std::vector<int> divisors(int n) {
   std::vector<int> d;
@@ -91,16 +101,17 @@ inline std::vector<int> divisors(int n) {
 }
 
 // Every layout of `gpus` GPUs: replicas of a smaller domain (DP without DP attention), DP
-// attention of every width, attention CP, backend none with every ep and moe_dp, and deepep
-// (every all-to-all backend moves the same rows in this model). Throws LayoutError naming
-// --gpus when none is valid.
+// attention of every width, attention CP of every width and DeepSeek-V4 prefill CP, backend none
+// with every ep, every all-to-all backend (one row per layout for those it accepts), every moe_dp.
+// Throws LayoutError naming --gpus when none is valid.
 inline Ranking rank_layouts(int gpus, std::int64_t batch_tokens, int request_tokens, PlanInput base,
                             const Cluster& cluster, double gpu_memory) {
   Ranking out;
   out.gpus = gpus;
   batch_requests(batch_tokens, request_tokens);  // checks the request count before any layout
-  std::set<std::string> seen;
+  std::map<std::string, std::size_t> row_of;     // layout key -> its row in out.layouts
   std::map<std::string, std::pair<int, std::string>> dims_rule;
+  std::set<std::string> refused;  // layouts the model's dims rule out, counted once
   for (int replicas : divisors(gpus)) {
     const int tp = gpus / replicas;
     const std::int64_t tokens = (batch_tokens + replicas - 1) / replicas;
@@ -108,47 +119,57 @@ inline Ranking rank_layouts(int gpus, std::int64_t batch_tokens, int request_tok
       if (dpa && replicas > 1) continue;  // SGLang: attention DP inside replicas of the domain is not supported
       for (int dp : dpa ? divisors(tp) : std::vector<int>{replicas}) {
         if (dpa && dp == 1) continue;  // the widths of DP attention off
-        for (int cp : divisors(tp))
-          for (Backend b : {Backend::none, Backend::deepep})
-            for (int ep : b == Backend::none ? divisors(tp) : std::vector<int>{1})
-              for (int moe_dp : divisors(tp)) {
-                const LayoutConfig c{.tp = tp, .dp = dp, .cp = cp, .ep = ep, .moe_dp = moe_dp,
-                                     .enable_dp_attention = dpa, .moe_a2a_backend = b};
-                const WidthsResult wr = derive_widths(c);
-                if (wr.rule != LayoutRule::ok) continue;
-                const Widths& w = wr.widths;
-                const std::string key = std::to_string(replicas) + "/" + std::to_string(w.attn_dp) + "/" +
-                                        std::to_string(w.attn_cp) + "/" + std::to_string(w.moe_ep) + "/" +
-                                        std::to_string(w.moe_dp) + "/" + std::string(to_string(b));
-                if (!seen.insert(key).second) continue;
-                if (w.attn_cp > 1) {
-                  ++out.skipped["attention CP (attn_cp > 1): not ranked yet (relayout plan --cp plans one)"];
-                  continue;
+        for (bool prefill : {false, true})
+          for (int cp : prefill ? std::vector<int>{1} : divisors(tp))
+            for (const auto& backend : relayout::impl::kBackendNames.entries)
+              for (const Backend b = backend.first; int ep : b == Backend::none ? divisors(tp) : std::vector<int>{1})
+                for (int moe_dp : divisors(tp)) {
+                  const LayoutConfig c{.tp = tp, .dp = dp, .cp = cp, .ep = ep, .moe_dp = moe_dp,
+                                       .enable_dp_attention = dpa, .moe_a2a_backend = b,
+                                       .enable_prefill_cp = prefill};
+                  const WidthsResult wr = derive_widths(c);
+                  if (wr.rule != LayoutRule::ok) continue;
+                  const Widths& w = wr.widths;
+                  const std::string key = std::to_string(replicas) + "/" + std::to_string(w.attn_dp) + "/" +
+                                          std::to_string(w.attn_cp) + "/" + std::to_string(prefill) + "/" +
+                                          std::to_string(w.moe_ep) + "/" + std::to_string(w.moe_dp) + "/" +
+                                          std::to_string(b != Backend::none);
+                  if (const auto it = row_of.find(key); it != row_of.end()) {
+                    RankedLayout& r = out.layouts[it->second];
+                    if (b != Backend::none && r.backends.back() != b) {
+                      r.backends.push_back(b);
+                      r.flags = layout_flags(r.config, r.backends);
+                    }
+                    continue;
+                  }
+                  if (refused.count(key)) continue;
+                  PlanInput in = base;
+                  in.requests = batch_requests(tokens, request_tokens);
+                  in.placement.clear();
+                  try {
+                    model::validate(in.dims, w);
+                  } catch (const LayoutError& e) {  // one line per flag, with its first message
+                    auto& [n, first] = dims_rule[e.input()];
+                    if (n++ == 0) first = e.what();
+                    refused.insert(key);
+                    continue;
+                  }
+                  const LayerPlan p = plan_layer(RuntimeLayout(c), in);
+                  RankedLayout r;
+                  r.config = c;
+                  r.backends = {b};
+                  r.flags = layout_flags(c, r.backends);
+                  r.replicas = replicas;
+                  r.path = p.path;
+                  for (const RankPlan& rp : p.ranks) {
+                    r.bytes_per_rank = std::max(r.bytes_per_rank, rp.total_bytes());
+                    r.memory_per_rank = std::max(r.memory_per_rank, rp.memory.total());
+                  }
+                  r.time = forward_time(p, cluster);
+                  r.fits = r.memory_per_rank <= gpu_memory;
+                  row_of[key] = out.layouts.size();
+                  out.layouts.push_back(r);
                 }
-                PlanInput in = base;
-                in.requests = batch_requests(tokens, request_tokens);
-                in.placement.clear();
-                try {
-                  model::validate(in.dims, w);
-                } catch (const LayoutError& e) {  // one line per flag, with its first message
-                  auto& [n, first] = dims_rule[e.input()];
-                  if (n++ == 0) first = e.what();
-                  continue;
-                }
-                const LayerPlan p = plan_layer(RuntimeLayout(c), in);
-                RankedLayout r;
-                r.flags = layout_flags(c);
-                r.config = c;
-                r.replicas = replicas;
-                r.path = p.path;
-                for (const RankPlan& rp : p.ranks) {
-                  r.bytes_per_rank = std::max(r.bytes_per_rank, rp.total_bytes());
-                  r.memory_per_rank = std::max(r.memory_per_rank, rp.memory.total());
-                }
-                r.time = forward_time(p, cluster);
-                r.fits = r.memory_per_rank <= gpu_memory;
-                out.layouts.push_back(r);
-              }
       }
     }
   }
@@ -167,13 +188,21 @@ inline Ranking rank_layouts(int gpus, std::int64_t batch_tokens, int request_tok
   return out;
 }
 
+inline nlohmann::json backends_json(const std::vector<Backend>& backends) {
+  nlohmann::json j = nlohmann::json::array();
+  for (Backend b : backends) j.push_back(std::string(to_string(b)));
+  return j;
+}
+
 inline nlohmann::json ranking_json(const Ranking& r) {
   nlohmann::json j;
   j["gpus"] = r.gpus;
   j["routing"] = kRoutingNote;
+  j["backends"] = kBackendsNote;
   j["layouts"] = nlohmann::json::array();
   for (const RankedLayout& l : r.layouts)
     j["layouts"].push_back({{"flags", l.flags},
+                            {"backends", backends_json(l.backends)},
                             {"replicas", l.replicas},
                             {"path", std::string(to_string(l.path))},
                             {"bytes_per_rank", l.bytes_per_rank},
@@ -211,6 +240,7 @@ inline std::string ranking_text(const Ranking& r, const std::string& header, std
     s << line;
   }
   if (top > 0 && r.layouts.size() > top) s << "  ... " << r.layouts.size() - top << " more (--top 0 lists all)\n";
+  s << "note: " << kBackendsNote << "\n";
   for (const auto& [reason, n] : r.skipped) s << "skipped: " << n << " layout" << (n > 1 ? "s" : "") << ", " << reason << "\n";
   return s.str();
 }

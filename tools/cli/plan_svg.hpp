@@ -79,22 +79,35 @@ inline std::string plan_svg(const LayerPlan& p, const Cluster& c) {
 }
 
 inline std::string ranking_svg(const Ranking& r, std::size_t top_n) {
-  constexpr double left = 560, bar_h = 20, chart_w = 420;
+  constexpr double bar_h = 20, chart_w = 420;
   const std::size_t n = top_n == 0 ? r.layouts.size() : std::min(top_n, r.layouts.size());
+  // Each row's label: several all-to-all backends as the first named, the others counted (all in
+  // the bars' titles); the bars start right of the longest (10 px monospace: about 6.1 px a character).
+  std::vector<std::string> labels;
+  std::size_t longest = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const RankedLayout& l = r.layouts[i];
+    const std::string flags = l.backends.size() > 1 ? layout_flags(l.config, {l.backends.front()}) + " (or " +
+                                                          std::to_string(l.backends.size() - 1) + " other backends)"
+                                                    : l.flags;
+    labels.push_back(std::to_string(i + 1) + ". " + flags +
+                     (l.replicas > 1 ? " (" + std::to_string(l.replicas) + " replicas)" : ""));
+    longest = std::max(longest, labels.back().size());
+  }
+  const double left = std::max(300.0, 24 + 6.1 * double(longest));
   double most = 0;
   for (std::size_t i = 0; i < n; ++i) most = std::max(most, r.layouts[i].time.total());
   if (most <= 0) most = 1;
   svg::Doc d(left + chart_w + 130, 100 + double(n) * bar_h + 40);
   d.text(12, 22, "relayout plan: predicted time per forward, layouts of " + std::to_string(r.gpus) + " GPUs", 13, "start",
          "title", "bold");
-  d.text(12, 40, "bars: communication (blue) + compute (orange); pale: does not fit in --gpu-memory", 11, "start", "note");
+  d.text(12, 40, "bars: communication (blue) + compute (orange); pale: does not fit in --gpu-memory; "
+                 "all-to-all backends of one layout share a bar (same bytes and time)", 11, "start", "note");
   const double top = 60;
   for (std::size_t i = 0; i < n; ++i) {
     const RankedLayout& l = r.layouts[i];
     const double y = top + double(i) * bar_h;
-    d.text(left - 8, y + 14,
-           std::to_string(i + 1) + ". " + l.flags + (l.replicas > 1 ? " (" + std::to_string(l.replicas) + " replicas)" : ""),
-           10, "end", "layout");
+    d.text(left - 8, y + 14, labels[i], 10, "end", "layout");
     const double cw = chart_w * l.time.comm / most, pw = chart_w * l.time.compute / most;
     d.rect(left, y, cw, bar_h - 4, l.fits ? "hsl(210,60%,55%)" : "hsl(210,40%,85%)", "comm",
            l.flags + ": communication " + ms_text(l.time.comm));
