@@ -1,12 +1,16 @@
-// dspark_step: speculative decode rounds (docs/dspark.md) on real MPI ranks. A MoE draft (a small
-// DistributedModel with full DP/MoE participation) or a dense draft (a TP MLP inside the
-// attention-TP group) proposes --tokens-per-req tokens per request, the target verifies them in one
-// forward, greedy acceptance commits. Shows raw and scaled global_num_tokens, idle participation and
-// the decisions SpecTpSync broadcast at each site. Run with mpiexec -n <tp>.
+// dspark_step: speculative decode rounds (docs/dspark.md) on real MPI ranks, with a KV cache for
+// the target and the draft. A draft derived from the target (MoE: its first --draft-layers layers,
+// with full DP/MoE participation; dense: a TP MLP of its layer-0 shared expert inside the
+// attention-TP group) proposes k = --tokens-per-req - 1 tokens per request, the target verifies the
+// k + 1 rows in one forward against its cache, greedy acceptance (or speculative sampling with
+// --sample) commits, and both caches roll back the rejected positions. Shows raw and scaled
+// global_num_tokens, idle participation, the decisions SpecTpSync broadcast at each site, and the
+// acceptance per round. --check compares the committed tokens with a plain single-rank loop.
+// Run with mpiexec -n <tp>.
 //
 // Exit codes: 0 ok; 1 the decisions of an attention-TP group disagreed (possible only with a
-// SpecTpSync site switched off and --rank-local-rng) or another error; 2 bad input or a layout the
-// docs/dspark.md start-up check rejects (unless --bypass-guard).
+// SpecTpSync site switched off and --rank-local-rng), --check found a difference, or another error;
+// 2 bad input or a layout the docs/dspark.md start-up check rejects (unless --bypass-guard).
 #include <mpi.h>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +20,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -30,6 +35,7 @@
 #include "cli/trace_flag.hpp"
 #include "relayout/comm.hpp"
 #include "demo/decoder.hpp"
+#include "demo/spec_reference.hpp"
 #include "relayout/trace.hpp"
 
 using namespace relayout;
@@ -43,6 +49,7 @@ struct Options {
   int width = 6;
   int hidden = 64;
   std::string format = "text";
+  bool check = false;  // compare the committed tokens with the plain single-rank loop
   std::string trace;  // directory for the row-ownership traces, DIR/draft and DIR/target (empty: none)
   std::uint64_t max_memory = 0;  // --max-memory (0: the available memory is the limit)
 };
@@ -50,7 +57,8 @@ struct Options {
 
 const std::vector<std::string>& site_order() {
   static const std::vector<std::string> s{spec::kSitePlan, spec::kSiteDraftGreedy, spec::kSiteDraftSample,
-                                          spec::kSiteTarget, spec::kSiteAcceptGreedy};
+                                          spec::kSiteTarget, spec::kSiteAcceptGreedy,
+                                          spec::kSiteAcceptSample};
   return s;
 }
 
@@ -74,6 +82,7 @@ std::vector<std::int64_t> encode(const Decoder& d) {
   v.push_back(std::int64_t(d.requests().size()));
   for (const spec::RequestRecord& r : d.requests()) {
     v.push_back(r.id);
+    v.push_back(std::int64_t(r.accepted.size()));
     v.insert(v.end(), r.accepted.begin(), r.accepted.end());
     v.push_back(std::int64_t(r.committed.size()));
     v.insert(v.end(), r.committed.begin(), r.committed.end());
@@ -87,7 +96,7 @@ struct RankView {
   std::vector<spec::RequestRecord> requests;
 };
 
-RankView decode(const std::vector<std::int64_t>& v, int rounds) {
+RankView decode(const std::vector<std::int64_t>& v) {
   RankView r;
   std::size_t at = 0;
   r.idle = v[at++] != 0;
@@ -108,7 +117,8 @@ RankView decode(const std::vector<std::int64_t>& v, int rounds) {
   for (std::int64_t q = 0; q < nq; ++q) {
     spec::RequestRecord rec;
     rec.id = int(v[at++]);
-    for (int k = 0; k < rounds; ++k) rec.accepted.push_back(int(v[at++]));
+    const std::int64_t rounds = v[at++];
+    for (std::int64_t k = 0; k < rounds; ++k) rec.accepted.push_back(int(v[at++]));
     const std::int64_t m = v[at++];
     for (std::int64_t k = 0; k < m; ++k) rec.committed.push_back(int(v[at++]));
     r.requests.push_back(rec);
@@ -126,21 +136,50 @@ std::string list(const std::vector<T>& v) {
 }
 
 // Refuses (exit 2) a run whose memory does not fit, before anything is allocated: the draft (MoE
-// model or dense MLP) and the target over every round's rows, and the hidden rows the head reads.
+// model or dense MLP) and the target over every round's rows, their KV caches, and the hidden rows
+// the head reads.
 cli::MemoryEstimate require_size(const Options& o, const RuntimeLayout& layout, const MpiCommunicator& world) {
   const Widths& w = layout.widths();
   double requests = 0;
   for (int n : o.requests) requests += std::max(n, 0);
   const double rows = requests * o.width;
   cli::MemoryEstimate need = cli::estimate_model(o.cfg.target_dims, w, rows, o.width);
-  if (layout.config().draft == Draft::moe) need += cli::estimate_model(o.cfg.draft_dims, w, rows, o.width);
-  else need.weights += 4.0 * (2.0 * o.cfg.dense_inter + 1.0) * o.hidden;
-  need.buffers += 8.0 * rows * o.hidden;
+  const double kv = requests * double(o.cfg.kv_capacity) * o.cfg.target_dims.head_dim * 4.0;
+  if (layout.config().draft == Draft::moe) {
+    need += cli::estimate_model(o.cfg.draft_dims(), w, rows, o.width);
+    need.buffers += kv * o.cfg.draft_layers;
+  } else {
+    need.weights += 4.0 * (2.0 * o.cfg.dense_inter + 1.0) * o.hidden;
+  }
+  need.buffers += 8.0 * rows * o.hidden + kv * o.cfg.target_dims.layers;
   cli::require_memory(world, need, o.max_memory,
                       cli::model_flags(o.cfg.target_dims, "--target-layers") + " --draft-layers " +
-                          std::to_string(o.cfg.draft_dims.layers) + " and " + std::to_string(std::int64_t(rows)) +
+                          std::to_string(o.cfg.draft_layers) + " and " + std::to_string(std::int64_t(rows)) +
                           " rows (--requests-per-group x --tokens-per-req)");
   return need;
+}
+
+// --check: the committed tokens of every request against the plain single-rank loop (greedy: the
+// target's own decode; sampled: a speculative-sampling run with the same seed). One line per
+// request that differs, naming its first differing position.
+std::vector<std::string> check(const Options& o, const std::vector<spec::RequestRecord>& reqs, Draft draft) {
+  namespace plain = spec::plain;
+  const plain::PlainModel target = plain::PlainModel::layers_of(o.cfg.target_dims);
+  std::optional<plain::PlainModel> drafter;
+  if (o.cfg.sample)
+    drafter = draft == Draft::moe ? plain::PlainModel::layers_of(o.cfg.draft_dims()) : plain::PlainModel::dense_of(o.cfg);
+  std::vector<std::string> out;
+  for (const spec::RequestRecord& rec : reqs) {
+    const std::vector<int> want = o.cfg.sample ? plain::speculative_decode(o.cfg, *drafter, target, rec.id).committed
+                                               : plain::greedy_decode(o.cfg, target, rec.id, rec.committed.size());
+    std::size_t p = 0;
+    while (p < want.size() && p < rec.committed.size() && want[p] == rec.committed[p]) ++p;
+    if (p == want.size() && p == rec.committed.size()) continue;
+    out.push_back(model::RowOwner::request_name(rec.id) + " position " + std::to_string(p) + ": committed " +
+                  (p < rec.committed.size() ? std::to_string(rec.committed[p]) : "nothing") + ", the plain loop " +
+                  (p < want.size() ? std::to_string(want[p]) : "nothing"));
+  }
+  return out;
 }
 
 int run(Options& o, const MpiCommunicator& world) {
@@ -150,8 +189,9 @@ int run(Options& o, const MpiCommunicator& world) {
                                   std::to_string(world.size()) + " (run with mpiexec -n " + std::to_string(layout.size()) + ")");
   o.cfg.requests_per_group = o.requests;
   o.cfg.width = spec::TokensPerRequest{o.width};
-  if (o.width < 1 || o.width > 64) throw LayoutError("--tokens-per-req", "--tokens-per-req must be in [1, 64], got " + std::to_string(o.width));
-  o.cfg.draft_dims.hidden = o.cfg.target_dims.hidden = o.hidden;
+  o.cfg.target_dims.hidden = o.hidden;
+  if (o.cfg.rank_local_rng) o.cfg.sample = true;
+  o.cfg.validate();
   const cli::MemoryEstimate need = require_size(o, layout, world);
   const spec::SyncSites sites = spec::SyncSites::from_env();  // RELAYOUT_SPEC_TP_SYNC
   const bool guard_fails = !layout.dspark().allowed;
@@ -176,7 +216,8 @@ int run(Options& o, const MpiCommunicator& world) {
   const auto all = cli::gather_all(world, encode(dec));
   if (world.rank() != 0) return dec.disagreed() ? 1 : 0;
   std::vector<RankView> ranks;
-  for (const auto& v : all) ranks.push_back(decode(v, o.cfg.rounds));
+  for (const auto& v : all) ranks.push_back(decode(v));
+  const int rounds_run = int(ranks.front().rounds.size());  // fewer than --rounds after a disagreement
   const Widths& w = layout.widths();
   const spec::DpSyncMetadata& meta = dec.meta();
   std::vector<std::int64_t> raw;
@@ -200,6 +241,20 @@ int run(Options& o, const MpiCommunicator& world) {
     const int first = layout.groups(GroupKind::attn_tp).at(std::size_t(g)).front();
     for (const auto& rec : ranks[std::size_t(first)].requests) reqs.push_back(rec);
   }
+  // Acceptance: accepted draft tokens over proposed ones, per round and over the run.
+  const int k = o.cfg.draft_tokens();
+  std::vector<double> acceptance;
+  std::int64_t accepted_total = 0;
+  for (int r = 0; r < rounds_run; ++r) {
+    std::int64_t a = 0;
+    for (const auto& rec : reqs) a += rec.accepted.at(std::size_t(r));
+    accepted_total += a;
+    acceptance.push_back(reqs.empty() ? 0.0 : double(a) / double(reqs.size() * std::size_t(k)));
+  }
+  const double overall = reqs.empty() || rounds_run == 0 ? 0.0 : double(accepted_total) / double(reqs.size() * std::size_t(k) * std::size_t(rounds_run));
+  const double mean_accepted = reqs.empty() || rounds_run == 0 ? 0.0 : double(accepted_total) / double(reqs.size() * std::size_t(rounds_run));
+  const std::vector<std::string> mismatches = o.check ? check(o, reqs, layout.config().draft) : std::vector<std::string>{};
+  const int rc = disagreed || !mismatches.empty() ? 1 : 0;
 
   if (o.format == "json") {
     nlohmann::json j;
@@ -217,7 +272,13 @@ int run(Options& o, const MpiCommunicator& world) {
     j["sync_sites_synced"] = synced.synced;
     j["rank_local_rng"] = o.cfg.rank_local_rng;
     j["disagreement"] = disagreed;
-    for (int r = 0; r < o.cfg.rounds; ++r) {
+    j["mode"] = o.cfg.sample ? "sampled" : "greedy";
+    j["draft_tokens"] = k;
+    j["acceptance_per_round"] = acceptance;
+    j["acceptance"] = overall;
+    j["mean_accepted_per_request_per_round"] = mean_accepted;
+    if (o.check) j["check"] = {{"passed", mismatches.empty()}, {"differences", mismatches}};
+    for (int r = 0; r < rounds_run; ++r) {
       nlohmann::json round{{"round", r}, {"groups", nlohmann::json::array()}};
       for (int g = 0; g < w.attn_dp; ++g) {
         const auto members = layout.groups(GroupKind::attn_tp).at(std::size_t(g));
@@ -235,7 +296,7 @@ int run(Options& o, const MpiCommunicator& world) {
     for (const auto& rec : reqs)
       j["requests"].push_back({{"id", rec.id}, {"accepted", rec.accepted}, {"committed", rec.committed}});
     std::cout << j.dump(2) << "\n";
-    return disagreed ? 1 : 0;
+    return rc;
   }
 
   std::ostringstream s;
@@ -252,8 +313,8 @@ int run(Options& o, const MpiCommunicator& world) {
   s << "global_num_tokens scaled (rows, x" << o.width << "): " << list(meta.scaled_values()) << "\n";
   s << "idle participation (zero rows, same metadata, draft + verify forwards run): ranks " << list(idle_ranks)
     << "\n";
-  for (int r = 0; r < o.cfg.rounds; ++r) {
-    s << "round " << r << ":\n";
+  for (int r = 0; r < rounds_run; ++r) {
+    s << "round " << r << ": acceptance " << acceptance[std::size_t(r)] << "\n";
     for (int g = 0; g < w.attn_dp; ++g) {
       const auto members = layout.groups(GroupKind::attn_tp).at(std::size_t(g));
       const auto& m = ranks[std::size_t(members.front())].rounds.at(std::size_t(r));
@@ -274,11 +335,19 @@ int run(Options& o, const MpiCommunicator& world) {
   for (const auto& rec : reqs)
     s << "  " << model::RowOwner::request_name(rec.id) << " accepted " << list(rec.accepted) << " committed "
       << list(rec.committed) << "\n";
+  s << (o.cfg.sample ? "sampled" : "greedy") << " acceptance over " << rounds_run << " rounds: " << overall
+    << " of k = " << k << " draft tokens; mean accepted tokens per request per round " << mean_accepted
+    << " (committed " << mean_accepted + 1 << ")\n";
+  if (o.check) {
+    if (mismatches.empty())
+      s << "check: the committed tokens equal the " << (o.cfg.sample ? "single-rank speculative run (plain loop, same seed)" : "target's own greedy decode (plain loop, one rank)") << " for every request\n";
+    for (const std::string& m : mismatches) s << "CHECK FAILED: " << m << "\n";
+  }
   if (disagreed)
     s << "DISAGREEMENT: members of an attention-TP group hold different decisions (SpecTpSync off for these "
          "sites); exit 1\n";
   std::cout << s.str();
-  return disagreed ? 1 : 0;
+  return rc;
 }
 
 }  // namespace
@@ -291,22 +360,32 @@ int main(int argc, char** argv) {
     JobGuard job;  // a rank that fails alone ends the job instead of leaving the others waiting
     Options o;
     o.layout.draft = "moe";
-    CLI::App app{"dspark_step: speculative decode rounds (draft + verify, greedy acceptance) on MPI ranks; "
+    CLI::App app{"dspark_step: speculative decode rounds on a KV cache (draft + verify, greedy or sampled acceptance) on MPI ranks; "
                  "RELAYOUT_SPEC_TP_SYNC=all|off|SITE,SITE chooses the SpecTpSync sites"};
     o.layout.add_to(app);
     cli::add_int_list(app, "--requests-per-group", o.requests, "requests per attention-DP group, e.g. 1,3,0,2");
-    cli::add_int(app, "--tokens-per-req", o.width, "draft tokens per request per round (num_tokens_per_req)");
+    cli::add_int(app, "--tokens-per-req", o.width,
+                 "rows per request in the verify forward (num_tokens_per_req): k = N - 1 draft tokens plus one");
     cli::add_int(app, "--rounds", o.cfg.rounds, "speculative rounds");
     cli::add_int(app, "--vocab", o.cfg.vocab, "vocabulary size of the toy head");
     cli::add_int(app, "--hidden", o.hidden, "hidden size of draft and target");
     // Checked here: the models' own check would name their shared field, --layers.
     cli::add_int(app, "--target-layers", o.cfg.target_dims.layers, "target decoder layers", 1, std::numeric_limits<int>::max());
-    cli::add_int(app, "--draft-layers", o.cfg.draft_dims.layers, "MoE draft decoder layers", 1, std::numeric_limits<int>::max());
+    cli::add_int(app, "--draft-layers", o.cfg.draft_layers, "MoE draft: the target's first N layers (same weights)", 1,
+                 std::numeric_limits<int>::max());
+    cli::add_int(app, "--prompt", o.cfg.prompt, "prompt tokens per request (prefilled into both KV caches)");
+    cli::add_int(app, "--kv-capacity", o.cfg.kv_capacity, "KV cache rows per request (prompt - 1 + rounds x tokens-per-req must fit)");
     cli::add_float(app, "--head-hidden-weight", o.cfg.hidden_weight,
                    "toy vocabulary head: weight of the hidden-row projection against the bigram table "
                    "(lower: draft and target agree more often)");
     cli::add_int(app, "--seed", o.cfg.seed, "seed of the vocabulary head, prompts and sampler");
-    app.add_flag("--sample", o.cfg.sample, "draft samples (site DRAFT_SAMPLE) instead of argmax (DRAFT_GREEDY)");
+    app.add_flag("--sample", o.cfg.sample,
+                 "speculative sampling: the draft samples (site DRAFT_SAMPLE), acceptance by min(1, p/q) with "
+                 "resampling (ACCEPT_SAMPLE); default greedy (DRAFT_GREEDY, TARGET, ACCEPT_GREEDY)");
+    cli::add_float(app, "--temperature", o.cfg.temperature, "sampling temperature of draft and target (with --sample; > 0)");
+    app.add_flag("--check", o.check,
+                 "compare the committed tokens with a plain single-rank loop (greedy: the target's own decode; "
+                 "--sample: a speculative run with the same seed); exit 1 on a difference");
     app.add_flag("--rank-local-rng", o.cfg.rank_local_rng,
                  "seed each rank's sampler differently (implies --sample): only SpecTpSync makes a group agree");
     app.add_flag("--bypass-guard", o.cfg.bypass_guard,

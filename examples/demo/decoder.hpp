@@ -1,13 +1,15 @@
 // A small, honest speculative decode loop on the ranks of one TP domain (docs/dspark.md), for the
-// dspark_step example and the tests: a draft (MoE: a DistributedModel with full DP/MoE
-// participation; dense: a tensor-parallel MLP inside the draft context's TP group) proposes `width`
-// tokens per request, the target (a deeper DistributedModel) verifies them in one forward, greedy
-// acceptance commits the longest agreeing prefix plus the target's correction. Every decision goes
-// through SpecTpSync at its site; an idle attention-DP group runs both forwards with zero rows.
-//
-// What is modelled and what is not: the forwards see the model's deterministic inputs for (request,
-// position); the committed tokens enter through the vocabulary head (a bigram table of the
-// previous token plus a projection of the normalised hidden row), not through a KV cache.
+// dspark_step example and the tests. The target (a DistributedModel) and the draft, derived from it
+// (MoE draft: the target's first draft_layers layers, same weights, full DP/MoE participation; dense
+// draft: the target's layer-0 shared-expert weights as a tensor-parallel MLP inside the draft
+// context's TP group), keep per-request KV caches across rounds (the dense draft has no attention
+// and needs none). The prompt is prefilled into both caches; each round the draft runs k decode
+// steps (one row per request, plus the row it missed when the previous round accepted everything),
+// the target verifies k + 1 rows per request in one extend forward against its cache, and the
+// accepted prefix plus one target token is committed; the rejected positions are truncated in both
+// caches. Committed tokens feed back through the embedding (spec_head.hpp). Greedy acceptance, or
+// speculative sampling (spec/sampling.hpp). Every decision goes through SpecTpSync at its site; an
+// idle attention-DP group runs every forward with zero rows.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -17,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,8 +28,10 @@
 #include "relayout/kernels/rms_norm.hpp"
 #include "demo/model/layer.hpp"
 #include "demo/model/weights.hpp"
+#include "demo/spec_head.hpp"
 #include "relayout/spec/draft.hpp"
 #include "relayout/spec/idle.hpp"
+#include "relayout/spec/sampling.hpp"
 #include "relayout/spec/sync.hpp"
 #include "relayout/spec/tokens.hpp"
 
@@ -34,47 +39,86 @@ namespace relayout::spec {
 
 struct SpecConfig {
   std::vector<int> requests_per_group{1};  // requests per attention-DP group
-  TokensPerRequest width{6};               // draft tokens verified per request per round
+  TokensPerRequest width{6};               // verify rows per request per round: k = width - 1 draft tokens + 1
   int rounds = 1;
   int vocab = 16;
-  bool sample = false;          // draft samples (site DRAFT_SAMPLE) instead of argmax (DRAFT_GREEDY)
+  int prompt = 4;                          // prompt tokens per request
+  int kv_capacity = 256;                   // kv rows per request in each cache
+  bool sample = false;          // speculative sampling (DRAFT_SAMPLE, ACCEPT_SAMPLE) instead of greedy
   bool rank_local_rng = false;  // each rank seeds its sampler differently (implies sample)
   bool bypass_guard = false;    // developer experiment: skip the docs/dspark.md start-up check
   bool check_agreement = true;  // after each site, compare the decision across the sync group
   double temperature = 1.0;
-  double hidden_weight = 0.3;   // weight of the hidden-row projection against the bigram table
-  std::uint64_t seed = 7;       // vocabulary head, prompts and sampler
+  double hidden_weight = 0.4;   // weight of the hidden-row projection against the bigram table
+  std::uint64_t seed = 7;       // embedding, vocabulary head, prompts and sampler
   int dense_inter = 32;         // dense draft MLP intermediate (split over the draft's TP group)
-  model::ModelDims draft_dims = [] {
-    model::ModelDims d;
-    d.layers = 1;
-    d.seed = 99;
-    return d;
-  }();
+  int draft_layers = 1;         // MoE draft: the target's first draft_layers layers
   model::ModelDims target_dims = [] {
     model::ModelDims d;
     d.layers = 2;
     d.seed = 1234;
     return d;
   }();
+
+  int draft_tokens() const { return width.value - 1; }
+  // The MoE draft: the target's dims and seed (so the same weights) with fewer layers.
+  model::ModelDims draft_dims() const {
+    model::ModelDims d = target_dims;
+    d.layers = draft_layers;
+    return d;
+  }
+  // Rows a request's cache holds at most: the prompt (all but its last token), then k + 1 per round.
+  std::int64_t kv_rows_needed() const { return std::int64_t(prompt) - 1 + std::int64_t(rounds) * width.value; }
+  static std::string number(double v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  }
+  // Throws LayoutError naming the flag for settings the loop cannot run.
+  void validate() const {
+    if (width.value < 2 || width.value > 64)
+      throw LayoutError("--tokens-per-req", "--tokens-per-req (k draft tokens + 1 verify row) must be in [2, 64], got " +
+                                                std::to_string(width.value));
+    if (rounds < 1 || rounds > 1000) throw LayoutError("--rounds", "--rounds must be in [1, 1000]");
+    if (vocab < 2 || vocab > 1 << 16) throw LayoutError("--vocab", "--vocab must be in [2, 65536]");
+    if (prompt < 1 || prompt > 4096) throw LayoutError("--prompt", "--prompt must be in [1, 4096], got " + std::to_string(prompt));
+    if (draft_layers < 1 || draft_layers > target_dims.layers)
+      throw LayoutError("--draft-layers", "--draft-layers = " + std::to_string(draft_layers) +
+                                              ": the MoE draft is the target's first layers, so it must be in [1, " +
+                                              std::to_string(target_dims.layers) + "] (--target-layers)");
+    if (sample && !(temperature > 0 && std::isfinite(temperature)))
+      throw LayoutError("--temperature", "--temperature must be finite and > 0 with --sample, got " + number(temperature));
+    if (kv_capacity < 1 || kv_rows_needed() > kv_capacity)
+      throw LayoutError("--rounds", "--rounds " + std::to_string(rounds) + " x --tokens-per-req " +
+                                        std::to_string(width.value) + " + --prompt " + std::to_string(prompt) +
+                                        " - 1 = " + std::to_string(kv_rows_needed()) +
+                                        " kv rows per request exceed --kv-capacity " + std::to_string(kv_capacity));
+  }
 };
 
 // This group's view of one round.
 struct RoundLog {
-  std::map<std::string, std::vector<std::int64_t>> decisions;  // site -> values after the site
+  std::map<std::string, std::vector<std::int64_t>> decisions;  // site -> values after the site (calls appended)
   std::vector<std::string> disagreed;                          // sites whose values differed in the group
 };
 
 struct RequestRecord {
   int id = 0;
   std::vector<int> accepted;   // accepted draft tokens per round
-  std::vector<int> committed;  // prompt token, then every committed token
+  std::vector<int> committed;  // prompt tokens, then every committed token
 };
 
+// The prompt of request `id`: `len` tokens from (seed, id), the same on every layout.
+inline std::vector<int> prompt_tokens(const SpecConfig& cfg, int id) {
+  std::vector<int> t;
+  for (int p = 0; p < cfg.prompt; ++p)
+    t.push_back(int(model::mix64(cfg.seed ^ model::mix64((std::uint64_t(id) << 20) + std::uint64_t(p) + 17)) %
+                    std::uint64_t(cfg.vocab)));
+  return t;
+}
 
-// The whole round as a model::Workload over `attn_dp` groups: every request has `width` rows
-// (draft tokens), placed on its group. An idle group simply owns no request, so the model's
-// forward runs it with zero rows and it joins every collective (docs/bridge.md#padding IDLE forward).
+// One request per group member of `meta`, `width` rows each: sizes the caches (request j of the
+// group is slot j).
 inline model::Workload round_workload(const DpSyncMetadata& meta, int attn_dp) {
   std::vector<int> lengths, placement;
   for (std::size_t g = 0; g < meta.raw.size(); ++g)
@@ -108,31 +152,44 @@ class SpecDecoder {
     for (int n : cfg_.requests_per_group)
       if (n < 0 || n > 4096)
         throw LayoutError("--requests-per-group", "--requests-per-group: a count must be in [0, 4096], got " + std::to_string(n));
-    if (cfg_.rounds < 1 || cfg_.rounds > 1000) throw LayoutError("--rounds", "--rounds must be in [1, 1000]");
-    if (cfg_.vocab < 2 || cfg_.vocab > 1 << 16) throw LayoutError("--vocab", "--vocab must be in [2, 65536]");
     if (cfg_.rank_local_rng) cfg_.sample = true;
+    cfg_.validate();
     const RankCoords k = groups_.coords();
     const DpSyncMetadata meta = gather_sync_metadata(
         groups_, RequestCount{cfg_.requests_per_group[std::size_t(k.attn_dp_rank)]}, cfg_.width);
     batch_ = make_batch(meta, k.attn_dp_rank);
-    for (int id : batch_.requests) records_.push_back({id, {}, {prompt_token(id)}});
+    for (int id : batch_.requests) records_.push_back({id, {}, prompt_tokens(cfg_, id)});
     const model::BridgeOptions opts;
-    if (layout.config().draft == Draft::moe) draft_.emplace(groups_, cfg_.draft_dims, opts);
-    else make_dense_draft();
+    const model::Workload work = round_workload(meta, attn_dp);
+    if (layout.config().draft == Draft::moe) {
+      draft_.emplace(groups_, cfg_.draft_dims(), opts);
+      draft_->reserve_kv(work, cfg_.kv_capacity);
+    } else {
+      make_dense_draft();
+    }
     target_.emplace(groups_, cfg_.target_dims, opts);
+    target_->reserve_kv(work, cfg_.kv_capacity);
+    draft_fed_.assign(records_.size(), 0);
   }
 
-  // Trace the forwards of every round: the MoE draft's into `draft` (a dense draft has no
-  // DistributedModel and writes nothing), the target's into `target`. Each record carries the round
-  // as its speculative step and the scaled global_num_tokens.
+  // Trace the forwards: the MoE draft's into `draft` (a dense draft has no DistributedModel and
+  // writes nothing), the target's into `target`. A record's speculative step names its forward:
+  // 0 the prefill, r + 1 the target's verify of round r, 1 + r k + j the draft's decode step j of
+  // round r. The verify records carry the scaled global_num_tokens.
   void trace_to(Sink& draft, Sink& target) {
     if (draft_) draft_->trace_to(draft);
     target_->trace_to(target);
   }
 
-  // Collective: every rank runs every round, an idle group with zero rows.
+  // Collective: every rank runs the prefill and every round, an idle group with zero rows. Stops
+  // after a round in which some sync group disagreed (check_agreement): its members would feed
+  // different rows from then on.
   void run() {
-    for (int r = 0; r < cfg_.rounds; ++r) round(r);
+    prefill();
+    for (int r = 0; r < cfg_.rounds; ++r) {
+      round(r);
+      if (cfg_.check_agreement && any_disagreement()) break;
+    }
   }
 
   const SpecBatch& batch() const { return batch_; }
@@ -148,73 +205,182 @@ class SpecDecoder {
       if (!l.disagreed.empty()) return true;
     return false;
   }
-  // Forward calls this rank made (draft, target): an idle rank makes as many as a busy one.
+  // Forward calls this rank made (draft, target), the prefill included: an idle rank makes as many
+  // as a busy one.
   int draft_forwards() const { return draft_forwards_; }
   int target_forwards() const { return target_forwards_; }
   const model::TrafficLog& target_traffic() const { return target_->traffic(); }
+  // KV rows the target's and the draft's cache hold for request j of this group (0 for a dense draft).
+  std::int64_t target_kv(int j) const { return target_->kv_length(j); }
+  std::int64_t draft_kv(int j) const { return draft_ ? draft_->kv_length(j) : 0; }
 
  private:
-  int prompt_token(int id) const {
-    return int(model::mix64(cfg_.seed ^ model::mix64(std::uint64_t(id) + 17)) % std::uint64_t(cfg_.vocab));
-  }
-
   template <class T>
   void site(RoundLog& log, const char* name, std::vector<T>& values) {
     sync_.sync(name, values);
-    if (cfg_.check_agreement && !sync_.agrees(values)) log.disagreed.emplace_back(name);
-    log.decisions[name].assign(values.begin(), values.end());
+    if (cfg_.check_agreement && !sync_.agrees(values)) {
+      if (std::find(log.disagreed.begin(), log.disagreed.end(), name) == log.disagreed.end())
+        log.disagreed.emplace_back(name);
+    }
+    auto& d = log.decisions[name];
+    d.insert(d.end(), values.begin(), values.end());
+  }
+
+  // Collective over the domain: did any sync group disagree this round?
+  bool any_disagreement() {
+    float mine = !logs_.empty() && !logs_.back().disagreed.empty() ? 1.0f : 0.0f;
+    all_reduce_in_place(groups_.comm(GroupKind::tp), std::span<float>(&mine, 1));
+    return mine > 0;
+  }
+
+  // Input rows (embeddings) and owners of `tokens[j]` at `positions[j]` of request `ids[j]`.
+  View embed_rows(const std::vector<int>& tokens) const {
+    const int H = cfg_.target_dims.hidden;
+    View x("relayout::spec::tokens_in", tokens.size(), std::size_t(H));
+    const auto xh = Kokkos::create_mirror_view(x);
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      for (int f = 0; f < H; ++f) xh(i, std::size_t(f)) = head::embed(cfg_.seed, tokens[i], f, H);
+    Kokkos::deep_copy(x, xh);
+    return x;
+  }
+
+  // The rows [from_j, to_j) of each request's token sequence `seq[j]` through a model (extend on
+  // its cache; the dense draft row by row). Returns the host rows, request after request.
+  std::vector<double> feed(bool to_draft, const std::vector<std::vector<int>>& seq, const std::vector<int>& from,
+                           const std::vector<int>& to) {
+    std::vector<int> counts, tokens;
+    std::vector<std::int64_t> owners;
+    for (std::size_t j = 0; j < seq.size(); ++j) {
+      counts.push_back(to[j] - from[j]);
+      for (int p = from[j]; p < to[j]; ++p) {
+        tokens.push_back(seq[j][std::size_t(p)]);
+        owners.push_back(model::RowOwner::pack(records_[j].id, p));
+      }
+    }
+    const View x = embed_rows(tokens);
+    if (to_draft) {
+      ++draft_forwards_;
+      if (!draft_) return host_rows(dense_forward(x));
+      return host_rows(draft_->extend(counts, x, owners).view());
+    }
+    ++target_forwards_;
+    return host_rows(target_->extend(counts, x, owners).view());
+  }
+
+  // Both caches take every prompt token but the last (which the first round feeds).
+  void prefill() {
+    std::vector<std::vector<int>> seq;
+    std::vector<int> from(records_.size(), 0), to;
+    for (const RequestRecord& r : records_) {
+      seq.push_back(r.committed);
+      to.push_back(cfg_.prompt - 1);
+    }
+    if (draft_) draft_->trace_step(0);
+    target_->trace_step(0);
+    feed(true, seq, from, to);
+    feed(false, seq, from, to);
+    draft_fed_ = to;
+  }
+
+  std::vector<double> logits(const std::vector<double>& h, std::size_t row, int prev) const {
+    const int H = cfg_.target_dims.hidden;
+    return head::logits(cfg_.seed, cfg_.vocab, cfg_.hidden_weight, &h[row * std::size_t(H)], H, prev);
+  }
+  double uniform(int id, int r, int j, head::Draw what) const {
+    return head::uniform(cfg_.seed, id, r, j, what, cfg_.rank_local_rng ? groups_.rank() : -1);
   }
 
   void round(int r) {
     RoundLog log;
-    const int T = cfg_.width.value;
+    const int k = cfg_.draft_tokens();
     const std::size_t n = records_.size();
-    const model::Workload work = round_workload(batch_.meta, groups_.layout().widths().attn_dp);
+    target_->trace_step(r + 1, batch_.meta.scaled_values());
 
-    std::vector<std::int32_t> plan(n, T);  // draft tokens per request this round
+    std::vector<std::int32_t> plan(n, k);  // draft tokens per request this round
     site(log, kSitePlan, plan);
 
-    if (draft_) draft_->trace_step(r, batch_.meta.scaled_values());
-    target_->trace_step(r, batch_.meta.scaled_values());
-    const std::vector<double> hd = draft_hidden(work);
-    ++draft_forwards_;
-    std::vector<std::int32_t> draft(n * std::size_t(T));
+    // Draft: k decode steps. seq[i] grows by each proposed token; q[i][j] is the draft's
+    // distribution of token j (sampled mode).
+    std::vector<std::vector<int>> seq;
+    for (const RequestRecord& rec : records_) seq.push_back(rec.committed);
+    std::vector<std::vector<std::vector<double>>> q(n);
+    for (int j = 0; j < k; ++j) {
+      if (draft_) draft_->trace_step(1 + r * k + j);
+      std::vector<int> to;
+      for (std::size_t i = 0; i < n; ++i) to.push_back(int(seq[i].size()));
+      const std::vector<double> h = feed(true, seq, draft_fed_, to);
+      std::vector<std::int32_t> tok(n);
+      for (std::size_t i = 0, row = 0; i < n; ++i) {
+        row += std::size_t(to[i] - draft_fed_[i]);
+        const std::vector<double> z = logits(h, row - 1, seq[i].back());
+        if (cfg_.sample) {
+          q[i].push_back(softmax(z, cfg_.temperature));
+          tok[i] = sample_index(q[i].back(), uniform(records_[i].id, r, j, head::Draw::draft));
+        } else {
+          tok[i] = head::argmax(z);
+        }
+      }
+      draft_fed_ = to;
+      site(log, cfg_.sample ? kSiteDraftSample : kSiteDraftGreedy, tok);
+      for (std::size_t i = 0; i < n; ++i) seq[i].push_back(tok[i]);
+    }
+
+    // Verify: the last committed token and the k draft tokens, k + 1 rows per request, one forward.
+    std::vector<int> from, to;
     for (std::size_t i = 0; i < n; ++i) {
-      int prev = records_[i].committed.back();
-      for (int j = 0; j < T; ++j) {
-        const std::vector<double> z = logits(hd, i * std::size_t(T) + std::size_t(j), prev, 1);
-        const int tok = cfg_.sample ? sample(z, records_[i].id, r, j) : argmax(z);
-        draft[i * std::size_t(T) + std::size_t(j)] = tok;
-        prev = tok;
+      from.push_back(int(records_[i].committed.size()) - 1);
+      to.push_back(int(seq[i].size()));
+    }
+    const std::vector<double> ht = feed(false, seq, from, to);
+    const std::size_t rows = std::size_t(k) + 1;
+
+    std::vector<std::int32_t> accepted(n, 0), next(n, 0);
+    if (!cfg_.sample) {
+      std::vector<std::int32_t> choice(n * rows);
+      for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t j = 0; j < rows; ++j)
+          choice[i * rows + j] = head::argmax(logits(ht, i * rows + j, seq[i][std::size_t(from[i]) + j]));
+      site(log, kSiteTarget, choice);
+      for (std::size_t i = 0; i < n; ++i) {
+        int a = 0;
+        while (a < k && choice[i * rows + std::size_t(a)] == seq[i][std::size_t(from[i] + 1 + a)]) ++a;
+        accepted[i] = a;
+      }
+      site(log, kSiteAcceptGreedy, accepted);
+      for (std::size_t i = 0; i < n; ++i) next[i] = choice[i * rows + std::size_t(accepted[i])];
+    } else {
+      // The acceptance draws are made, and the outcome broadcast, once per sync group.
+      std::vector<std::int32_t> outcome(2 * n);
+      for (std::size_t i = 0; i < n; ++i) {
+        std::vector<std::vector<double>> p;
+        for (std::size_t j = 0; j < rows; ++j)
+          p.push_back(softmax(logits(ht, i * rows + j, seq[i][std::size_t(from[i]) + j]), cfg_.temperature));
+        std::vector<double> u;
+        for (int j = 0; j < k; ++j) u.push_back(uniform(records_[i].id, r, j, head::Draw::accept));
+        const std::vector<int> draft(seq[i].begin() + from[i] + 1, seq[i].end());
+        const AcceptOutcome o = speculative_accept(p, q[i], draft, u, uniform(records_[i].id, r, k, head::Draw::final));
+        outcome[2 * i] = o.accepted;
+        outcome[2 * i + 1] = o.token;
+      }
+      site(log, kSiteAcceptSample, outcome);
+      for (std::size_t i = 0; i < n; ++i) {
+        accepted[i] = outcome[2 * i];
+        next[i] = outcome[2 * i + 1];
       }
     }
-    site(log, cfg_.sample ? kSiteDraftSample : kSiteDraftGreedy, draft);
 
-    const model::LayerRows<ExecSpace> out = target_->forward(work);
-    ++target_forwards_;
-    const std::vector<double> ht = host_rows(out.view());
-    std::vector<std::int32_t> choice(n * std::size_t(T));
-    for (std::size_t i = 0; i < n; ++i)
-      for (int j = 0; j < T; ++j) {
-        const std::size_t row = i * std::size_t(T) + std::size_t(j);
-        const int prev = j == 0 ? records_[i].committed.back() : draft[row - 1];
-        choice[row] = argmax(logits(ht, row, prev, 2));
-      }
-    site(log, kSiteTarget, choice);
-
-    std::vector<std::int32_t> accepted(n, 0);
+    // Commit the accepted prefix and the target's token; roll both caches back to the committed
+    // tokens (all but the newest, which the next round feeds).
     for (std::size_t i = 0; i < n; ++i) {
-      int a = 0;
-      while (a < T && choice[i * std::size_t(T) + std::size_t(a)] == draft[i * std::size_t(T) + std::size_t(a)]) ++a;
-      accepted[i] = a;
-    }
-    site(log, kSiteAcceptGreedy, accepted);
-    for (std::size_t i = 0; i < n; ++i) {
-      const int a = accepted[i];
       RequestRecord& rec = records_[i];
+      const int a = accepted[i];
       rec.accepted.push_back(a);
-      for (int j = 0; j < a; ++j) rec.committed.push_back(draft[i * std::size_t(T) + std::size_t(j)]);
-      if (a < T) rec.committed.push_back(choice[i * std::size_t(T) + std::size_t(a)]);  // target's correction
+      for (int j = 0; j < a; ++j) rec.committed.push_back(seq[i][std::size_t(from[i] + 1 + j)]);
+      rec.committed.push_back(next[i]);
+      const int keep = int(rec.committed.size()) - 1;
+      target_->truncate_kv(int(i), keep);
+      if (draft_) draft_->truncate_kv(int(i), std::min<std::int64_t>(draft_->kv_length(int(i)), keep));
+      draft_fed_[i] = std::min(draft_fed_[i], keep);
     }
     logs_.push_back(std::move(log));
   }
@@ -227,56 +393,6 @@ class SpecDecoder {
     return out;
   }
 
-  // logits[v] = bigram(prev, v) + w * proj_head(v) . rms_normalised(h_row); head 1: draft, 2: target.
-  std::vector<double> logits(const std::vector<double>& h, std::size_t row, int prev, int head) const {
-    const int H = cfg_.target_dims.hidden;
-    const int V = cfg_.vocab;
-    double ss = 0;
-    for (int f = 0; f < H; ++f) ss += h[row * std::size_t(H) + std::size_t(f)] * h[row * std::size_t(H) + std::size_t(f)];
-    const double inv = 1.0 / std::sqrt(ss / H + 1e-6);
-    const auto bigram = model::tensor_key(cfg_.seed, 1001, model::Tensor::embedding);
-    const auto proj = model::tensor_key(cfg_.seed, 1002, model::Tensor::router, head);
-    std::vector<double> z(static_cast<std::size_t>(V), 0.0);
-    for (int v = 0; v < V; ++v) {
-      double dot = 0;
-      for (int f = 0; f < H; ++f)
-        dot += double(model::counter_uniform(proj, std::uint64_t(v) * std::uint64_t(H) + std::uint64_t(f), 1.0f)) *
-               h[row * std::size_t(H) + std::size_t(f)] * inv;
-      z[std::size_t(v)] = 2.0 * double(model::counter_uniform(bigram, std::uint64_t(prev) * std::uint64_t(V) + std::uint64_t(v), 1.0f)) +
-                          cfg_.hidden_weight * dot / std::sqrt(double(H));
-    }
-    return z;
-  }
-  static int argmax(const std::vector<double>& z) {
-    int best = 0;
-    for (std::size_t v = 1; v < z.size(); ++v)
-      if (z[v] > z[std::size_t(best)]) best = int(v);
-    return best;
-  }
-  // Softmax sampling with a counter-based uniform keyed by (request, round, position), and, with
-  // rank_local_rng, by this rank too: then only SpecTpSync makes the group's choices agree.
-  int sample(const std::vector<double>& z, int id, int r, int j) const {
-    std::uint64_t key = cfg_.seed * 0x9E3779B97F4A7C15ull + 5;
-    if (cfg_.rank_local_rng) key ^= model::mix64(std::uint64_t(groups_.rank()) + 0x51ull);
-    const double u = 0.5 + 0.5 * double(model::counter_uniform(model::TensorKey{model::mix64(key)},
-                                                                (std::uint64_t(id) << 32) ^ (std::uint64_t(r) << 16) ^ std::uint64_t(j), 1.0f));
-    const double mx = *std::max_element(z.begin(), z.end());
-    double total = 0;
-    std::vector<double> p(z.size());
-    for (std::size_t v = 0; v < z.size(); ++v) total += p[v] = std::exp((z[v] - mx) / cfg_.temperature);
-    double acc = 0;
-    for (std::size_t v = 0; v < z.size(); ++v) {
-      acc += p[v] / total;
-      if (u < acc) return int(v);
-    }
-    return int(z.size()) - 1;
-  }
-
-  std::vector<double> draft_hidden(const model::Workload& work) {
-    if (draft_) return host_rows(draft_->forward(work).view());
-    return host_rows(dense_forward(work));
-  }
-
   // Dense draft: h = x + W2 silu(W1 rms_norm(x)), W1 column-parallel and W2 row-parallel over the
   // draft context's TP group (attn_tp under DP attention: the draft has its own TP group and no DP),
   // completed by one all-reduce there. An idle group's members all-reduce zero elements together.
@@ -286,7 +402,7 @@ class SpecDecoder {
     if (I < k || I % k != 0)
       throw LayoutError("--dense-inter", "--dense-inter = " + std::to_string(I) +
                                              " must be a positive multiple of the dense draft's TP group size " + std::to_string(k));
-    const std::uint64_t s = cfg_.draft_dims.seed;
+    const std::uint64_t s = cfg_.target_dims.seed;  // the target's layer-0 shared expert and norm
     dense_w1_ = View("relayout::spec::dense_w1", std::size_t(I / k), std::size_t(H));
     dense_w2_ = View("relayout::spec::dense_w2", std::size_t(H), std::size_t(I / k));
     dense_norm_ = Kokkos::View<float*, typename ExecSpace::memory_space>("relayout::spec::dense_norm", std::size_t(H));
@@ -297,17 +413,12 @@ class SpecDecoder {
     model::fill_norm(dense_norm_, model::tensor_key(s, 0, model::Tensor::attn_norm));
   }
 
-  View dense_forward(const model::Workload& work) {
+  View dense_forward(const View& x) {
     const C& comm = groups_.comm(ctx_.tp_group);
     const int H = cfg_.target_dims.hidden;
-    const std::vector<std::int64_t> owners = work.owners_of(groups_.coords().attn_dp_rank);
-    const std::size_t n = owners.size(), Ik = dense_w1_.extent(0);
-    View x("relayout::spec::dense_x", n, std::size_t(H)), xn("relayout::spec::dense_xn", n, std::size_t(H)),
-        u("relayout::spec::dense_u", n, Ik), p("relayout::spec::dense_p", n, std::size_t(H));
-    const auto xh = Kokkos::create_mirror_view(x);
-    for (std::size_t i = 0; i < n; ++i)
-      for (int f = 0; f < H; ++f) xh(i, std::size_t(f)) = model::input_value(cfg_.draft_dims.seed, owners[i], f, H);
-    Kokkos::deep_copy(x, xh);
+    const std::size_t n = x.extent(0), Ik = dense_w1_.extent(0);
+    View xn("relayout::spec::dense_xn", n, std::size_t(H)), u("relayout::spec::dense_u", n, Ik),
+        p("relayout::spec::dense_p", n, std::size_t(H));
     const ExecSpace exec;
     if (n > 0) {
       kernels::rms_norm(exec, x, dense_norm_, 1e-6, xn);
@@ -339,6 +450,7 @@ class SpecDecoder {
   std::optional<model::DistributedModel<C, ExecSpace, Sink>> draft_, target_;
   View dense_w1_, dense_w2_;
   Kokkos::View<float*, typename ExecSpace::memory_space> dense_norm_;
+  std::vector<int> draft_fed_;  // tokens of each request the draft has seen (its cache rows)
   int draft_forwards_ = 0, target_forwards_ = 0;
 };
 

@@ -5,6 +5,7 @@
 #include "relayout/spec/draft.hpp"
 #include "relayout/spec/idle.hpp"
 #include "relayout/spec/planner.hpp"
+#include "relayout/spec/sampling.hpp"
 #include "relayout/spec/sync.hpp"
 #include "relayout/spec/sync_sites.hpp"
 #include "relayout/spec/tokens.hpp"

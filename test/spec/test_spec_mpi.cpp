@@ -1,9 +1,9 @@
 // docs/dspark.md on MPI ranks: SpecTpSync broadcasts from the group's rank 0, an idle attention-DP group
-// joins every collective of the draft and verify forwards, MoE and dense drafts on several layouts
-// give the same accepted lengths and committed tokens as a single-rank run (the same code at tp = 1)
-// and MoE drafts as a plain speculative loop over the reference model (no distributed code), sync
-// off with per-rank sampling is detected, and the start-up check rejects DP attention + MoE draft +
-// attn_tp > 1.
+// joins every collective of the prefill, draft and verify forwards, rounds on the KV caches give the
+// same accepted lengths and committed tokens as a single-rank run (the same code at tp = 1) and as
+// the plain loops over the reference model (no distributed code, no cache), greedy and sampled, with
+// MoE and dense drafts, sync off with per-rank sampling is detected, and the start-up check rejects
+// DP attention + MoE draft + attn_tp > 1.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include <relayout/comm.hpp>
-#include <relayout/comm/single.hpp>
 #include <demo/decoder.hpp>
+#include <demo/spec_reference.hpp>
 #include <demo/model.hpp>
 
 #include "mpi_world.hpp"
@@ -45,91 +45,24 @@ model::ModelDims small_dims(int layers, std::uint64_t seed) {
 // Group 1 is idle whenever there are two groups or more.
 std::vector<int> requests_for(int groups) {
   std::vector<int> r;
-  for (int g = 0; g < groups; ++g) r.push_back(g == 1 ? 0 : 1 + g % 3);
+  for (int g = 0; g < groups; ++g) r.push_back(g == 1 ? 0 : 3 + g % 2);
   return r;
 }
 
 SpecConfig small_config(std::vector<int> per_group) {
   SpecConfig c;
   c.requests_per_group = std::move(per_group);
-  c.width = {3};
+  c.width = {3};  // k = 2 draft tokens
   c.rounds = 2;
+  c.prompt = 3;
+  c.kv_capacity = 16;
   c.dense_inter = 16;
-  c.draft_dims = small_dims(1, 99);
+  c.draft_layers = 1;
+  c.hidden_weight = 0.8;  // acceptance about 0.2-0.8 at these dims: rejections and rollbacks happen
   c.target_dims = small_dims(2, 1234);
   return c;
 }
 
-// The same rounds on one rank: one group holding every request, ids in the same order.
-std::map<int, RequestRecord> single_rank(Draft draft, SpecConfig cfg) {
-  int total = 0;
-  for (int n : cfg.requests_per_group) total += n;
-  cfg.requests_per_group = {total};
-  cfg.rank_local_rng = false;
-  const ProcessGroupsOf<SingleRankCommunicator> groups(RuntimeLayout({.tp = 1, .draft = draft}), SingleRankCommunicator{});
-  SpecDecoder<SingleRankCommunicator> dec(groups, cfg, SyncSites{});
-  dec.run();
-  std::map<int, RequestRecord> out;
-  for (const RequestRecord& r : dec.requests()) out[r.id] = r;
-  return out;
-}
-
-
-// Speculative decoding written as a plain loop on one process, with no relayout distributed code
-// (no SpecDecoder, no DistributedModel, no communicator): the hidden rows come from the single-rank
-// reference model, and only the vocabulary head (a bigram table of the previous token plus a
-// projection of the normalised hidden row, part of the toy model's definition) is restated from
-// decoder.hpp. Greedy draft, greedy verification: each round a request commits its longest prefix
-// of draft tokens the target agrees with, then the target's own token at the first disagreement.
-std::map<int, RequestRecord> plain_speculative_decoding(const SpecConfig& cfg, int requests) {
-  const int T = cfg.width.value, V = cfg.vocab, H = cfg.target_dims.hidden;
-  const auto head = [&](const model::ReferenceRows& h, int row, int prev, int which) {
-    double ss = 0;
-    for (int f = 0; f < H; ++f) ss += h.rows(row, f) * h.rows(row, f);
-    const double inv = 1.0 / std::sqrt(ss / H + 1e-6);
-    const auto bigram = model::tensor_key(cfg.seed, 1001, model::Tensor::embedding);
-    const auto proj = model::tensor_key(cfg.seed, 1002, model::Tensor::router, which);
-    int best = 0;
-    double best_z = 0;
-    for (int v = 0; v < V; ++v) {
-      double dot = 0;
-      for (int f = 0; f < H; ++f)
-        dot += double(model::counter_uniform(proj, std::uint64_t(v * H + f), 1.0f)) * h.rows(row, f) * inv;
-      const double z = 2.0 * double(model::counter_uniform(bigram, std::uint64_t(prev * V + v), 1.0f)) +
-                       cfg.hidden_weight * dot / std::sqrt(double(H));
-      if (v == 0 || z > best_z) best = v, best_z = z;
-    }
-    return best;
-  };
-  // Every request verifies T positions each round; the forwards see the model's inputs for
-  // (request, position), the same every round.
-  const model::Workload work = model::Workload::make(std::vector<int>(std::size_t(requests), T),
-                                                     std::vector<int>(std::size_t(requests), 0), 1);
-  const model::ReferenceRows draft_h = model::reference_forward(cfg.draft_dims, work);
-  const model::ReferenceRows target_h = model::reference_forward(cfg.target_dims, work);
-  std::map<int, RequestRecord> out;
-  for (int id = 0; id < requests; ++id) {
-    RequestRecord rec{id, {}, {int(model::mix64(cfg.seed ^ model::mix64(std::uint64_t(id) + 17)) % std::uint64_t(V))}};
-    for (int round = 0; round < cfg.rounds; ++round) {
-      std::vector<int> draft;
-      for (int j = 0; j < T; ++j) draft.push_back(head(draft_h, id * T + j, j == 0 ? rec.committed.back() : draft.back(), 1));
-      int a = 0;
-      int correction = -1;
-      for (; a < T; ++a) {
-        const int want = head(target_h, id * T + a, a == 0 ? rec.committed.back() : draft[std::size_t(a - 1)], 2);
-        if (want != draft[std::size_t(a)]) {
-          correction = want;
-          break;
-        }
-      }
-      rec.accepted.push_back(a);
-      rec.committed.insert(rec.committed.end(), draft.begin(), draft.begin() + a);
-      if (correction >= 0) rec.committed.push_back(correction);
-    }
-    out[id] = rec;
-  }
-  return out;
-}
 }  // namespace
 
 TEST_CASE("SpecTpSync: broadcast from the attention-TP group's rank 0, not world rank 0; off leaves ranks apart") {
@@ -172,11 +105,11 @@ TEST_CASE("idle participation: the idle group runs the draft and verify forwards
   SpecDecoder<MpiCommunicator> dec(groups, cfg, SyncSites{});
   dec.run();  // a missing collective on the idle rank would hang here
   CHECK(dec.idle() == (world().rank() == 1));
-  CHECK(dec.draft_forwards() == 1);
-  CHECK(dec.target_forwards() == 1);
+  CHECK(dec.draft_forwards() == 1 + 2);   // the prefill, then k = 2 decode steps
+  CHECK(dec.target_forwards() == 1 + 1);  // the prefill, then one verify forward
   CHECK(dec.meta().raw.size() == std::size_t(n));
   CHECK(dec.meta().scaled[1].value == 0);
-  CHECK(dec.meta().scaled[0].value == 3);
+  CHECK(dec.meta().scaled[0].value == 9);  // 3 requests x 3 rows
   // Every rank, idle or busy, made the same number of calls of every collective on every group.
   const auto& calls = dec.target_traffic().calls;
   std::vector<std::int64_t> mine(calls.begin(), calls.end()), all(mine.size() * std::size_t(n));
@@ -186,7 +119,10 @@ TEST_CASE("idle participation: the idle group runs the draft and verify forwards
                                     all.begin() + std::ptrdiff_t(r + 1) * std::ptrdiff_t(mine.size())) == mine);
 }
 
-TEST_CASE("distributed rounds equal a single-rank run: MoE and dense drafts, DP attention on and off") {
+// The plain loops (demo/spec_reference.hpp) recompute every forward from the whole sequence on the
+// reference layers: no SpecDecoder, no DistributedModel, no communicator, no KV cache. Greedy: the
+// target's own decode, no draft. Sampled: a single-rank speculative-sampling loop, same draws.
+TEST_CASE("rounds on the KV cache commit what the plain loops commit; acceptance strictly between 0 and 1") {
   const int n = world().size();
   struct Case {
     LayoutConfig layout;
@@ -194,61 +130,59 @@ TEST_CASE("distributed rounds equal a single-rank run: MoE and dense drafts, DP 
   };
   const std::vector<Case> cases{
       {{.tp = n, .dp = n, .enable_dp_attention = true, .draft = Draft::moe}, false},
-      {{.tp = n, .dp = n / 2, .enable_dp_attention = true, .draft = Draft::dense}, false},
+      {{.tp = n, .dp = n, .enable_dp_attention = true, .moe_a2a_backend = Backend::deepep, .draft = Draft::moe}, true},
+      {{.tp = n, .draft = Draft::moe}, false},
       {{.tp = n, .dp = n / 2, .enable_dp_attention = true, .draft = Draft::dense}, true},
-      {{.tp = n, .draft = Draft::dense}, false},
-      {{.tp = n, .draft = Draft::moe}, true},
   };
+  std::int64_t totals[2][2] = {};  // [greedy, sampled] x [accepted, proposed] over the domain
   for (const Case& c : cases) {
     const ProcessGroups groups(RuntimeLayout(c.layout), world());
     SpecConfig cfg = small_config(requests_for(groups.layout().widths().attn_dp));
     cfg.sample = c.sample;
     CAPTURE(c.layout.dp);
     CAPTURE(c.layout.enable_dp_attention);
+    CAPTURE(to_string(c.layout.moe_a2a_backend));
     CAPTURE(to_string(c.layout.draft));
     CAPTURE(c.sample);
     SpecDecoder<MpiCommunicator> dec(groups, cfg, SyncSites{});
     dec.run();
     CHECK_FALSE(dec.disagreed());
-    const auto ref = single_rank(c.layout.draft, cfg);
-    for (const RequestRecord& r : dec.requests()) {
+    const plain::PlainModel target = plain::PlainModel::layers_of(cfg.target_dims);
+    const plain::PlainModel draft = c.layout.draft == Draft::moe ? plain::PlainModel::layers_of(cfg.draft_dims())
+                                                                 : plain::PlainModel::dense_of(cfg);
+    const int k = cfg.draft_tokens();
+    std::int64_t accepted = 0, proposed = 0;
+    for (int j = 0; j < int(dec.requests().size()); ++j) {
+      const RequestRecord& r = dec.requests()[std::size_t(j)];
       CAPTURE(r.id);
-      REQUIRE(ref.count(r.id) == 1);
-      CHECK(r.accepted == ref.at(r.id).accepted);
-      CHECK(r.committed == ref.at(r.id).committed);
+      REQUIRE(r.accepted.size() == std::size_t(cfg.rounds));
+      for (int a : r.accepted) accepted += a;
+      proposed += std::int64_t(k) * cfg.rounds;
+      if (c.sample) {
+        const RequestRecord want = plain::speculative_decode(cfg, draft, target, r.id);
+        CHECK(r.accepted == want.accepted);
+        CHECK(r.committed == want.committed);
+      } else {
+        CHECK(r.committed == plain::greedy_decode(cfg, target, r.id, r.committed.size()));
+      }
+      // Both caches hold the committed tokens but the newest: the rejected rows were rolled back.
+      CHECK(dec.target_kv(j) == std::int64_t(r.committed.size()) - 1);
+      if (c.layout.draft == Draft::moe) {
+        CHECK(dec.draft_kv(j) <= std::int64_t(r.committed.size()) - 1);
+        CHECK(dec.draft_kv(j) >= std::int64_t(r.committed.size()) - 2);
+      }
     }
+    // Over the whole domain: some draft tokens accepted, some rejected (rollback exercised).
+    const bool first = groups.coords().attn_tp_rank == 0;  // one member of each group counts
+    std::int64_t counts[2] = {first ? accepted : 0, first ? proposed : 0};
+    all_reduce_in_place(world(), std::span<std::int64_t>(counts, 2));
+    totals[c.sample][0] += counts[0];
+    totals[c.sample][1] += counts[1];
   }
-}
-
-TEST_CASE("distributed rounds commit what a plain speculative loop over the reference model commits") {
-  const int n = world().size();
-  const std::vector<LayoutConfig> layouts{
-      {.tp = n, .dp = n, .enable_dp_attention = true, .draft = Draft::moe},
-      {.tp = n, .draft = Draft::moe},
-      {.tp = n, .dp = n, .enable_dp_attention = true, .moe_a2a_backend = Backend::deepep, .draft = Draft::moe},
-  };
-  for (const LayoutConfig& c : layouts) {
-    const ProcessGroups groups(RuntimeLayout(c), world());
-    SpecConfig cfg = small_config(requests_for(groups.layout().widths().attn_dp));
-    cfg.rounds = 3;
-    int total = 0;
-    for (int r : cfg.requests_per_group) total += r;
-    CAPTURE(c.dp);
-    CAPTURE(c.enable_dp_attention);
-    CAPTURE(to_string(c.moe_a2a_backend));
-    SpecDecoder<MpiCommunicator> dec(groups, cfg, SyncSites{});
-    dec.run();
-    const auto plain = plain_speculative_decoding(cfg, total);
-    int corrections = 0;
-    for (const auto& [id, rec] : plain)
-      for (int a : rec.accepted) corrections += a < cfg.width.value;
-    CHECK(corrections > 0);  // the target disagrees sometimes: the correction path is exercised
-    for (const RequestRecord& r : dec.requests()) {
-      CAPTURE(r.id);
-      REQUIRE(plain.count(r.id) == 1);
-      CHECK(r.accepted == plain.at(r.id).accepted);
-      CHECK(r.committed == plain.at(r.id).committed);
-    }
+  for (int mode = 0; mode < 2; ++mode) {
+    CAPTURE(mode);
+    CHECK(totals[mode][0] > 0);
+    CHECK(totals[mode][0] < totals[mode][1]);
   }
 }
 
@@ -257,14 +191,15 @@ TEST_CASE("rank-local sampler: SpecTpSync makes the attention-TP group agree; RE
   const ProcessGroups groups(RuntimeLayout({.tp = n, .dp = n / 2, .enable_dp_attention = true, .draft = Draft::dense}),
                              world());
   SpecConfig cfg = small_config(std::vector<int>(std::size_t(n / 2), 2));
-  cfg.width = {4};
+  cfg.rounds = 2;
   cfg.rank_local_rng = true;
   {
     ::setenv("RELAYOUT_SPEC_TP_SYNC", "all", 1);
     SpecDecoder<MpiCommunicator> dec(groups, cfg, SyncSites::from_env());
     dec.run();
     CHECK_FALSE(dec.disagreed());
-    CHECK(dec.sync().counters().at("DRAFT_SAMPLE").broadcasts == 2);
+    CHECK(dec.sync().counters().at("DRAFT_SAMPLE").broadcasts == 2 * 2);  // k = 2 draft steps per round
+    CHECK(dec.sync().counters().at("ACCEPT_SAMPLE").broadcasts == 2);
   }
   {
     ::setenv("RELAYOUT_SPEC_TP_SYNC", "off", 1);
@@ -273,6 +208,7 @@ TEST_CASE("rank-local sampler: SpecTpSync makes the attention-TP group agree; RE
     dec.run();
     CHECK(dec.disagreed());
     CHECK(dec.sync().counters().at("DRAFT_SAMPLE").broadcasts == 0);
+    CHECK(dec.rounds().size() == 1);  // every rank stops after the round that disagreed
   }
 }
 
@@ -291,5 +227,5 @@ TEST_CASE("start-up check: DP attention + MoE draft + attn_tp > 1 is rejected wi
   cfg.rounds = 1;
   SpecDecoder<MpiCommunicator> dec(groups, cfg, SyncSites{});
   dec.run();
-  CHECK(dec.draft_forwards() == 1);
+  CHECK(dec.draft_forwards() == 1 + 2);  // the prefill, then k = 2 decode steps
 }

@@ -202,6 +202,47 @@ class DistributedModel {
     return x;
   }
 
+  // Extend (a speculative verify forward, or a prefill into the cache): counts[j] new rows for slot j
+  // of this rank's DP group (request j of the group), request after request in `inputs`, `owners`
+  // naming each row. Every layer appends their kv after the slot's cached rows, and each row attends
+  // the cached rows and the earlier new rows of its request: causal by position, as one decode step
+  // per row would. Returns the output rows in input order. Collective like forward: a group with no
+  // rows joins every collective with zero rows.
+  Tracked extend(const std::vector<int>& counts, const View& inputs, const std::vector<std::int64_t>& owners) {
+    if (!cache_) throw LayoutError("decode", "extend needs a KV cache: call reserve_kv first");
+    if (groups_.layout().widths().attn_cp > 1)
+      throw LayoutError("--cp", "extend (speculative verify) runs with attn_cp = 1: each rank's cache holds whole requests");
+    std::vector<int> row_slot, limit;
+    kv_slots_.clear();
+    kv_cu_ = {0};
+    for (int j = 0; j < int(counts.size()); ++j) {
+      if (counts[std::size_t(j)] == 0) continue;
+      const int base = int(cache_->length(0, j));
+      for (int i = 0; i < counts[std::size_t(j)]; ++i) {
+        row_slot.push_back(j);
+        limit.push_back(base + i + 1);
+      }
+      kv_slots_.push_back(j);
+      kv_cu_.push_back(int(row_slot.size()));
+    }
+    if (inputs.extent(0) != row_slot.size() || owners.size() != row_slot.size())
+      throw LayoutError("decode", "extend: " + std::to_string(inputs.extent(0)) + " input rows and " +
+                                      std::to_string(owners.size()) + " owners for " + std::to_string(row_slot.size()) +
+                                      " new rows");
+    Tracked x(Typed(inputs), opts_.track_owners ? owners : std::vector<std::int64_t>{});
+    gather_counts(std::int64_t(row_slot.size()));
+    KvRows rows;
+    rows.cu = to_device(row_slot, "relayout::extend_slots");
+    rows.limits = to_device(limit, "relayout::extend_limits");
+    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, rows, true);
+    if (opts_.track_owners && x.owners != owners)
+      throw LayoutError("bridge", "extend: rows came back in another order");
+    return x;
+  }
+  // Keeps the first `length` kv rows of slot j in every layer: rolls back rejected speculative rows.
+  void truncate_kv(int slot, std::int64_t length) { cache_->truncate(exec_, slot, length); }
+  std::int64_t kv_length(int slot) const { return cache_->length(0, slot); }
+
   const TrafficLog& traffic() const { return traffic_; }
   void clear_traffic() { traffic_.clear(); }
   const std::vector<Boundary>& boundaries() const { return boundaries_; }
@@ -225,6 +266,7 @@ class DistributedModel {
   struct KvRows {
     IntView cu, positions, order;
     std::vector<int> counts;  // kv rows held by each CP rank
+    IntView limits;           // extend: query row b sees the first limits(b) rows of slot cu(b)
   };
   KvRows kv_rows_of(const Workload& work) const {
     const RankCoords k = groups_.coords();
@@ -314,6 +356,22 @@ class DistributedModel {
     slots_ = groups_.layout().bridge_path() == BridgePath::dp_gather ? bridge_.slots(counts_) : nullptr;
   }
 
+  // Extend: query row b reads slot cu(b) through a block table of its own (a copy of the slot's)
+  // with length limits(b), so the decode kernel stops at the row's own position.
+  kernels::PagedKv<float, typename ExecSpace::memory_space> causal_kv(int layer, const KvRows& r) const {
+    const auto all = cache_->view(layer, r.cu);
+    const std::int64_t n = std::int64_t(r.cu.extent(0)), B = std::int64_t(all.block_table.extent(1));
+    Kokkos::View<int**, typename ExecSpace::memory_space> table("relayout::extend_table", n, B);
+    const IntView rows("relayout::extend_rows", n), cu = r.cu;
+    const auto src = all.block_table;
+    Kokkos::parallel_for(
+        "relayout::extend_table", Kokkos::RangePolicy<ExecSpace>(exec_, 0, n), KOKKOS_LAMBDA(const std::int64_t b) {
+          rows(b) = int(b);
+          for (std::int64_t i = 0; i < B; ++i) table(b, i) = src(cu(b), i);
+        });
+    return {all.pool, table, r.limits, rows, all.block_size};
+  }
+
   // decode: kv_rows.cu holds the cache slot of each row and attention reads the cache.
   Tracked layer_forward(int layer, const Tracked& x, const KvRows& kv_rows, bool decode = false) {
     const LayerShard<ExecSpace>& w = shards_[std::size_t(layer)];
@@ -336,6 +394,8 @@ class DistributedModel {
         cache_->append(exec_, layer, kv_slots_[i], Kokkos::subview(kv, std::pair<int, int>(kv_cu_[i], kv_cu_[i + 1]), Kokkos::ALL));
     if (decode && groups_.layout().widths().attn_cp > 1) {
       cp_decode(layer, q, kv_rows, o, params);
+    } else if (decode && kv_rows.limits.extent(0) > 0) {
+      kernels::attention_decode(exec_, q, causal_kv(layer, kv_rows), o, params);
     } else if (decode) {
       kernels::attention_decode(exec_, q, cache_->view(layer, kv_rows.cu), o, params);
     } else {
