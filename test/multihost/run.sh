@@ -183,8 +183,8 @@ fault_drill() {  # NAME FAULT REPAIR FAR_SIDE_ENDS(yes|no)
   # A rank in MPI_Abort sleeps reading its PMI socket (waiting for hydra's proxy to end it).
   for p in $left_h2; do [ "$(cat "/proc/$p/wchan" 2>/dev/null)" = unix_stream_read_generic ] || in_abort=no; done
   eval "$repair"
-  echo "-- $name: exit $rc, $took s after the fault (deadline $DEADLINE s); stderr:"
-  sed 's/^/   /' "$d/stderr" | cut -c1-600 | head -12
+  echo "-- $name: exit $rc, $took s after the fault (deadline $DEADLINE s); stderr (less the progress lines):"
+  grep -v -E '^dsv4_layer: (a long run|layer [0-9]+/[0-9]+ done)' "$d/stderr" | sed 's/^/   /' | cut -c1-600 | head -12
   [ $rc -ne 0 ] || fail "$name: exit 0 after the fault"
   [ $rc -ne 124 ] && [ $rc -ne 137 ] || fail "$name: the job hung (killed by timeout after $took s)"
   python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) <= float(sys.argv[2]) else 1)" "$took" \
