@@ -1,5 +1,7 @@
 // The README's API tour: a DeepSeek-V4 layout as a compile-time policy and as its runtime twin.
 #include <cstdio>
+#include <string_view>
+
 #include <relayout/relayout.hpp>
 
 using namespace relayout;
@@ -14,10 +16,16 @@ static_assert(Seed::path == BridgePath::a2a_split);      // split rows, dispatch
 // Layout<Tp<32>, Dp<16>, DpAttention<true>, DraftModel<Draft::moe>> would not compile:
 // "DSpark + dp attention with a DeepSeek-V4 (MoE) draft requires attn_tp == 1 ..."
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
+  const std::string_view arg = argc > 1 ? argv[1] : "deepep";
+  if (arg == "--help" || arg == "-h") {
+    std::printf("layout_tour: the seed layout (tp 32, dp 16, DP attention) with a MoE all-to-all backend\n"
+                "Usage: %s [BACKEND]   (default deepep; none, deepep, mori, ... as relayout explain takes them)\n",
+                argv[0]);
+    return 0;
+  }
   // The same layout from runtime flags; an invalid one throws relayout::LayoutError.
-  LayoutConfig config{.tp = 32, .dp = 16, .enable_dp_attention = true,
-                      .moe_a2a_backend = parse_backend(argc > 1 ? argv[1] : "deepep")};
+  LayoutConfig config{.tp = 32, .dp = 16, .enable_dp_attention = true, .moe_a2a_backend = parse_backend(arg)};
   const RuntimeLayout layout(config);
   const RankCoords r10 = layout.coords(10);
   std::printf("attn_tp=%d moe_ep=%d bridge=%s\n", layout.widths().attn_tp, layout.widths().moe_ep,
@@ -31,4 +39,7 @@ int main(int argc, char** argv) {
   const DsparkVerdict verdict = RuntimeLayout(config).dspark();
   std::printf("MoE draft: %s\n", verdict.allowed ? "allowed" : verdict.error.data());
   return 0;
+} catch (const LayoutError& e) {  // bad input: a message and exit 2, as every program here
+  std::fprintf(stderr, "error: %s\n", e.what());
+  return 2;
 }
