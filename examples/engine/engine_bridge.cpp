@@ -183,6 +183,18 @@ double run_case(MPI_Comm comm, const Case& c, std::string& path) {
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  // Its own usage before Kokkos sees the arguments (Kokkos prints its option banner for --help).
+  if (argc > 1 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0)
+      std::printf("engine_bridge: an engine's MoE hand-over on the installed relayout, every bridge path the rank "
+                  "count allows, checked row by row\nUsage: mpiexec -n N %s   (no options of its own; Kokkos' "
+                  "options: --kokkos-help)\n",
+                  argv[0]);
+    MPI_Finalize();
+    return 0;
+  }
   int failures = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
