@@ -13,6 +13,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -61,13 +62,11 @@ struct RankTime {
   double total() const { return comm + compute; }
 };
 
-// Seconds of `calls` collectives `op` over a group of `members` moving `bytes` in all.
-inline double collective_seconds(TrafficOp op, const std::vector<int>& members, std::int64_t calls, double bytes,
+// Seconds of `calls` collectives `op` over a group of `n` ranks, all on one node or not, moving
+// `bytes` in all.
+inline double collective_seconds(TrafficOp op, double n, bool one_node, std::int64_t calls, double bytes,
                                  const Cluster& c) {
-  const double n = double(members.size());
   if (n < 2 || calls == 0) return 0.0;
-  const bool one_node = std::all_of(members.begin(), members.end(),
-                                    [&](int r) { return r / c.gpus_per_node == members.front() / c.gpus_per_node; });
   const double alpha = one_node ? c.intra_latency : c.inter_latency;
   const double beta = one_node ? c.intra_bw : c.inter_bw;
   const double per_call = bytes / double(calls);
@@ -79,14 +78,44 @@ inline double collective_seconds(TrafficOp op, const std::vector<int>& members, 
   return double(calls) * (steps * alpha + factor * per_call / beta);
 }
 
-inline RankTime rank_time(const LayerPlan& p, const RankPlan& r, const Cluster& c) {
+inline bool on_one_node(const std::vector<int>& members, const Cluster& c) {
+  return std::all_of(members.begin(), members.end(),
+                     [&](int r) { return r / c.gpus_per_node == members.front() / c.gpus_per_node; });
+}
+
+// The same over the group of `members`.
+inline double collective_seconds(TrafficOp op, const std::vector<int>& members, std::int64_t calls, double bytes,
+                                 const Cluster& c) {
+  return collective_seconds(op, double(members.size()), on_one_node(members, c), calls, bytes, c);
+}
+
+// For each group kind and group index of a layout: whether the group lies on one node. One pass
+// over the ranks, so a ranking of thousands of GPUs stays linear in them.
+struct GroupNodes {
+  std::array<std::vector<char>, TrafficLog::kGroups> one_node;
+  GroupNodes(const RuntimeLayout& l, const Cluster& c) {
+    for (std::size_t g = 0; g < TrafficLog::kGroups; ++g) {
+      const GroupKind kind = kAllGroupKinds[g];
+      std::vector<int> node(std::size_t(l.group_count(kind)), -1);
+      one_node[g].assign(node.size(), 1);
+      for (int r = 0; r < l.size(); ++r) {
+        const std::size_t i = std::size_t(l.group_index(kind, r));
+        if (node[i] < 0) node[i] = r / c.gpus_per_node;
+        else if (node[i] != r / c.gpus_per_node) one_node[g][i] = 0;
+      }
+    }
+  }
+};
+
+inline RankTime rank_time(const LayerPlan& p, const RankPlan& r, const Cluster& c, const GroupNodes& nodes) {
   RankTime t;
   for (std::size_t op = 0; op < TrafficLog::kOps; ++op)
     for (std::size_t g = 0; g < TrafficLog::kGroups; ++g) {
       const std::size_t s = op * TrafficLog::kGroups + g;
       if (r.calls[s] == 0) continue;
-      t.comm += collective_seconds(TrafficOp(op), p.layout.group_members(kAllGroupKinds[g], r.coords.rank), r.calls[s],
-                                   r.bytes[s], c);
+      const GroupKind kind = kAllGroupKinds[g];
+      const bool one_node = nodes.one_node[g][std::size_t(p.layout.group_index(kind, r.coords.rank))] != 0;
+      t.comm += collective_seconds(TrafficOp(op), double(p.layout.group_size(kind)), one_node, r.calls[s], r.bytes[s], c);
     }
   t.compute = r.memory.flops / c.gpu_flops;
   return t;
@@ -94,9 +123,10 @@ inline RankTime rank_time(const LayerPlan& p, const RankPlan& r, const Cluster& 
 
 // The forward of the domain: its slowest rank.
 inline RankTime forward_time(const LayerPlan& p, const Cluster& c) {
+  const GroupNodes nodes(p.layout, c);
   RankTime worst;
   for (const RankPlan& r : p.ranks) {
-    const RankTime t = rank_time(p, r, c);
+    const RankTime t = rank_time(p, r, c, nodes);
     if (t.total() > worst.total()) worst = t;
   }
   return worst;
@@ -119,7 +149,8 @@ inline nlohmann::json timed_plan_json(const LayerPlan& p, const Cluster& c) {
   j["predicted_s"] = f.total();
   j["comm_s"] = f.comm;
   j["compute_s"] = f.compute;
-  for (std::size_t r = 0; r < p.ranks.size(); ++r) j["ranks"][r]["predicted_s"] = rank_time(p, p.ranks[r], c).total();
+  const GroupNodes nodes(p.layout, c);
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) j["ranks"][r]["predicted_s"] = rank_time(p, p.ranks[r], c, nodes).total();
   return j;
 }
 
