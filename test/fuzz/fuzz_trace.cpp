@@ -141,7 +141,7 @@ std::optional<trace::Record> expected_record(const json& j, int rank) {
   r.hidden = *hidden;
   r.boundary = *boundary;
   r.state = *state;
-  r.sharing = *sharing == "partial" ? trace::Sharing::partial : trace::Sharing::replicated;
+  r.sharing = *sharing == "partial" ? RowState::partial : RowState::replicated;
   if (!j.contains("group") || !j.contains("handle")) return std::nullopt;
   if (!j.at("group").is_null()) {
     if (!j.at("group").is_string()) return std::nullopt;

@@ -110,7 +110,7 @@ TEST_CASE("NullSink is compiled out; JsonlSink round-trips a record") {
   static_assert(!trace::NullSink::enabled && trace::JsonlSink::enabled);
   const fs::path dir = fresh_dir("roundtrip");
   trace::Record r = record(3, "reduce_scatterv", "moe_out", 1, 0, {row(8), row(8, -1.5f)});
-  r.sharing = trace::Sharing::partial;
+  r.sharing = RowState::partial;
   r.pad_rows = 2;
   r.row_count = 4;
   r.group = "tp";
@@ -136,7 +136,7 @@ TEST_CASE("NullSink is compiled out; JsonlSink round-trips a record") {
   CHECK(b.layer == 3);
   CHECK(b.boundary == "reduce_scatterv");
   CHECK(b.state == "moe_out");
-  CHECK(b.sharing == trace::Sharing::partial);
+  CHECK(b.sharing == RowState::partial);
   CHECK(b.group == "tp");
   CHECK(b.handle == 0);
   CHECK(b.row_count == 4);

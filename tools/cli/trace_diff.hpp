@@ -154,7 +154,7 @@ inline trace::Record record_from_json(const nlohmann::json& j) {
   const std::string sharing = j.at("sharing").get<std::string>();
   if (sharing != "partial" && sharing != "replicated")
     throw std::runtime_error("sharing must be \"partial\" or \"replicated\", not \"" + sharing + "\"");
-  r.sharing = sharing == "partial" ? trace::Sharing::partial : trace::Sharing::replicated;
+  r.sharing = sharing == "partial" ? RowState::partial : RowState::replicated;
   r.copies = detail::int_field(j, "copies");
   r.global_rank = detail::int_field(j, "global_rank");
   r.attn_dp_rank = detail::int_field(j, "attn_dp_rank");
@@ -338,7 +338,7 @@ struct Holding {
 };
 struct BoundaryAgg {
   std::string name, state;
-  trace::Sharing sharing = trace::Sharing::replicated;
+  RowState sharing = RowState::replicated;
   int copies = 0, hidden = 0;
   std::map<RowKey, std::vector<Holding>> rows;
   std::map<int, const trace::Record*> records;  // by rank
@@ -417,7 +417,7 @@ inline std::string rank_info(const BoundaryAgg& b, int rank) {
 inline std::optional<trace::RowSum> expected_sum(const BoundaryAgg& b, const RowKey& k) {
   const auto it = b.rows.find(k);
   if (it == b.rows.end() || it->second.empty() || !it->second.front().has_sum) return std::nullopt;
-  if (b.sharing == trace::Sharing::replicated) return it->second.front().sum;
+  if (b.sharing == RowState::replicated) return it->second.front().sum;
   trace::RowSum t;
   for (const Holding& h : it->second) {
     t.sum += h.sum.sum;
@@ -570,7 +570,7 @@ inline void check_run(const TraceRun& run, const trace::Tolerance& tol, bool bas
         if (int(held) != b.copies)
           throw TraceInputError(where + detail::row_name(k) + " is held " + std::to_string(held) + " times, the record says copies " +
                                 std::to_string(b.copies) + ": a baseline must keep its own row count");
-        if (b.sharing != trace::Sharing::replicated || held < 2 || !it->second.front().has_sum) continue;
+        if (b.sharing != RowState::replicated || held < 2 || !it->second.front().has_sum) continue;
         const Holding& first = it->second.front();
         for (const Holding& h : it->second)
           if (!trace::checksums_agree(first.sum, h.sum, b.hidden, tol))
@@ -664,10 +664,10 @@ inline int trace_diff(const TraceRun& base_run, const TraceRun& cand_run, const 
           const std::optional<trace::RowSum> want = detail::expected_sum(*b, k);
           if (want && !held.empty() && held.front().has_sum) {
             ++checks;
-            const bool l2 = b->sharing == trace::Sharing::replicated && c.sharing == trace::Sharing::replicated;
+            const bool l2 = b->sharing == RowState::replicated && c.sharing == RowState::replicated;
             std::string found;
             bool ok = true;
-            if (c.sharing == trace::Sharing::partial) {
+            if (c.sharing == RowState::partial) {
               trace::RowSum t;
               for (const Holding& h : held) {
                 t.sum += h.sum.sum;
@@ -687,7 +687,7 @@ inline int trace_diff(const TraceRun& base_run, const TraceRun& cand_run, const 
             if (!ok)
               problem = "  held by:" + holders + "\n  expected: count " + std::to_string(c.copies) + ", " +
                         detail::fmt(*want, l2) + " (baseline \"" + b->name + "\"" +
-                        (b->sharing == trace::Sharing::partial ? ", partial rows added" : "") + ")\n  found:    count " +
+                        (b->sharing == RowState::partial ? ", partial rows added" : "") + ")\n  found:    count " +
                         std::to_string(held.size()) + ", " + found + "\n";
           }
         }

@@ -82,7 +82,7 @@ inline void check_inject(Inject inject, BridgePath path, const Widths& w) {
 struct BoundaryPoint {
   std::string_view name;  // views of the plan's constants or of literals: no copy, no dangling pointer
   std::string_view state;
-  trace::Sharing sharing = trace::Sharing::replicated;
+  RowState sharing = RowState::replicated;  // replicated or partial
   int copies = 1;
   std::optional<GroupKind> group;
   bool owners_list = true;  // also kept in the owners-only Boundary list (the example's picture)
@@ -204,7 +204,7 @@ struct RecordBoundaries {
     BoundaryPoint p;
     p.name = b.name;
     p.state = b.step->state;
-    p.sharing = b.partial ? trace::Sharing::partial : trace::Sharing::replicated;
+    p.sharing = b.sharing;
     p.copies = b.copies;
     p.group = b.step->group;
     record(layer, p, std::vector<std::int64_t>(owners.begin(), owners.end()), values, first);

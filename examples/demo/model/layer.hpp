@@ -406,7 +406,7 @@ class DistributedModel {
     exec_.fence();
     wire_.all_reduce(GroupKind::attn_tp, std::span<float>(a.data(), a.size()));  // now Replicated
     const int group_ranks = groups_.layout().widths().attn_tp;  // the holders of each row
-    recorder_(layer, {"attention all_reduce", "attn_out", trace::Sharing::replicated, group_ranks, GroupKind::attn_tp},
+    recorder_(layer, {"attention all_reduce", "attn_out", RowState::replicated, group_ranks, GroupKind::attn_tp},
               x.owners, a);
 
     View residual("relayout::residual", n, H);
@@ -423,14 +423,14 @@ class DistributedModel {
         "relayout::residual_add", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(n * H)),
         KOKKOS_LAMBDA(const std::int64_t i) { residual.data()[i] += yv.data()[i]; });
     exec_.fence();
-    recorder_(layer, {"layer output", "layer_out", trace::Sharing::replicated, group_ranks, {}, false}, y.owners, residual);
+    recorder_(layer, {"layer output", "layer_out", RowState::replicated, group_ranks, {}, false}, y.owners, residual);
     return Tracked(Typed(residual), y.owners);
   }
 
   // The hand-over through the library's bridge, with this model's router and SwiGLU experts.
   Tracked moe(int layer, const LayerShard<ExecSpace>& w, const View& a, const std::vector<std::int64_t>& owners) {
     const int group_ranks = groups_.layout().widths().attn_tp;
-    recorder_(layer, {"bridge input", "moe_in", trace::Sharing::replicated, group_ranks, {}, false}, owners, a);
+    recorder_(layer, {"bridge input", "moe_in", RowState::replicated, group_ranks, {}, false}, owners, a);
     const kernels::LinearTopkRouter<float, ExecSpace> router{w.router, dims_.router()};
     const kernels::SwigluExperts<float, ExecSpace> experts{w.experts, w.shared};
     std::vector<std::int64_t> out_owners = owners;
@@ -440,7 +440,7 @@ class DistributedModel {
       return Tracked(std::move(y), std::move(out_owners));
     } catch (const LayoutError& e) {
       if (e.input() == "bridge")
-        recorder_.fail(layer, {"row conservation", "moe_out", trace::Sharing::replicated, group_ranks, {}, false}, e.what());
+        recorder_.fail(layer, {"row conservation", "moe_out", RowState::replicated, group_ranks, {}, false}, e.what());
       throw LayoutError(e.input(), "layer " + std::to_string(layer) + ": " + e.what());
     }
   }

@@ -68,7 +68,9 @@ struct BridgeOptions {
 inline constexpr std::int64_t kPadRow = -1;
 struct BoundaryInfo {
   const PlanStep* step = nullptr;
-  bool partial = false;  // the values are summands (their sum over `copies` holders is the row)
+  // partial: the values are summands (their sum over `copies` holders is the row); otherwise
+  // replicated (every holder has the whole row).
+  RowState sharing = RowState::replicated;
   int copies = 1;        // how many ranks hold each row (replicated) or a summand of it (partial)
   std::string_view name;
 };
@@ -215,10 +217,10 @@ class MoeBridge {
       return plan[at++];
     }
     template <class V>
-    void see(const PlanStep& s, bool partial, int copies, std::span<const std::int64_t> own, const V& values,
+    void see(const PlanStep& s, RowState sharing, int copies, std::span<const std::int64_t> own, const V& values,
              std::int64_t first = 0, std::string_view name = {}) {
       if constexpr (std::remove_cvref_t<Obs>::enabled)
-        obs(BoundaryInfo{&s, partial, copies, name.empty() ? s.name : name}, own, values, first);
+        obs(BoundaryInfo{&s, sharing, copies, name.empty() ? s.name : name}, own, values, first);
     }
     int group_ranks() const { return widths().attn_tp; }  // holders of a row outside the MoE
     int moe_holders() const { return widths().tp / widths().moe_dp; }
@@ -287,13 +289,13 @@ class MoeBridge {
             for (std::int64_t r = s.count(grp); r < s.slot_rows(); ++r)
               g_owners[static_cast<std::size_t>(s.offset(grp) + r)] = kPadRow;
       }
-      see(g_step, false, widths().tp, span_of(g_owners), global.view());
+      see(g_step, RowState::replicated, widths().tp, span_of(g_owners), global.view());
 
       // This rank's moe_dp slice of the global rows (tensor_split over moe_dp).
       const RowRange mine = tensor_split_range(global.rows(), widths().moe_dp, pg().coords().moe_dp_rank);
       auto partial = moe_partial(global.view(), mine);
       const PlanStep& e_step = step(BridgeStep::local_experts);
-      see(e_step, true, moe_holders(), span_of(g_owners, mine.begin, mine.count), partial, mine.begin);
+      see(e_step, RowState::partial, moe_holders(), span_of(g_owners, mine.begin, mine.count), partial, mine.begin);
       Rows<T, Partial<group::Tp>, DpGlobal, Space> p(partial, slots);
       if (fault() == BridgeFault::double_reduce)  // the MoE sums, and the restore sums again
         p = Rows<T, Partial<group::Tp>, DpGlobal, Space>(
@@ -308,27 +310,27 @@ class MoeBridge {
           auto summed = fault() == BridgeFault::skip_reduce
                             ? Rows<T, Replicated<group::Tp>, DpGlobal, Space>(std::move(p).data())
                             : all_reduce(exec, dpg(), std::move(p), traffic);
-          see(r_step, false, widths().tp, span_of(g_owners), summed.view());
+          see(r_step, RowState::replicated, widths().tp, span_of(g_owners), summed.view());
           const PlanStep& s_step = step(BridgeStep::dp_scatter);
           Out o = dp_scatter(exec, dpg(), summed, traffic);
-          see(s_step, false, group_ranks(), span_of(out_owners), o.view());
+          see(s_step, RowState::replicated, group_ranks(), span_of(out_owners), o.view());
           return o;
         }
         if (fault() == BridgeFault::skip_reduce) {  // a copy where a sum was due
           const PlanStep& r_step = step(s.mode() == PaddingMode::sum_len ? BridgeStep::reduce_scatterv : BridgeStep::dp_reduce_scatter);
           Out o = dp_scatter(exec, dpg(), Rows<T, Replicated<group::Tp>, DpGlobal, Space>(std::move(p).data()), traffic);
-          see(r_step, false, group_ranks(), span_of(out_owners), o.view(), 0, "dp_scatter");
+          see(r_step, RowState::replicated, group_ranks(), span_of(out_owners), o.view(), 0, "dp_scatter");
           return o;
         }
         if (s.mode() == PaddingMode::sum_len) {
           const PlanStep& r_step = step(BridgeStep::reduce_scatterv);
           Out o = reduce_scatterv(exec, dpg(), p, traffic);
-          see(r_step, false, group_ranks(), span_of(out_owners), o.view());
+          see(r_step, RowState::replicated, group_ranks(), span_of(out_owners), o.view());
           return o;
         }
         const PlanStep& r_step = step(BridgeStep::dp_reduce_scatter);
         Out o = dp_reduce_scatter(exec, dpg(), p, traffic);
-        see(r_step, false, group_ranks(), span_of(out_owners), o.view());
+        see(r_step, RowState::replicated, group_ranks(), span_of(out_owners), o.view());
         return o;
       }();
       if (owners) *owners = out_owners;
@@ -341,7 +343,7 @@ class MoeBridge {
       auto partial = moe_partial(x.view(), mine);
       const PlanStep& e_step = step(BridgeStep::local_experts);
       const std::vector<std::int64_t> own = owners ? *owners : std::vector<std::int64_t>{};
-      see(e_step, true, moe_holders(), span_of(own, mine.begin, mine.count), partial, mine.begin);
+      see(e_step, RowState::partial, moe_holders(), span_of(own, mine.begin, mine.count), partial, mine.begin);
       Rows<T, Partial<group::Tp>, DpLocal, Space> p(partial);
       if (fault() == BridgeFault::double_reduce)
         p = Rows<T, Partial<group::Tp>, DpLocal, Space>(
@@ -349,7 +351,7 @@ class MoeBridge {
       const PlanStep& r_step = step(BridgeStep::all_reduce);
       Out o = fault() == BridgeFault::skip_reduce ? Out(std::move(p).data())
                                                   : as_attn_tp(pg(), all_reduce(exec, pg(), std::move(p), traffic));
-      see(r_step, false, widths().tp, span_of(own), o.view());
+      see(r_step, RowState::replicated, widths().tp, span_of(own), o.view());
       return o;
     }
 
@@ -384,7 +386,7 @@ class MoeBridge {
         if (fault() == BridgeFault::no_split) c_owners = *owners;
         else c_owners = to_vector(split_rows(pg(), OwnerRows<Replicated<AttnTp>, DpLocal>(owner_view(*owners))).view());
       }
-      see(s_step, false, 1, span_of(c_owners), chunk.view());
+      see(s_step, RowState::replicated, 1, span_of(c_owners), chunk.view());
 
       const TopK<T, Space> r = route(chunk.view());
       const PlanStep& d_step = step(BridgeStep::dispatch);
@@ -402,14 +404,14 @@ class MoeBridge {
             for (std::size_t j = 0; j < so.extent(1); ++j)
               if (so(i, j) >= 0) batch_owners[static_cast<std::size_t>(so(i, j))] = d.tags[i];
         }
-        see(e_step, false, router.top_k(), owners ? span_of(batch_owners) : std::span<const std::int64_t>{}, view_type());
+        see(e_step, RowState::replicated, router.top_k(), owners ? span_of(batch_owners) : std::span<const std::int64_t>{}, view_type());
       }
       const PlanStep& c_step = step(BridgeStep::combine);
       Rows<T, RowShard<AttnTp>, DpLocal, Space> combined = ep_combine(exec, pg(), d, y, traffic);
       const PlanStep& h_step = step(BridgeStep::shared_expert);
       if constexpr (HasSharedExpert<E, T, Space>) experts.shared(exec, chunk.view(), combined.view());
       exec.fence();
-      see(c_step, false, 1, span_of(c_owners), combined.view());
+      see(c_step, RowState::replicated, 1, span_of(c_owners), combined.view());
       static_cast<void>(h_step);
       const PlanStep& g_step = step(BridgeStep::all_gather);
       Out o = all_gather(exec, pg(), combined, traffic);
@@ -417,7 +419,7 @@ class MoeBridge {
         const std::int64_t full = fault() == BridgeFault::no_split ? n * A : n;
         *owners = to_vector(all_gather(pg(), OwnerRows<RowShard<AttnTp>, DpLocal>(owner_view(c_owners), full)).view());
       }
-      see(g_step, false, group_ranks(), owners ? span_of(*owners) : std::span<const std::int64_t>{}, o.view());
+      see(g_step, RowState::replicated, group_ranks(), owners ? span_of(*owners) : std::span<const std::int64_t>{}, o.view());
       return o;
     }
 

@@ -64,7 +64,7 @@ std::string json_array(const std::vector<T>& v) {
 
 inline std::string to_jsonl(const Record& r) {
   std::string s = "{\"layer\":" + std::to_string(r.layer) + ",\"boundary\":" + json_string(r.boundary) +
-                  ",\"state\":" + json_string(r.state) + ",\"sharing\":\"" + to_string(r.sharing) +
+                  ",\"state\":" + json_string(r.state) + ",\"sharing\":\"" + sharing_name(r.sharing) +
                   "\",\"copies\":" + std::to_string(r.copies) + ",\"global_rank\":" + std::to_string(r.global_rank) +
                   ",\"attn_dp_rank\":" + std::to_string(r.attn_dp_rank) + ",\"attn_tp_rank\":" +
                   std::to_string(r.attn_tp_rank) +

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "relayout/placement/tags.hpp"
+
 namespace relayout::trace {
 
 // Row checksum, compared with a tolerance rather than bit for bit, because a wider layout sums in a
@@ -62,10 +64,10 @@ RowSum row_sum(const T* v, int hidden) {
   return r;
 }
 
-// How the holders of a row relate: each holds the whole row (replicated; one holder is the
-// degenerate case), or each holds a partial sum and the row is their total.
-enum class Sharing : std::uint8_t { replicated, partial };
-inline const char* to_string(Sharing s) { return s == Sharing::partial ? "partial" : "replicated"; }
+// How the holders of a row relate is a RowState (placement/tags.hpp): replicated, each holds the
+// whole row (one holder, as after a row split, is the degenerate case), or partial, each holds a
+// summand and the row is their total. The trace writes "replicated" or "partial".
+inline const char* sharing_name(RowState s) { return s == RowState::partial ? "partial" : "replicated"; }
 
 struct Row {
   int request = 0;
@@ -81,7 +83,7 @@ struct Record {
   // What the values mean, so boundaries of different paths can be compared (trace_diff.hpp):
   // attn_out, moe_in, moe_partial, moe_out, dispatched, layer_out.
   std::string state;
-  Sharing sharing = Sharing::replicated;
+  RowState sharing = RowState::replicated;  // replicated or partial
   int copies = 1;  // how many times each row must appear over all ranks here (row conservation)
   int global_rank = 0, attn_dp_rank = 0, attn_tp_rank = 0, moe_ep_rank = 0;
   int attn_cp_rank = 0;  // attention context parallelism: which CP share of its DP group's rows
