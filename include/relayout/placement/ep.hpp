@@ -78,6 +78,25 @@ concept ExpertsFor = requires(E& experts, const Space& exec, const ExpertBatch<T
 
 namespace impl {
 
+// The bucket offsets of bucket_scan (buckets + 1 entries), on the execution space and on the host,
+// kept between calls: they grow, never shrink.
+template <class Space>
+struct BucketStarts {
+  using Mem = typename Space::memory_space;
+  Kokkos::View<std::int64_t*, Mem> starts;
+  typename Kokkos::View<std::int64_t*, Mem>::HostMirror host;
+  std::int64_t allocations = 0;
+
+  void reserve(std::int64_t buckets) {
+    if (static_cast<std::int64_t>(starts.extent(0)) < buckets + 1) {
+      starts = Kokkos::View<std::int64_t*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::bucket_starts")),
+                                                static_cast<std::size_t>(buckets + 1));
+      host = Kokkos::create_mirror_view(starts);
+      ++allocations;
+    }
+  }
+};
+
 // The memory behind ep_dispatch / ep_combine / local_experts, kept between calls. Every buffer
 // only grows: a call whose sizes fit what is there allocates nothing.
 template <class T, class Space>
@@ -85,8 +104,7 @@ struct EpBuffers {
   using Mem = typename Space::memory_space;
   using Index2 = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem>;
   using Words = Kokkos::View<std::int32_t*, Mem>;
-  Kokkos::View<std::int64_t*, Mem> starts;
-  typename Kokkos::View<std::int64_t*, Mem>::HostMirror host_starts;
+  BucketStarts<Space> buckets;
   Index2 send_pos, slot_of;
   Kokkos::View<int**, Kokkos::LayoutRight, Mem> local_ids;
   Words send, recv;
@@ -111,15 +129,6 @@ struct EpBuffers {
     }
     return Kokkos::subview(buf, Kokkos::make_pair(std::int64_t(0), n));
   }
-  // Offsets of a bucket scan: on the execution space and its host copy (buckets + 1 entries).
-  void bucket_starts(std::int64_t buckets) {
-    if (static_cast<std::int64_t>(starts.extent(0)) < buckets + 1) {
-      starts = Kokkos::View<std::int64_t*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ep_starts")),
-                                                static_cast<std::size_t>(buckets + 1));
-      host_starts = Kokkos::create_mirror_view(starts);
-      ++allocations;
-    }
-  }
 };
 
 }  // namespace impl
@@ -132,7 +141,7 @@ template <class T, class Space = Kokkos::DefaultExecutionSpace>
 class EpWorkspace {
  public:
   // How many buffers it has allocated so far.
-  std::int64_t allocations() const { return buffers_.allocations; }
+  std::int64_t allocations() const { return buffers_.allocations + buffers_.buckets.allocations; }
   // A rows x hidden buffer for the experts' outputs (ep_combine's expert_y), reused across calls.
   impl::RowsView<T, Space> expert_outputs(std::int64_t rows, std::int64_t hidden) {
     return buffers_.rows(buffers_.outputs, "relayout::expert_out", rows, hidden);
@@ -204,12 +213,13 @@ KOKKOS_INLINE_FUNCTION To convert(const From& v) {
 
 // Stable counting sort of items into buckets (an item may go to several): one scan over (bucket,
 // item), bucket-major, so the running count is the item's position in the bucket-ordered output.
-// place(b, i, p) gets each hit's position; ws.host_starts receives the bucket offsets.
-template <class Space, class T, class Hit, class Place>
-void bucket_scan(const Space& exec, EpBuffers<T, Space>& ws, int buckets, std::int64_t items, const Hit& hit,
+// place(b, i, p) gets each hit's position; bs.host receives the bucket offsets. The EP grouping
+// and kernels::bucket_by_expert both sort with it.
+template <class Space, class Hit, class Place>
+void bucket_scan(const Space& exec, BucketStarts<Space>& bs, int buckets, std::int64_t items, const Hit& hit,
                  const Place& place, const char* label) {
-  ws.bucket_starts(buckets);
-  const auto starts = ws.starts;
+  bs.reserve(buckets);
+  const auto starts = bs.starts;
   Kokkos::deep_copy(exec, starts, std::int64_t(0));
   if (items > 0) {
     Kokkos::parallel_scan(
@@ -226,7 +236,7 @@ void bucket_scan(const Space& exec, EpBuffers<T, Space>& ws, int buckets, std::i
           if (h) ++upd;
         });
   }
-  Kokkos::deep_copy(exec, ws.host_starts, starts);
+  Kokkos::deep_copy(exec, bs.host, starts);
   exec.fence();
 }
 
@@ -241,13 +251,13 @@ ExpertBatch<T, Space> group_by_expert(const Space& exec, EpBuffers<T, Space>& ws
   Kokkos::deep_copy(exec, slot_of, std::int64_t(-1));
   const auto so = slot_of;
   bucket_scan(
-      exec, ws, experts, n * K,
+      exec, ws.buckets, experts, n * K,
       KOKKOS_LAMBDA(const int e, const std::int64_t s) { return lid(s / K, static_cast<int>(s % K)) == e; },
       KOKKOS_LAMBDA(const int, const std::int64_t s, const std::int64_t p) { so(s / K, static_cast<int>(s % K)) = p; },
       "relayout::group_by_expert");
   ExpertBatch<T, Space> b;
   b.first_expert = first_expert;
-  b.offsets.assign(ws.host_starts.data(), ws.host_starts.data() + experts + 1);
+  b.offsets.assign(ws.buckets.host.data(), ws.buckets.host.data() + experts + 1);
   b.x = ws.rows(ws.batch, "relayout::expert_rows", b.rows(), H);
   const auto bx = b.x;
   Kokkos::parallel_for(
@@ -385,7 +395,7 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
   const auto pos = d.send_pos;
   Kokkos::deep_copy(exec, pos, std::int64_t(-1));
   impl::bucket_scan(
-      exec, buf, ep, mo,
+      exec, buf.buckets, ep, mo,
       KOKKOS_LAMBDA(const int r, const std::int64_t i) {
         bool hit = false;
         for (int k = 0; k < K; ++k) hit = hit || ids(i, k) / per_rank == r;
@@ -395,8 +405,8 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
       "relayout::ep_dispatch.layout");
   d.send_rows.assign(static_cast<std::size_t>(ep), 0);
   for (int r = 0; r < ep; ++r)
-    d.send_rows[static_cast<std::size_t>(r)] = static_cast<int>(buf.host_starts(r + 1) - buf.host_starts(r));
-  d.sent = buf.host_starts(ep);
+    d.send_rows[static_cast<std::size_t>(r)] = static_cast<int>(buf.buckets.host(r + 1) - buf.buckets.host(r));
+  d.sent = buf.buckets.host(ep);
 
   // Pack each sent row's message: weights, local expert ids at the destination (-1: none), row.
   const auto send = buf.flat(buf.send, "relayout::ep_send", d.sent * W);
