@@ -175,7 +175,8 @@ std::vector<std::string> check(const Options& o, const std::vector<spec::Request
     std::size_t p = 0;
     while (p < want.size() && p < rec.committed.size() && want[p] == rec.committed[p]) ++p;
     if (p == want.size() && p == rec.committed.size()) continue;
-    out.push_back(model::RowOwner::request_name(rec.id) + " position " + std::to_string(p) + ": committed " +
+    out.push_back("request " + model::RowOwner::request_name(rec.id) + " (id " + std::to_string(rec.id) + ") position " +
+                  std::to_string(p) + ": committed " +
                   (p < rec.committed.size() ? std::to_string(rec.committed[p]) : "nothing") + ", the plain loop " +
                   (p < want.size() ? std::to_string(want[p]) : "nothing"));
   }
