@@ -37,6 +37,7 @@ struct Options {
   std::vector<int> placement;
   model::ModelDims dims;
   std::string padding = "auto", restore = "reduce", inject = "none", format = "text";
+  std::string dispatch_dtype = "fp32";
   std::string trace;  // directory for the per-rank row-ownership trace (empty: no trace)
   bool check = false;
   int show_group = -1;
@@ -153,6 +154,16 @@ int run(const Options& o, const MpiCommunicator& world) {
     throw LayoutError("--restore", "--restore must be reduce or scatter, got '" + o.restore + "'");
   opts.restore = o.restore == "scatter" ? model::Restore::scatter : model::Restore::reduce;
   opts.inject = model::parse_inject(o.inject);
+  if (o.dispatch_dtype != "fp32" && o.dispatch_dtype != "bf16")
+    throw LayoutError("--dispatch-dtype", "--dispatch-dtype must be fp32 or bf16, got '" + o.dispatch_dtype + "'");
+  if (o.dispatch_dtype == "bf16") {
+    const BridgePath path = layout.bridge_path();
+    if (path != BridgePath::a2a_split && path != BridgePath::direct)
+      throw LayoutError("--dispatch-dtype", "--dispatch-dtype bf16 needs a path that dispatches rows (a2a_split or direct: "
+                                            "--moe-a2a-backend deepep); this layout takes path " +
+                                                std::string(to_string(path)));
+    opts.dispatch_dtype = DispatchDtype::bf16;
+  }
   opts.record_boundaries = true;
   const Widths& w = layout.widths();
   if (o.show_group < -1 || o.show_group >= w.attn_dp)
@@ -301,6 +312,7 @@ int run(const Options& o, const MpiCommunicator& world) {
     j["passed"] = passed;
     j["failure"] = failure.empty() ? nlohmann::json(nullptr) : nlohmann::json(failure);
     j["inject"] = o.inject;
+    j["dispatch_dtype"] = o.dispatch_dtype;
     if (o.repeat > 0)
       j["timing"] = {{"repeats", o.repeat}, {"best_forward_s", best}, {"tokens_per_s", tokens_per_s}};
     if (plan.steps > 0) {
@@ -468,6 +480,9 @@ int main(int argc, char** argv) {
     cli::add_int(app, "--decode-steps", o.decode_steps, "after the prefill, run N decode steps: each live request feeds one row");
     cli::add_int_list(app, "--decode-lengths", o.decode_lengths, "decode steps of request i, e.g. 3,1 (default: --decode-steps)");
     cli::add_int(app, "--kv-capacity", o.kv_capacity, "KV cache rows per request (prompt + decode steps)", 1, 1 << 24);
+    app.add_option("--dispatch-dtype", o.dispatch_dtype,
+                   "paths a2a_split and direct: the rows travel in the EP dispatch as fp32 (default) or bf16 (half "
+                   "the row bytes; the experts see bf16-rounded rows, so --check needs a looser --tolerance)");
     app.add_option("--inject", o.inject, "wire a known bug on purpose: double_reduce, skip_reduce, gather_partial, no_split");
     rc = cli::run_mpi_main(app, args, job, [&] { return run(o, MpiCommunicator::world()); });
   }

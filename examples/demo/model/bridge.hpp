@@ -48,6 +48,7 @@ struct BridgeOptions {
   std::optional<PaddingMode> padding;  // forced; otherwise the docs/bridge.md#padding rule
   Restore restore = Restore::reduce;
   Inject inject = Inject::none;
+  DispatchDtype dispatch_dtype = DispatchDtype::compute;  // paths a2a_split and direct: the rows' type in the dispatch
   bool track_owners = true;        // move row owners with the rows and check conservation
   bool record_boundaries = false;  // keep the owners this rank holds after every boundary
 };
@@ -184,6 +185,7 @@ inline relayout::BridgeOptions bridge_options(const BridgeOptions& o) {
   relayout::BridgeOptions b;
   b.padding = o.padding;
   b.restore = o.restore == Restore::scatter ? BridgeRestore::scatter : BridgeRestore::reduce;
+  b.dispatch_dtype = o.dispatch_dtype;
   constexpr BridgeFault faults[] = {BridgeFault::none, BridgeFault::double_reduce, BridgeFault::skip_reduce,
                                     BridgeFault::gather_partial, BridgeFault::no_split};
   b.fault = faults[static_cast<int>(o.inject)];
