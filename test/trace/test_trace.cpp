@@ -217,3 +217,17 @@ TEST_CASE("trace diff: 0 agree (across layouts), 1 diverge, 2 unreadable") {
   CHECK(err.find("not a trace directory") != std::string::npos);
   fs::remove_all(base.parent_path());
 }
+
+TEST_CASE("trace::Tracked: typed rows with one owner per row, or none; any other count is a LayoutError") {
+  using R = Rows<float, Replicated<AttnTp>, DpLocal>;
+  const R::view_type v("v", 3, 2);
+  const trace::Tracked<R> untracked(R{v});
+  CHECK(untracked.count() == 3);
+  CHECK(untracked.owners.empty());
+  const std::vector<std::int64_t> own{trace::RowOwner::pack(0, 0), trace::RowOwner::pack(0, 1), trace::RowOwner::kPad};
+  const trace::Tracked<R> tracked(R{v}, own);
+  CHECK(tracked.owners == own);
+  CHECK(tracked.view().data() == v.data());  // the same rows, not a copy
+  CHECK(trace::Tracked<R>().count() == 0);
+  CHECK_THROWS_WITH_AS(trace::Tracked<R>(R{v}, {1, 2}), doctest::Contains("2 owners for 3 rows"), LayoutError);
+}
