@@ -231,3 +231,60 @@ TEST_CASE("trace::Tracked: typed rows with one owner per row, or none; any other
   CHECK(trace::Tracked<R>().count() == 0);
   CHECK_THROWS_WITH_AS(trace::Tracked<R>(R{v}, {1, 2}), doctest::Contains("2 owners for 3 rows"), LayoutError);
 }
+
+// Steps of one run may take different plans: under automatic padding a step's sum is
+// "dp_reduce_scatter" (max_len) or "reduce_scatterv" (sum_len), each holding only the rows of the
+// steps that ran it. Each step's rows are judged at the boundary that step ran; a step that ran no
+// boundary of that state is not excused.
+TEST_CASE("trace diff: steps that take different plans are each judged at their own boundary") {
+  const std::vector<std::vector<float>> rows{row(16), row(16, 0.5f)};
+  // Step s holds rows (request 0, position s*2 + i); `sums[s]` names its moe_out boundary ("" none).
+  const auto write = [&](const fs::path& dir, int ranks, const std::vector<std::string>& sums, int drop_at_step = -1) {
+    for (int r = 0; r < ranks; ++r) {
+      trace::JsonlSink sink(dir.string(), r, ranks, "test");
+      for (int s = 0; s < int(sums.size()); ++s) {
+        const auto at_step = [&](trace::Record rec) {
+          for (std::size_t i = 0; i < rec.rows.size(); ++i) {
+            rec.rows[i].position = s * 2 + int(i);
+            rec.rows[i].step = s;
+          }
+          return rec;
+        };
+        sink.write(at_step(record(0, "attention all_reduce", "attn_out", ranks, r, rows)));
+        if (!sums[std::size_t(s)].empty()) {
+          trace::Record m = at_step(record(0, sums[std::size_t(s)], "moe_out", ranks, r, rows));
+          if (s == drop_at_step) {
+            m.rows.pop_back();
+            m.row_count = 1;
+          }
+          sink.write(m);
+        }
+        sink.write(at_step(record(0, "layer output", "layer_out", ranks, r, rows)));
+      }
+    }
+  };
+  const fs::path base = fresh_dir("plans_base"), mixed = fresh_dir("plans_mixed"), none = fresh_dir("plans_none"),
+                 lost = fresh_dir("plans_lost");
+  write(base, 1, {"all_reduce", "all_reduce", "all_reduce"});
+  std::string out;
+
+  write(mixed, 2, {"dp_reduce_scatter", "reduce_scatterv", "dp_reduce_scatter"});
+  CHECK(diff(base, mixed, &out) == 0);
+  // attention all_reduce, dp_reduce_scatter, reduce_scatterv, layer output; 2 rows x 3 steps at the
+  // two ends, 4 rows at dp_reduce_scatter (steps 0 and 2) and 2 at reduce_scatterv (step 1).
+  CHECK(out.find("traces agree: 4 boundaries over 1 layer compared, 18 row checksums") != std::string::npos);
+  // A multi-rank baseline that switches too.
+  CHECK(diff(mixed, base, &out) == 0);
+
+  write(none, 2, {"dp_reduce_scatter", "", "dp_reduce_scatter"});  // step 1 never sums
+  CHECK(diff(base, none, &out) == 1);
+  CHECK(out.find("boundary \"dp_reduce_scatter\"") != std::string::npos);
+  CHECK(out.find("row: request A (id 0), position 2, step 1") != std::string::npos);
+  CHECK(out.find("found:    count 0") != std::string::npos);
+
+  write(lost, 2, {"dp_reduce_scatter", "reduce_scatterv", "dp_reduce_scatter"}, 1);  // step 1 loses a row
+  CHECK(diff(base, lost, &out) == 1);
+  CHECK(out.find("boundary \"reduce_scatterv\"") != std::string::npos);
+  CHECK(out.find("row: request A (id 0), position 3, step 1") != std::string::npos);
+  fs::remove_all(base.parent_path());
+}

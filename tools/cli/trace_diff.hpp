@@ -13,7 +13,9 @@
 // (e.g. "dispatch+experts") still gets the row-conservation check. At each candidate boundary:
 //   1. count: every row of the layer must appear exactly `copies` times over all ranks (the layout's
 //      own expectation, recorded by the library: 1 after split_rows, attn group size when replicated...),
-//      and no row the baseline does not know may appear;
+//      and no row the baseline does not know may appear. Only the rows of the steps that ran the
+//      boundary count there: a step whose plan differs (automatic padding picks reduce_scatterv or
+//      dp_reduce_scatter per step) is judged at its own boundary of the same state (see aggregate);
 //   2. values: replicated rows — every holder's checksum must agree with the baseline row's;
 //      partial rows (experts) — the holders' sum/wsum add up to the baseline row's (l2 is not compared);
 //      tolerance: trace::checksums_agree (--rtol, --atol);
@@ -348,10 +350,41 @@ struct LayerAgg {
   std::vector<std::string> order;  // execution order
   std::map<std::string, BoundaryAgg> by_name;
   std::set<RowKey> all_rows;
+  // Per boundary, the steps that ran without it: a step may take another plan (automatic padding
+  // picks max_len or sum_len from each step's counts, so a step's sum is "reduce_scatterv" or
+  // "dp_reduce_scatter"), and that boundary holds none of the step's rows.
+  std::map<std::string, std::set<int>> skipped_steps;
+  // Whether boundary `name` is expected to hold row `k`: it is, unless k's step is known to have
+  // run without it.
+  bool expects(const std::string& name, const RowKey& k) const {
+    const auto it = skipped_steps.find(name);
+    return it == skipped_steps.end() || !it->second.count(std::get<2>(k));
+  }
 };
 
 inline std::map<int, LayerAgg> aggregate(const TraceRun& run) {
   std::map<int, LayerAgg> layers;
+  // Passes (forwards): a rank's records in file order, a new pass starting where a (layer, boundary)
+  // recurs. Every rank writes every boundary of every pass, so pass p is the same forward on all
+  // ranks; its steps are those of the rows any rank recorded in it (none in a pass without rows).
+  std::vector<std::set<std::pair<int, std::string>>> pass_names;
+  std::vector<std::set<int>> pass_steps;
+  for (const RankTrace& t : run.ranks) {
+    std::size_t pass = 0;
+    std::set<std::pair<int, std::string>> current;
+    for (const trace::Record& r : t.records) {
+      if (!current.emplace(r.layer, r.boundary).second) {
+        ++pass;
+        current = {{r.layer, r.boundary}};
+      }
+      if (pass_names.size() <= pass) {
+        pass_names.resize(pass + 1);
+        pass_steps.resize(pass + 1);
+      }
+      pass_names[pass].emplace(r.layer, r.boundary);
+      for (const trace::Row& w : r.rows) pass_steps[pass].insert(w.step);
+    }
+  }
   for (const RankTrace& t : run.ranks) {
     std::map<int, std::ptrdiff_t> last;  // this rank's previous boundary per layer, as an index in order
     for (const trace::Record& r : t.records) {
@@ -375,6 +408,23 @@ inline std::map<int, LayerAgg> aggregate(const TraceRun& run) {
       }
     }
   }
+  // A step skipped a boundary when no pass with rows of that step ran it but one ran another boundary
+  // of that layer in the same state instead (the other plan's counterpart). A step that reached no
+  // boundary of that state is not excused: its rows are expected there, so a run that stopped early
+  // or lost a step's rows diverges.
+  std::map<int, std::set<std::pair<int, std::string>>> step_names;
+  for (std::size_t p = 0; p < pass_names.size(); ++p)
+    for (int s : pass_steps[p]) step_names[s].insert(pass_names[p].begin(), pass_names[p].end());
+  for (auto& [layer, L] : layers)
+    for (const std::string& name : L.order)
+      for (const auto& [s, names] : step_names) {
+        if (names.count({layer, name})) continue;
+        const std::string& state = L.by_name.at(name).state;
+        if (std::any_of(L.order.begin(), L.order.end(), [&](const std::string& other) {
+              return names.count({layer, other}) && L.by_name.at(other).state == state;
+            }))
+          L.skipped_steps[name].insert(s);
+      }
   return layers;
 }
 
@@ -425,6 +475,16 @@ inline std::optional<trace::RowSum> expected_sum(const BoundaryAgg& b, const Row
     t.l2 += h.sum.l2;
   }
   return t;
+}
+
+// The baseline boundary row k is compared at: `b` (the candidate boundary's counterpart) when k's
+// step ran it, else the baseline's last boundary of the layer in `state` that k's step ran (a
+// baseline whose steps took different plans); nullptr when there is none.
+inline const BoundaryAgg* baseline_for(const LayerAgg& B, const BoundaryAgg* b, const std::string& state, const RowKey& k) {
+  if (!b || B.expects(b->name, k)) return b;
+  for (auto it = B.order.rbegin(); it != B.order.rend(); ++it)
+    if (B.by_name.at(*it).state == state && B.expects(*it, k)) return &B.by_name.at(*it);
+  return nullptr;
 }
 
 // The model width a run's records were taken at (0: no records).
@@ -565,6 +625,7 @@ inline void check_run(const TraceRun& run, const trace::Tolerance& tol, bool bas
       const BoundaryAgg& b = L.by_name.at(name);
       const std::string where = run.dir + " (" + role + "): layer " + std::to_string(layer) + ", boundary \"" + name + "\": ";
       for (const RowKey& k : L.all_rows) {
+        if (!L.expects(name, k)) continue;  // its step ran another plan's boundary instead
         const auto it = b.rows.find(k);
         const std::size_t held = it == b.rows.end() ? 0 : it->second.size();
         if (int(held) != b.copies)
@@ -641,7 +702,11 @@ inline int trace_diff(const TraceRun& base_run, const TraceRun& cand_run, const 
         for (const trace::Record* r : c.errors) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r->global_rank);
         return diverge(layer, name, head + "  checked invariant failed on rank(s) " + ranks + ": " + c.errors.front()->error + "\n");
       }
-      std::set<RowKey> keys = B.all_rows;
+      // The baseline's rows of the steps that ran this boundary (a step that took another plan's
+      // counterpart is checked there), and whatever the candidate holds here.
+      std::set<RowKey> keys;
+      for (const RowKey& k : B.all_rows)
+        if (C.expects(name, k)) keys.insert(k);
       for (const auto& [k, _] : c.rows) keys.insert(k);
       std::optional<RowKey> first;
       std::string first_detail;
@@ -660,11 +725,11 @@ inline int trace_diff(const TraceRun& base_run, const TraceRun& cand_run, const 
         } else if (int(held.size()) != c.copies) {
           problem = "  held by:" + holders + "\n  expected: count " + std::to_string(c.copies) +
                     " (each row held that many times over all ranks here)\n  found:    count " + std::to_string(held.size()) + "\n";
-        } else if (b) {
-          const std::optional<trace::RowSum> want = detail::expected_sum(*b, k);
+        } else if (const BoundaryAgg* bk = detail::baseline_for(B, b, c.state, k)) {
+          const std::optional<trace::RowSum> want = detail::expected_sum(*bk, k);
           if (want && !held.empty() && held.front().has_sum) {
             ++checks;
-            const bool l2 = b->sharing == RowState::replicated && c.sharing == RowState::replicated;
+            const bool l2 = bk->sharing == RowState::replicated && c.sharing == RowState::replicated;
             std::string found;
             bool ok = true;
             if (c.sharing == RowState::partial) {
@@ -674,20 +739,20 @@ inline int trace_diff(const TraceRun& base_run, const TraceRun& cand_run, const 
                 t.wsum += h.sum.wsum;
                 t.l2 += h.sum.l2;  // tolerance scale only (see expected_sum)
               }
-              ok = trace::checksums_agree(*want, t, b->hidden, opt.tolerance, false);
+              ok = trace::checksums_agree(*want, t, bk->hidden, opt.tolerance, false);
               found = "total of " + std::to_string(held.size()) + " partial rows: " + detail::fmt(t, false);
             } else {
               found = "per holder:";
               for (const Holding& h : held) {
-                const bool agree = trace::checksums_agree(*want, h.sum, b->hidden, opt.tolerance, l2);
+                const bool agree = trace::checksums_agree(*want, h.sum, bk->hidden, opt.tolerance, l2);
                 ok = ok && agree;
                 found += "\n    rank " + std::to_string(h.rank) + ": " + detail::fmt(h.sum, l2) + (agree ? "" : "   <- differs");
               }
             }
             if (!ok)
               problem = "  held by:" + holders + "\n  expected: count " + std::to_string(c.copies) + ", " +
-                        detail::fmt(*want, l2) + " (baseline \"" + b->name + "\"" +
-                        (b->sharing == RowState::partial ? ", partial rows added" : "") + ")\n  found:    count " +
+                        detail::fmt(*want, l2) + " (baseline \"" + bk->name + "\"" +
+                        (bk->sharing == RowState::partial ? ", partial rows added" : "") + ")\n  found:    count " +
                         std::to_string(held.size()) + ", " + found + "\n";
           }
         }
