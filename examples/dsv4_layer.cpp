@@ -205,11 +205,13 @@ int run(const Options& o, const MpiCommunicator& world) {
   std::size_t prefill_bounds = 0;
   model::TrafficLog prefill_traffic;
   std::vector<std::int64_t> prefill_counts;
+  PaddingMode prefill_mode{};  // printed beside prefill_counts; decode steps may pick another mode
   try {
     out = net.forward(work);
     prefill_bounds = net.boundaries().size();
     prefill_traffic = net.traffic();
     prefill_counts = net.global_num_tokens();
+    prefill_mode = net.padding();
     if (plan.steps > 0) dec = decode(net, work, plan, out, world, me, share, o.check, o.dims);
   } catch (const LayoutError& e) {
     if (e.input() != "bridge") throw;
@@ -218,6 +220,7 @@ int run(const Options& o, const MpiCommunicator& world) {
       prefill_bounds = net.boundaries().size();
       prefill_traffic = net.traffic();
       prefill_counts = net.global_num_tokens();
+      prefill_mode = net.padding();
     }
   }
   sink.file.close();  // the trace is complete
@@ -298,7 +301,7 @@ int run(const Options& o, const MpiCommunicator& world) {
   if (!root) return passed ? 0 : 1;
 
   const BridgePath path = layout.bridge_path();
-  const std::string mode(to_string(net.padding()));
+  const std::string mode(to_string(prefill_mode));
   constexpr std::size_t K = model::TrafficLog::kOps * model::TrafficLog::kGroups;
   if (o.format == "json") {
     nlohmann::json j;
