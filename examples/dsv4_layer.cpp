@@ -154,16 +154,7 @@ int run(const Options& o, const MpiCommunicator& world) {
     throw LayoutError("--restore", "--restore must be reduce or scatter, got '" + o.restore + "'");
   opts.restore = o.restore == "scatter" ? model::Restore::scatter : model::Restore::reduce;
   opts.inject = model::parse_inject(o.inject);
-  if (o.dispatch_dtype != "fp32" && o.dispatch_dtype != "bf16")
-    throw LayoutError("--dispatch-dtype", "--dispatch-dtype must be fp32 or bf16, got '" + o.dispatch_dtype + "'");
-  if (o.dispatch_dtype == "bf16") {
-    const BridgePath path = layout.bridge_path();
-    if (path != BridgePath::a2a_split && path != BridgePath::direct)
-      throw LayoutError("--dispatch-dtype", "--dispatch-dtype bf16 needs a path that dispatches rows (a2a_split or direct: "
-                                            "--moe-a2a-backend deepep); this layout takes path " +
-                                                std::string(to_string(path)));
-    opts.dispatch_dtype = DispatchDtype::bf16;
-  }
+  if (cli::dispatch_bf16(layout, o.dispatch_dtype)) opts.dispatch_dtype = DispatchDtype::bf16;
   opts.record_boundaries = true;
   const Widths& w = layout.widths();
   if (o.show_group < -1 || o.show_group >= w.attn_dp)

@@ -104,6 +104,18 @@ TEST_CASE("plan: a dispatched row is ep_dispatch's message") {
   in.elem = 3;
   CHECK_THROWS_WITH_AS(cli::plan_layer(RuntimeLayout({.tp = 2}), in), doctest::Contains("--element-bytes must be 1, 2, 4 or 8"),
                        LayoutError);
+  // --dispatch-dtype bf16: float weights and ids (2 x 8 B) and 64 bf16 values (128 B), as
+  // ep_dispatch<float, bf16> sends them; only on a path that dispatches rows.
+  in.elem = 4;
+  in.dispatch_dtype = "bf16";
+  const cli::LayerPlan half = cli::plan_layer(RuntimeLayout({.tp = 2, .moe_a2a_backend = Backend::deepep}), in);
+  CHECK(half.message.bytes == 16 + 128);
+  CHECK(half.message.bytes == EpMessage::of<float, bf16>(2, 64).bytes);
+  CHECK_THROWS_WITH_AS(cli::plan_layer(RuntimeLayout({.tp = 2}), in),
+                       doctest::Contains("--dispatch-dtype bf16 needs a path that dispatches rows"), LayoutError);
+  in.dispatch_dtype = "fp16";
+  CHECK_THROWS_WITH_AS(cli::plan_layer(RuntimeLayout({.tp = 2, .moe_a2a_backend = Backend::deepep}), in),
+                       doctest::Contains("--dispatch-dtype must be fp32 or bf16, got 'fp16'"), LayoutError);
 }
 
 TEST_CASE("plan: the ranking enumerates every layout of 4 GPUs the layer runs") {

@@ -118,6 +118,9 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
   // Sizes of values and weights, the model preset, the batch, and the ranking of layouts.
   add_float(*plan, "--element-bytes", plan_in.elem, "bytes of one activation value (default 4: the demo layer's float)", 1.0, 64.0);
   add_float(*plan, "--weight-bytes", plan_in.weight_elem, "bytes of one weight (default: --element-bytes)", 0.125, 64.0);
+  plan->add_option("--dispatch-dtype", plan_in.dispatch_dtype,
+                   "paths a2a_split and direct: dispatched rows as fp32 (the value type, default) or bf16 (2 bytes a value; "
+                   "with --gpus, the layouts that dispatch)");
   std::string preset;
   plan->add_option("--preset", preset, "a published model configuration: deepseek-v3 (explicit model flags override it)");
   std::int64_t batch_tokens = 0;

@@ -77,4 +77,17 @@ int run_main(CLI::App& app, int argc, const char* const* argv, std::ostream& out
   }
 }
 
+// --dispatch-dtype (dsv4_layer and relayout plan): fp32 sends dispatched rows in the value type,
+// bf16 as 2-byte values, which only a path that dispatches rows has.
+inline bool dispatch_bf16(const RuntimeLayout& layout, const std::string& dtype) {
+  if (dtype != "fp32" && dtype != "bf16")
+    throw LayoutError("--dispatch-dtype", "--dispatch-dtype must be fp32 or bf16, got '" + dtype + "'");
+  const BridgePath path = layout.bridge_path();
+  if (dtype == "bf16" && path != BridgePath::a2a_split && path != BridgePath::direct)
+    throw LayoutError("--dispatch-dtype", "--dispatch-dtype bf16 needs a path that dispatches rows (a2a_split or direct: "
+                                          "--moe-a2a-backend deepep); this layout takes path " +
+                                              std::string(to_string(path)));
+  return dtype == "bf16";
+}
+
 }  // namespace relayout::cli

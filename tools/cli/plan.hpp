@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/layout_flags.hpp"
 #include "cli/memory_estimate.hpp"
 #include "demo/model/config.hpp"
 #include "demo/model/workload.hpp"
@@ -41,6 +42,7 @@ struct PlanInput {
   std::string restore = "reduce";
   double elem = 4;         // bytes of one value: the demo layer computes in float
   double weight_elem = 0;  // bytes of one weight (0: elem)
+  std::string dispatch_dtype = "fp32";  // bf16: dispatched rows travel as 2-byte values (dsv4_layer --dispatch-dtype)
 };
 
 inline constexpr std::size_t kPlanSlots = TrafficLog::kOps * TrafficLog::kGroups;
@@ -80,6 +82,7 @@ struct LayerPlan {
   std::vector<std::int64_t> global_num_tokens;  // one entry per CP share of each DP group
   std::vector<std::int64_t> group_rows;         // rows of each attention-DP group
   std::span<const PlanStep> steps;
+  std::string dispatch_dtype = "fp32";
   EpMessage message;  // one dispatched row (ep_dispatch's message, with elem-byte values)
   double destinations_per_row = 0;  // expected moe_ep ranks a row is dispatched to (uniform routing)
   std::vector<RankPlan> ranks;
@@ -111,11 +114,13 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
     std::snprintf(got, sizeof got, "%g", in.elem);
     throw LayoutError("--element-bytes", std::string("--element-bytes must be 1, 2, 4 or 8 (the bytes of one value type), got ") + got);
   }
+  const bool bf16_rows = dispatch_bf16(layout, in.dispatch_dtype);
   const model::Workload work = model::Workload::make(in.requests, in.placement, w.attn_dp);
   LayerPlan p(layout);
   p.dims = in.dims;
   p.elem = in.elem;
   p.weight_elem = in.weight_elem > 0 ? in.weight_elem : in.elem;
+  p.dispatch_dtype = in.dispatch_dtype;
   p.path = layout.bridge_path();
   p.restore = parse_restore(in.restore);
   // Under attention CP (attn_cp > 1) each rank holds its CP share of its DP group's rows, and the
@@ -147,8 +152,10 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
   const model::ModelDims& d = in.dims;
   const double H = d.hidden, K = d.topk, e = in.elem, L = d.layers;
   const int A = w.attn_tp, ep = w.moe_ep;
-  // The value type is also the payload type (ep_dispatch<T, T>): scalars are aligned to their size.
-  p.message = EpMessage::of(d.topk, d.hidden, std::int64_t(e), std::int64_t(e), std::int64_t(e), std::int64_t(e));
+  // The payload is the value type (ep_dispatch<T, T>) unless the rows are dispatched as bf16
+  // (ep_dispatch<T, bf16>); scalars are aligned to their size.
+  const std::int64_t payload = bf16_rows ? 2 : std::int64_t(e);
+  p.message = EpMessage::of(d.topk, d.hidden, std::int64_t(e), std::int64_t(e), payload, payload);
   p.destinations_per_row = ep > 1 ? expected_destinations(d.experts, d.topk, ep) : 1.0;
   const double hit = p.destinations_per_row / ep;  // P(a row goes to a given moe_ep rank)
   const DpSlots slots(shares, p.global_num_tokens, p.padding);
@@ -296,6 +303,7 @@ inline nlohmann::json plan_json(const LayerPlan& p) {
   j["global_num_tokens"] = p.global_num_tokens;
   j["layers"] = p.dims.layers;
   j["element_bytes"] = p.elem;
+  j["dispatch_dtype"] = p.dispatch_dtype;
   j["weight_bytes"] = p.weight_elem;
   j["routing"] = kRoutingNote;
   j["uniform_routing_ops"] = {"dispatch", "combine"};

@@ -154,7 +154,11 @@ inline Ranking rank_layouts(int gpus, std::int64_t batch_tokens, int request_tok
                     refused.insert(key);
                     continue;
                   }
-                  const LayerPlan p = plan_layer(RuntimeLayout(c), in);
+                  // --dispatch-dtype bf16 applies to the layouts that dispatch rows.
+                  const RuntimeLayout layout(c);
+                  if (layout.bridge_path() != BridgePath::a2a_split && layout.bridge_path() != BridgePath::direct)
+                    in.dispatch_dtype = "fp32";
+                  const LayerPlan p = plan_layer(layout, in);
                   RankedLayout r;
                   r.config = c;
                   r.backends = {b};
