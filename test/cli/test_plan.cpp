@@ -7,6 +7,8 @@
 #include <string>
 
 #include "cli/plan_rank.hpp"
+#include "relayout/comm/scalar.hpp"
+#include "relayout/placement/ep_message.hpp"
 
 using namespace relayout;
 

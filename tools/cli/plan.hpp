@@ -27,7 +27,7 @@
 #include "relayout/bridge/plan.hpp"
 #include "relayout/mesh.hpp"
 #include "relayout/placement/dp_slots.hpp"
-#include "relayout/placement/ep.hpp"
+#include "relayout/placement/ep_message.hpp"
 #include "relayout/placement/split.hpp"
 #include "relayout/placement/traffic.hpp"
 

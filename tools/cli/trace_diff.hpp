@@ -415,9 +415,12 @@ inline std::map<int, LayerAgg> aggregate(const TraceRun& run) {
   std::map<int, std::set<std::pair<int, std::string>>> step_names;
   for (std::size_t p = 0; p < pass_names.size(); ++p)
     for (int s : pass_steps[p]) step_names[s].insert(pass_names[p].begin(), pass_names[p].end());
-  for (auto& [layer, L] : layers)
+  for (auto& entry : layers) {  // named, not bound: the lambda below captures them (clang 14)
+    const int layer = entry.first;
+    auto& L = entry.second;
     for (const std::string& name : L.order)
-      for (const auto& [s, names] : step_names) {
+      for (const auto& [s, ran] : step_names) {
+        const auto& names = ran;
         if (names.count({layer, name})) continue;
         const std::string& state = L.by_name.at(name).state;
         if (std::any_of(L.order.begin(), L.order.end(), [&](const std::string& other) {
@@ -425,6 +428,7 @@ inline std::map<int, LayerAgg> aggregate(const TraceRun& run) {
             }))
           L.skipped_steps[name].insert(s);
       }
+  }
   return layers;
 }
 
