@@ -37,9 +37,8 @@ struct ExpertBuckets {
 
 // Buckets topk_ids (tokens x top_k) by expert. This rank holds experts
 // [first_expert, first_expert + n_experts); other ids (another EP rank's, or -1) are skipped.
-// The sort is the EP grouping's stable counting sort (relayout::impl::bucket_scan, placement/ep.hpp),
-// deterministic; the offsets are copied to the host because each expert's GEMM is launched with
-// its own row count.
+// The sort is one sequential pass (O(tokens * top_k), deterministic); the offsets are copied to the
+// host because each expert's GEMM is launched with its own row count.
 template <class ExecSpace, RowMatrixView Ids>
 ExpertBuckets<typename ExecSpace::memory_space> bucket_by_expert(const ExecSpace& exec, const Ids& topk_ids,
                                                                  int n_experts, int first_expert = 0) {
@@ -57,31 +56,33 @@ ExpertBuckets<typename ExecSpace::memory_space> bucket_by_expert(const ExecSpace
   b.offsets = Kokkos::View<int*, Mem>("relayout::offsets", n_experts + 1);
   b.slot_of = Kokkos::View<int*, Mem>("relayout::slot_of", slots);
   Kokkos::View<int*, Mem> slot_token("relayout::slot_token", slots);  // trimmed to rows() below
-  const auto counts = b.counts;
-  const auto offsets = b.offsets;
-  const auto slot_of = b.slot_of;
+  auto counts = b.counts;
+  auto offsets = b.offsets;
+  auto slot_of = b.slot_of;
   const int top_k = b.top_k;
-  Kokkos::deep_copy(exec, slot_of, -1);
-  relayout::impl::BucketStarts<ExecSpace> buckets;
-  relayout::impl::bucket_scan(
-      exec, buckets, n_experts, std::int64_t(slots),
-      KOKKOS_LAMBDA(const int e, const std::int64_t s) {
-        return topk_ids(int(s) / top_k, int(s) % top_k) - first_expert == e;
-      },
-      KOKKOS_LAMBDA(const int, const std::int64_t s, const std::int64_t p) {
-        slot_of(s) = int(p);
-        slot_token(p) = int(s) / top_k;
-      },
-      "relayout::kernels::bucket_by_expert");
-  const auto starts = buckets.starts;
   Kokkos::parallel_for(
-      "relayout::kernels::bucket_offsets", Kokkos::RangePolicy<ExecSpace>(exec, 0, n_experts + 1),
-      KOKKOS_LAMBDA(const int e) {
-        offsets(e) = int(starts(e));
-        if (e < n_experts) counts(e) = int(starts(e + 1) - starts(e));
+      "relayout::kernels::bucket_by_expert", Kokkos::RangePolicy<ExecSpace>(exec, 0, 1),
+      KOKKOS_LAMBDA(const int) {
+        for (int s = 0; s < slots; ++s) {
+          const int e = topk_ids(s / top_k, s % top_k) - first_expert;
+          if (e >= 0 && e < n_experts) ++counts(e);
+        }
+        offsets(0) = 0;
+        for (int e = 0; e < n_experts; ++e) offsets(e + 1) = offsets(e) + counts(e);
+        for (int e = 0; e < n_experts; ++e) counts(e) = 0;  // reused as fill cursors
+        for (int s = 0; s < slots; ++s) {
+          const int e = topk_ids(s / top_k, s % top_k) - first_expert;
+          if (e >= 0 && e < n_experts) {
+            const int pos = offsets(e) + counts(e)++;
+            slot_of(s) = pos;
+            slot_token(pos) = s / top_k;
+          } else {
+            slot_of(s) = -1;
+          }
+        }
       });
   b.host_offsets = Kokkos::View<int*, Kokkos::HostSpace>("relayout::host_offsets", n_experts + 1);
-  for (int e = 0; e <= n_experts; ++e) b.host_offsets(e) = int(buckets.host(e));
+  Kokkos::deep_copy(exec, b.host_offsets, b.offsets);
   exec.fence();
   b.slot_token = Kokkos::subview(slot_token, std::make_pair(0, b.rows()));
   return b;

@@ -192,8 +192,9 @@ KOKKOS_INLINE_FUNCTION To convert(const From& v) {
 
 // Stable counting sort of items into buckets (an item may go to several): one scan over (bucket,
 // item), bucket-major, so the running count is the item's position in the bucket-ordered output.
-// place(b, i, p) gets each hit's position; bs.host receives the bucket offsets. The EP grouping
-// and kernels::bucket_by_expert both sort with it.
+// place(b, i, p) gets each hit's position; bs.host receives the bucket offsets. The work is
+// buckets x items, fine for the EP grouping's few buckets (ranks, local experts); kernels::
+// bucket_by_expert, with up to hundreds of experts, keeps its one pass over the items.
 template <class Space, class Hit, class Place>
 void bucket_scan(const Space& exec, BucketStarts<Space>& bs, int buckets, std::int64_t items, const Hit& hit,
                  const Place& place, const char* label) {
