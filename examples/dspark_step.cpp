@@ -90,6 +90,16 @@ std::vector<std::int64_t> encode(const Decoder& d) {
   return v;
 }
 
+// The attention-TP group that reports attention-DP group g: that of its CP rank 0 (every CP rank of
+// the group holds the same requests and reaches the same decisions).
+std::vector<int> reporting_group(const RuntimeLayout& layout, int g) {
+  for (int r = 0; r < layout.size(); ++r) {
+    const RankCoords k = layout.coords(r);
+    if (k.attn_dp_rank == g && k.attn_cp_rank == 0) return layout.group_members(GroupKind::attn_tp, r);
+  }
+  throw LayoutError("--dp", "no rank holds attention-DP group " + std::to_string(g));
+}
+
 struct RankView {
   bool idle = false, disagreed = false;
   std::vector<std::map<std::string, std::pair<bool, std::vector<std::int64_t>>>> rounds;
@@ -239,7 +249,7 @@ int run(Options& o, const MpiCommunicator& world) {
   // Requests in id order, taken from each group's rank 0 in the sync group's order.
   std::vector<spec::RequestRecord> reqs;
   for (int g = 0; g < w.attn_dp; ++g) {
-    const int first = layout.groups(GroupKind::attn_tp).at(std::size_t(g)).front();
+    const int first = reporting_group(layout, g).front();
     for (const auto& rec : ranks[std::size_t(first)].requests) reqs.push_back(rec);
   }
   // Acceptance: accepted draft tokens over proposed ones, per round and over the run.
@@ -259,7 +269,7 @@ int run(Options& o, const MpiCommunicator& world) {
 
   if (o.format == "json") {
     nlohmann::json j;
-    j["layout"] = {{"tp", w.tp}, {"attn_dp", w.attn_dp}, {"attn_tp", w.attn_tp}, {"moe_ep", w.moe_ep},
+    j["layout"] = {{"tp", w.tp}, {"attn_dp", w.attn_dp}, {"attn_cp", w.attn_cp}, {"attn_tp", w.attn_tp}, {"moe_ep", w.moe_ep},
                    {"moe_tp", w.moe_tp}, {"draft", std::string(to_string(layout.config().draft))},
                    {"enable_dp_attention", layout.config().enable_dp_attention}};
     j["startup_check"] = guard_fails ? (o.cfg.bypass_guard ? "BYPASSED (developer experiment)" : "rejected") : "passed";
@@ -282,7 +292,7 @@ int run(Options& o, const MpiCommunicator& world) {
     for (int r = 0; r < rounds_run; ++r) {
       nlohmann::json round{{"round", r}, {"groups", nlohmann::json::array()}};
       for (int g = 0; g < w.attn_dp; ++g) {
-        const auto members = layout.groups(GroupKind::attn_tp).at(std::size_t(g));
+        const auto members = reporting_group(layout, g);
         nlohmann::json grp{{"group", g}, {"idle", meta.idle(std::size_t(g))}, {"sites", nlohmann::json::object()}};
         for (const auto& [site, val] : ranks[std::size_t(members.front())].rounds.at(std::size_t(r))) {
           nlohmann::json per_rank = nlohmann::json::object();
@@ -301,7 +311,8 @@ int run(Options& o, const MpiCommunicator& world) {
   }
 
   std::ostringstream s;
-  s << "dspark_step: tp=" << w.tp << " attn dp x tp = " << w.attn_dp << " x " << w.attn_tp << ", moe dp x ep x tp = "
+  s << "dspark_step: tp=" << w.tp << " attn dp x tp = " << w.attn_dp << " x " << w.attn_tp
+    << (w.attn_cp > 1 ? ", attn cp " + std::to_string(w.attn_cp) : std::string()) << ", moe dp x ep x tp = "
     << w.moe_dp << " x " << w.moe_ep << " x " << w.moe_tp << ", draft " << to_string(layout.config().draft)
     << ", DP attention " << (layout.config().enable_dp_attention ? "on" : "off") << "\n";
   if (guard_fails)
@@ -317,7 +328,7 @@ int run(Options& o, const MpiCommunicator& world) {
   for (int r = 0; r < rounds_run; ++r) {
     s << "round " << r << ": acceptance " << acceptance[std::size_t(r)] << "\n";
     for (int g = 0; g < w.attn_dp; ++g) {
-      const auto members = layout.groups(GroupKind::attn_tp).at(std::size_t(g));
+      const auto members = reporting_group(layout, g);
       const auto& m = ranks[std::size_t(members.front())].rounds.at(std::size_t(r));
       s << "  group " << g << (meta.idle(std::size_t(g)) ? " (idle)" : "") << ":";
       for (const std::string& site : site_order()) {

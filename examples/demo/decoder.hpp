@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -154,6 +155,12 @@ class SpecDecoder {
         throw LayoutError("--requests-per-group", "--requests-per-group: a count must be in [0, 4096], got " + std::to_string(n));
     if (cfg_.rank_local_rng) cfg_.sample = true;
     cfg_.validate();
+    // The CP ranks of a DP group feed the same sequences; SpecTpSync over attn_tp would not make
+    // their per-rank samplers agree (over tp it does: the CP ranks are in it).
+    if (cfg_.rank_local_rng && layout.widths().attn_cp > 1 && ctx_.sync_group == GroupKind::attn_tp)
+      throw LayoutError("--rank-local-rng", "--rank-local-rng with attn_cp = " + std::to_string(layout.widths().attn_cp) +
+                                                " under DP attention: SpecTpSync syncs attn_tp only, so the CP ranks of a "
+                                                "DP group would sample different tokens for the same requests");
     const RankCoords k = groups_.coords();
     const DpSyncMetadata meta = gather_sync_metadata(
         groups_, RequestCount{cfg_.requests_per_group[std::size_t(k.attn_dp_rank)]}, cfg_.width);
@@ -210,9 +217,12 @@ class SpecDecoder {
   int draft_forwards() const { return draft_forwards_; }
   int target_forwards() const { return target_forwards_; }
   const model::TrafficLog& target_traffic() const { return target_->traffic(); }
-  // KV rows the target's and the draft's cache hold for request j of this group (0 for a dense draft).
+  // Positions of request j of this group the target's and the draft's cache hold (0 for a dense
+  // draft); under attention CP spread over the CP ranks, and the *_held figures count this rank's.
   std::int64_t target_kv(int j) const { return target_->kv_length(j); }
   std::int64_t draft_kv(int j) const { return draft_ ? draft_->kv_length(j) : 0; }
+  std::int64_t target_kv_held(int j) const { return target_->kv_held(j); }
+  std::int64_t draft_kv_held(int j) const { return draft_ ? draft_->kv_held(j) : 0; }
 
  private:
   template <class T>
@@ -244,27 +254,49 @@ class SpecDecoder {
     return x;
   }
 
-  // The rows [from_j, to_j) of each request's token sequence `seq[j]` through a model (extend on
-  // its cache; the dense draft row by row). Returns the host rows, request after request.
+  // The rows [from_j, to_j) of each request's token sequence `seq[j]` (row p at position p) through
+  // a model (extend on its cache; the dense draft row by row). Under attention CP each CP rank feeds
+  // extend the rows it holds (DistributedModel::extend_cp_rank) and the outputs are all-gathered
+  // over attn_cp, so every rank reads every row, as without CP (an engine shares the sampled
+  // tokens instead). Returns the host rows, request after request.
   std::vector<double> feed(bool to_draft, const std::vector<std::vector<int>>& seq, const std::vector<int>& from,
                            const std::vector<int>& to) {
+    ++(to_draft ? draft_forwards_ : target_forwards_);
+    auto* m = to_draft ? (draft_ ? &*draft_ : nullptr) : &*target_;
+    const int me = groups_.coords().attn_cp_rank;
     std::vector<int> counts, tokens;
     std::vector<std::int64_t> owners;
     for (std::size_t j = 0; j < seq.size(); ++j) {
       counts.push_back(to[j] - from[j]);
-      for (int p = from[j]; p < to[j]; ++p) {
-        tokens.push_back(seq[j][std::size_t(p)]);
-        owners.push_back(model::RowOwner::pack(records_[j].id, p));
-      }
+      for (int p = from[j]; p < to[j]; ++p)
+        if (!m || m->extend_cp_rank(p) == me) {
+          tokens.push_back(seq[j][std::size_t(p)]);
+          owners.push_back(model::RowOwner::pack(records_[j].id, p));
+        }
     }
     const View x = embed_rows(tokens);
-    if (to_draft) {
-      ++draft_forwards_;
-      if (!draft_) return host_rows(dense_forward(x));
-      return host_rows(draft_->extend(counts, x, owners).view());
+    if (!m) return host_rows(dense_forward(x));
+    const std::vector<double> mine = host_rows(m->extend(counts, x, owners).view());
+    const int cp = groups_.layout().widths().attn_cp;
+    if (cp == 1) return mine;
+    const std::size_t H = std::size_t(cfg_.target_dims.hidden);
+    std::vector<int> held(std::size_t(cp), 0);  // rows per CP rank
+    for (std::size_t j = 0; j < seq.size(); ++j)
+      for (int p = from[j]; p < to[j]; ++p) ++held[std::size_t(m->extend_cp_rank(p))];
+    std::vector<int> elems, at;  // at[c]: the next row of CP rank c's rows in the gathered rows
+    for (int c = 0, row = 0; c < cp; row += held[std::size_t(c)], ++c) {
+      elems.push_back(held[std::size_t(c)] * int(H));
+      at.push_back(row);
     }
-    ++target_forwards_;
-    return host_rows(target_->extend(counts, x, owners).view());
+    std::vector<double> all(std::size_t(std::accumulate(held.begin(), held.end(), 0)) * H), out;
+    all_gatherv(groups_.comm(GroupKind::attn_cp), std::span<const double>(mine), std::span<double>(all), elems);
+    out.reserve(all.size());
+    for (std::size_t j = 0; j < seq.size(); ++j)
+      for (int p = from[j]; p < to[j]; ++p) {
+        const auto row = all.begin() + std::ptrdiff_t(std::size_t(at[std::size_t(m->extend_cp_rank(p))]++) * H);
+        out.insert(out.end(), row, row + std::ptrdiff_t(H));
+      }
+    return out;
   }
 
   // Both caches take every prompt token but the last (which the first round feeds).

@@ -6,6 +6,7 @@
 // DP attention + MoE draft + attn_tp > 1.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -184,6 +185,110 @@ TEST_CASE("rounds on the KV cache commit what the plain loops commit; acceptance
     CHECK(totals[mode][0] > 0);
     CHECK(totals[mode][0] < totals[mode][1]);
   }
+}
+
+// Attention CP (cp = 2): the row at position p is held by CP rank p mod 2 in both caches; a round
+// commits what the plain loops commit, and after every rollback each CP rank's cache holds exactly
+// its share of the kept positions.
+TEST_CASE("attention CP: rounds on the CP-split caches commit what the plain loops commit; rollback keeps each CP rank's share") {
+  const int n = world().size();
+  struct Case {
+    Draft draft;
+    bool sample;
+  };
+  for (const Case c : {Case{Draft::moe, false}, Case{Draft::dense, true}}) {
+    const ProcessGroups groups(
+        RuntimeLayout({.tp = n, .dp = n / 2, .cp = 2, .enable_dp_attention = n > 2, .draft = c.draft}), world());
+    REQUIRE(groups.layout().widths().attn_cp == 2);
+    const int me = groups.coords().attn_cp_rank;
+    SpecConfig cfg = small_config(requests_for(groups.layout().widths().attn_dp));
+    cfg.sample = c.sample;
+    CAPTURE(to_string(c.draft));
+    CAPTURE(c.sample);
+    SpecDecoder<MpiCommunicator> dec(groups, cfg, SyncSites{});
+    dec.run();
+    CHECK_FALSE(dec.disagreed());
+    const plain::PlainModel target = plain::PlainModel::layers_of(cfg.target_dims);
+    const plain::PlainModel draft = c.draft == Draft::moe ? plain::PlainModel::layers_of(cfg.draft_dims())
+                                                          : plain::PlainModel::dense_of(cfg);
+    // Positions [0, length) of a request, those CP rank `me` holds.
+    const auto share = [&](std::int64_t length) { return (length + 1 - me) / 2; };
+    int rejected = 0;
+    for (int j = 0; j < int(dec.requests().size()); ++j) {
+      const RequestRecord& r = dec.requests()[std::size_t(j)];
+      CAPTURE(r.id);
+      for (int a : r.accepted) rejected += cfg.draft_tokens() - a;
+      if (c.sample) {
+        const RequestRecord want = plain::speculative_decode(cfg, draft, target, r.id);
+        CHECK(r.accepted == want.accepted);
+        CHECK(r.committed == want.committed);
+      } else {
+        CHECK(r.committed == plain::greedy_decode(cfg, target, r.id, r.committed.size()));
+      }
+      CHECK(dec.target_kv(j) == std::int64_t(r.committed.size()) - 1);
+      CHECK(dec.target_kv_held(j) == share(std::int64_t(r.committed.size()) - 1));
+      if (c.draft == Draft::moe) CHECK(dec.draft_kv_held(j) == share(dec.draft_kv(j)));
+    }
+    all_reduce_in_place(world(), std::span<int>(&rejected, 1));
+    CHECK(rejected > 0);  // rollbacks happened
+  }
+}
+
+// Rolling back under CP equals never having appended: extend 5 + 3 rows, truncate to 2 + 1, extend
+// 2 + 4 more; against extending 2 + 1 then the same 2 + 4. Each CP rank's cache lengths and the last
+// outputs agree.
+TEST_CASE("attention CP: DistributedModel::truncate_kv leaves each CP rank as if the rejected rows never came") {
+  const int n = world().size();
+  const ProcessGroups groups(RuntimeLayout({.tp = n, .dp = n / 2, .cp = 2, .enable_dp_attention = n > 2}), world());
+  const RankCoords k = groups.coords();
+  const int H = 16;
+  std::vector<int> lengths, placement;
+  for (int g = 0; g < groups.layout().widths().attn_dp; ++g)
+    for (int i = 0; i < 2; ++i) {
+      lengths.push_back(8);
+      placement.push_back(g);
+    }
+  const model::Workload work = model::Workload::make(lengths, placement, groups.layout().widths().attn_dp);
+  using Model = model::DistributedModel<MpiCommunicator>;
+  // This CP rank's rows of counts[j] new rows from position from[j] of slot j.
+  const auto rows = [&](Model& m, const std::vector<int>& from, const std::vector<int>& counts) {
+    std::vector<std::int64_t> owners;
+    for (int j = 0; j < 2; ++j)
+      for (int p = from[std::size_t(j)]; p < from[std::size_t(j)] + counts[std::size_t(j)]; ++p)
+        if (m.extend_cp_rank(p) == k.attn_cp_rank) owners.push_back(model::RowOwner::pack(10 * k.attn_dp_rank + j, p));
+    Model::View x("x", owners.size(), std::size_t(H));
+    const auto xh = Kokkos::create_mirror_view(x);
+    for (std::size_t i = 0; i < owners.size(); ++i)
+      for (int f = 0; f < H; ++f) xh(i, std::size_t(f)) = float(std::sin(double(owners[i] % 977) + 0.37 * f));
+    Kokkos::deep_copy(x, xh);
+    return m.extend(counts, x, owners);
+  };
+  Model rolled(groups, small_dims(2, 99)), clean(groups, small_dims(2, 99));
+  rolled.reserve_kv(work, 8, 4);
+  clean.reserve_kv(work, 8, 4);
+  rows(rolled, {0, 0}, {5, 3});
+  rolled.truncate_kv(0, 2);
+  rolled.truncate_kv(1, 1);
+  rows(clean, {0, 0}, {2, 1});
+  for (int j = 0; j < 2; ++j) {
+    CHECK(rolled.kv_length(j) == clean.kv_length(j));
+    CHECK(rolled.kv_held(j) == clean.kv_held(j));
+  }
+  CHECK(rolled.kv_held(0) == 1);  // positions 0, 1: one each
+  CHECK(rolled.kv_held(1) == 1 - k.attn_cp_rank);
+  const auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), rows(rolled, {2, 1}, {2, 4}).view());
+  const auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), rows(clean, {2, 1}, {2, 4}).view());
+  REQUIRE(a.extent(0) == 3);  // positions 2, 3 of slot 0 and 1..4 of slot 1: three each
+  REQUIRE(b.extent(0) == a.extent(0));
+  double diff = 0, size = 0;
+  for (std::size_t i = 0; i < a.extent(0); ++i)
+    for (std::size_t f = 0; f < a.extent(1); ++f) {
+      diff = std::max(diff, std::abs(double(a(i, f)) - double(b(i, f))));
+      size = std::max(size, std::abs(double(b(i, f))));
+    }
+  CHECK(diff == 0);
+  CHECK(size > 0.1);
+  for (int j = 0; j < 2; ++j) CHECK(rolled.kv_held(j) == clean.kv_held(j));
 }
 
 TEST_CASE("rank-local sampler: SpecTpSync makes the attention-TP group agree; RELAYOUT_SPEC_TP_SYNC=off does not") {

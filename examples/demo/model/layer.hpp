@@ -5,7 +5,8 @@
 // all-gathers the shared KV over attn_cp (docs/cp.md).
 // With a KV cache (reserve_kv) the prefill keeps every layer's shared KV rows (under CP each CP rank
 // those of the positions it holds) and decode_step runs one new row per live request against them
-// (attention_decode through the block table; under CP partials merged by log-sum-exp, docs/kv_cache.md).
+// (attention_decode through the block table; under CP partials merged by log-sum-exp, docs/kv_cache.md);
+// extend appends several rows per request, each attending causally (a speculative verify).
 // A trace sink (relayout/trace; none by default) receives a record after every boundary, including
 // the attention all-reduce and each layer's output.
 #pragma once
@@ -110,6 +111,8 @@ class DistributedModel {
       for (const auto& held : kv_held_) kv_cu_.push_back(kv_cu_.back() + int(held.size()));
       kv_slots_.resize(kv_held_.size());
       std::iota(kv_slots_.begin(), kv_slots_.end(), 0);
+      kv_len_.clear();
+      for (std::size_t j = 0; j + 1 < cu.size(); ++j) kv_len_.push_back(cu[j + 1] - cu[j]);
     }
     for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, kv_rows);
     return x;
@@ -124,6 +127,8 @@ class DistributedModel {
     const int rows = cp > 1 ? (rows_per_request + cp - 1) / cp + 1 : rows_per_request;
     const int blocks = (rows + block_size - 1) / block_size;
     cache_ = std::make_unique<Cache>(kernels::KvCacheShape{dims_.layers, dims_.head_dim, block_size, n * blocks, n, blocks});
+    kv_held_.assign(std::size_t(n), {});
+    kv_len_.assign(std::size_t(n), 0);
   }
 
   // Decode step `step` (1-based): every live request of this rank's DP group feeds one row,
@@ -175,6 +180,7 @@ class DistributedModel {
         if (!plan.live(r, step) || work.cp_rank_of(r, p, me) != c) continue;
         ++kr.counts[std::size_t(c)];
         attended.push_back(j);
+        kv_len_[std::size_t(j)] = p + 1;
         if (c != me.rank) continue;
         rows.insert(rows.end(), all.begin() + std::ptrdiff_t(at[std::size_t(j)]) * H,
                     all.begin() + std::ptrdiff_t(at[std::size_t(j)] + 1) * H);
@@ -203,45 +209,87 @@ class DistributedModel {
   }
 
   // Extend (a speculative verify forward, or a prefill into the cache): counts[j] new rows for slot j
-  // of this rank's DP group (request j of the group), request after request in `inputs`, `owners`
-  // naming each row. Every layer appends their kv after the slot's cached rows, and each row attends
-  // the cached rows and the earlier new rows of its request: causal by position, as one decode step
-  // per row would. Returns the output rows in input order. Collective like forward: a group with no
-  // rows joins every collective with zero rows.
+  // of this rank's DP group (request j of the group), at positions kv_length(j) .. kv_length(j) +
+  // counts[j] - 1. Under CP the row at position p is held by CP rank extend_cp_rank(p) (p mod attn_cp,
+  // as in decode) and each rank passes only the rows it holds; `inputs` holds them request after
+  // request, `owners` naming each. Every layer appends their kv after the slot's cached rows, and each
+  // row attends the cached rows and the earlier new rows of its request: causal by position, as one
+  // decode step per row would (under CP every CP rank attends every row over the keys it holds and
+  // the partials are merged on the row's CP rank). Returns the output rows in input order. Collective
+  // like forward: a group or CP rank with no rows joins every collective with zero rows.
   Tracked extend(const std::vector<int>& counts, const View& inputs, const std::vector<std::int64_t>& owners) {
     if (!cache_) throw LayoutError("decode", "extend needs a KV cache: call reserve_kv first");
-    if (groups_.layout().widths().attn_cp > 1)
-      throw LayoutError("--cp", "extend (speculative verify) runs with attn_cp = 1: each rank's cache holds whole requests");
-    std::vector<int> row_slot, limit;
-    kv_slots_.clear();
-    kv_cu_ = {0};
-    for (int j = 0; j < int(counts.size()); ++j) {
-      if (counts[std::size_t(j)] == 0) continue;
-      const int base = int(cache_->length(0, j));
-      for (int i = 0; i < counts[std::size_t(j)]; ++i) {
-        row_slot.push_back(j);
-        limit.push_back(base + i + 1);
-      }
-      kv_slots_.push_back(j);
-      kv_cu_.push_back(int(row_slot.size()));
-    }
+    const CpShare me = CpShare::of(groups_.layout(), groups_.coords().attn_cp_rank);
+    if (counts.size() > kv_len_.size())
+      throw LayoutError("decode", "extend: counts for " + std::to_string(counts.size()) + " requests; the cache holds " +
+                                      std::to_string(kv_len_.size()));
+    std::vector<int> row_slot;
+    for (int j = 0; j < int(counts.size()); ++j)
+      for (int p = kv_len_[std::size_t(j)]; p < kv_len_[std::size_t(j)] + counts[std::size_t(j)]; ++p)
+        if (extend_cp_rank(p) == me.rank) row_slot.push_back(j);
     if (inputs.extent(0) != row_slot.size() || owners.size() != row_slot.size())
       throw LayoutError("decode", "extend: " + std::to_string(inputs.extent(0)) + " input rows and " +
-                                      std::to_string(owners.size()) + " owners for " + std::to_string(row_slot.size()) +
-                                      " new rows");
+                                      std::to_string(owners.size()) + " owners for the " + std::to_string(row_slot.size()) +
+                                      " new rows held here");
+    // This rank's rows go into its cache: their positions held here, in order.
+    kv_slots_.clear();
+    kv_cu_ = {0};
+    const std::vector<int> base(kv_len_.begin(), kv_len_.begin() + std::ptrdiff_t(counts.size()));
+    for (int j = 0; j < int(counts.size()); ++j) {
+      for (int p = base[std::size_t(j)]; p < base[std::size_t(j)] + counts[std::size_t(j)]; ++p)
+        if (extend_cp_rank(p) == me.rank) kv_held_[std::size_t(j)].push_back(p);
+      kv_len_[std::size_t(j)] = base[std::size_t(j)] + counts[std::size_t(j)];
+      const int n = int(std::count(row_slot.begin(), row_slot.end(), j));
+      if (n == 0) continue;
+      kv_slots_.push_back(j);
+      kv_cu_.push_back(kv_cu_.back() + n);
+    }
+    // Every row of the group attended here, CP rank after CP rank (without CP: this rank's rows):
+    // its slot, how many keys held here it sees (those at positions <= its own) and where its window
+    // starts among them.
+    const int W = dims_.window;
+    std::vector<int> attended, limit, first;
+    KvRows rows;
+    rows.counts.assign(std::size_t(me.cp), 0);
+    for (int c = 0; c < me.cp; ++c)
+      for (int j = 0; j < int(counts.size()); ++j) {
+        const auto& held = kv_held_[std::size_t(j)];
+        for (int p = base[std::size_t(j)]; p < base[std::size_t(j)] + counts[std::size_t(j)]; ++p) {
+          if (extend_cp_rank(p) != c) continue;
+          ++rows.counts[std::size_t(c)];
+          attended.push_back(j);
+          limit.push_back(int(std::upper_bound(held.begin(), held.end(), p) - held.begin()));
+          first.push_back(int(std::lower_bound(held.begin(), held.end(), W > 0 ? p - W + 1 : 0) - held.begin()));
+        }
+      }
     Tracked x(Typed(inputs), opts_.track_owners ? owners : std::vector<std::int64_t>{});
     gather_counts(std::int64_t(row_slot.size()));
-    KvRows rows;
-    rows.cu = to_device(row_slot, "relayout::extend_slots");
+    rows.cu = to_device(attended, "relayout::extend_slots");
     rows.limits = to_device(limit, "relayout::extend_limits");
+    rows.positions = to_device(first, "relayout::extend_first");
     for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, rows, true);
     if (opts_.track_owners && x.owners != owners)
       throw LayoutError("bridge", "extend: rows came back in another order");
     return x;
   }
-  // Keeps the first `length` kv rows of slot j in every layer: rolls back rejected speculative rows.
-  void truncate_kv(int slot, std::int64_t length) { cache_->truncate(exec_, slot, length); }
-  std::int64_t kv_length(int slot) const { return cache_->length(0, slot); }
+  // The CP rank that holds position p of a request in extend (decode places its rows after the prompt so).
+  int extend_cp_rank(int p) const { return p % groups_.layout().widths().attn_cp; }
+  // Keeps the first `length` positions of slot j in every layer: rolls back rejected speculative
+  // rows. Under CP each CP rank keeps those of its held positions below `length`.
+  void truncate_kv(int slot, std::int64_t length) {
+    if (slot < 0 || std::size_t(slot) >= kv_held_.size())
+      throw LayoutError("decode", "truncate_kv: slot " + std::to_string(slot) + " is not in [0, " +
+                                      std::to_string(kv_held_.size()) + ")");
+    auto& held = kv_held_[std::size_t(slot)];
+    const auto keep = std::lower_bound(held.begin(), held.end(), length) - held.begin();
+    cache_->truncate(exec_, slot, keep);
+    held.resize(std::size_t(keep));
+    kv_len_[std::size_t(slot)] = int(std::min<std::int64_t>(kv_len_[std::size_t(slot)], length));
+  }
+  // Positions of slot j cached over the DP group (under CP spread over the CP ranks).
+  std::int64_t kv_length(int slot) const { return kv_len_.at(std::size_t(slot)); }
+  // The kv rows of slot j this rank's cache holds (kv_length(j) without CP).
+  std::int64_t kv_held(int slot) const { return cache_->length(0, slot); }
 
   const TrafficLog& traffic() const { return traffic_; }
   void clear_traffic() { traffic_.clear(); }
@@ -262,11 +310,12 @@ class DistributedModel {
   // own rows (positions, by which causality and the window go) and, under CP, where the rows
   // all-gathered over attn_cp (CP rank after CP rank) belong in the group's order. In decode: cu
   // the cache slot of each query row attended here (under CP the group's rows, CP rank after CP
-  // rank), positions where its window starts among the keys held here, counts rows per CP rank.
+  // rank), positions where its window starts among the keys held here, counts rows per CP rank;
+  // extend as decode, several rows per slot.
   struct KvRows {
     IntView cu, positions, order;
     std::vector<int> counts;  // kv rows held by each CP rank
-    IntView limits;           // extend: query row b sees the first limits(b) rows of slot cu(b)
+    IntView limits;           // extend: query row b sees the first limits(b) rows held of slot cu(b)
   };
   KvRows kv_rows_of(const Workload& work) const {
     const RankCoords k = groups_.coords();
@@ -302,8 +351,8 @@ class DistributedModel {
     return all;
   }
 
-  // CP decode: every CP rank attends all the group's decode rows (queries all-gathered over attn_cp)
-  // over the keys it holds; each row's partials (output and log-sum-exp per head) go back to the
+  // CP decode and extend: every CP rank attends all the group's rows (queries all-gathered over
+  // attn_cp) over the keys it holds; each row's partials (output and log-sum-exp per head) go back to the
   // row's CP rank (all_to_allv), which merges them.
   void cp_decode(int layer, const View& q, const KvRows& r, const View& o, kernels::AttentionParams params) {
     const std::size_t HD = q.extent(1), heads = HD / std::size_t(dims_.head_dim), N = r.cu.extent(0), n = q.extent(0);
@@ -322,7 +371,9 @@ class DistributedModel {
     wire_.all_gatherv(GroupKind::attn_cp, std::span<const float>(q.data(), q.size()),
                       std::span<float>(all_q.data(), all_q.size()), q_counts);
     params.window = 0;  // given per row by r.positions
-    kernels::attention_decode_partial(exec_, all_q, cache_->view(layer, r.cu), r.positions, part, lse, params);
+    // Extend: each row sees only the keys held here at positions up to its own (r.limits).
+    kernels::attention_decode_partial(exec_, all_q, r.limits.extent(0) > 0 ? causal_kv(layer, r) : cache_->view(layer, r.cu),
+                                      r.positions, part, lse, params);
     exec_.fence();
     wire_.all_to_allv(GroupKind::attn_cp, std::span<const float>(part.data(), part.size()), o_send,
                       std::span<float>(parts.data(), parts.size()), o_recv);
@@ -462,6 +513,7 @@ class DistributedModel {
   std::unique_ptr<Cache> cache_;
   std::vector<int> kv_slots_, kv_cu_;  // this forward's rows [kv_cu_[i], kv_cu_[i + 1]) go to slot kv_slots_[i]
   std::vector<std::vector<int>> kv_held_;  // the positions of request slot j cached here, in order
+  std::vector<int> kv_len_;                // the positions of request slot j cached over the DP group
 };
 
 }  // namespace relayout::model
