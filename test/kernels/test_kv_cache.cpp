@@ -150,7 +150,10 @@ TEST_CASE_TEMPLATE_DEFINE("PagedKvCache: capacity and memory errors name the req
 TEST_CASE_TEMPLATE_APPLY(kv_errors, Cases);
 
 // Paged decode on long caches against the reference over the gathered rows, with the requests'
-// blocks interleaved in the pool and the keys split into 1, 3 or 7 ranges merged by log-sum-exp.
+// blocks interleaved in the pool and the keys split into 1, 3, 4, 7 or 8 ranges (or as many as the
+// kernel picks: 0) merged by log-sum-exp. On the host a lone head reads 3 or 4 ranges side by side
+// (4 of 8 in each of two work items), so every such path meets ranges of unequal length and
+// ranges left empty by short requests.
 TEST_CASE_TEMPLATE_DEFINE("paged attention_decode matches the reference on long caches", C, kv_decode) {
   using T = typename C::scalar;
   using Mem = typename C::mem;
@@ -191,7 +194,7 @@ TEST_CASE_TEMPLATE_DEFINE("paged attention_decode matches the reference on long 
       auto q = random_tensor<C>(reqs, heads * head_dim, seed++, -2.0, 2.0);
       const auto kv = cache.view(0, make_ints<C>(slots));
       for (int window : {0, 100})
-        for (int splits : {1, 3, 7}) {
+        for (int splits : {0, 1, 3, 4, 7, 8}) {
           CAPTURE(head_dim);
           CAPTURE(heads);
           CAPTURE(window);

@@ -88,6 +88,7 @@ KOKKOS_FORCEINLINE_FUNCTION V vexp(V x) {
 inline constexpr int kChunkMax = 32;  // keys per chunk, at most (the score scratch stride)
 inline constexpr int kHeadGroup = 4;  // heads per register tile (one team thread per group)
 inline constexpr int kLineBytes = 64;
+inline constexpr int kMaxRanges = 4;  // key ranges a lone head's decode work item reads side by side
 
 KOKKOS_FORCEINLINE_FUNCTION void prefetch(const void* p) {
 #if defined(RELAYOUT_KERNELS_HOST_SIMD)
@@ -144,8 +145,10 @@ struct PagedKeys {
 // `chunk` consecutive keys. Heads go in groups of kHeadGroup, one team thread per group, so every
 // key vector loaded feeds four heads: scores are a (4 heads x 3 keys) register tile of dot
 // products, the softmax weights of a chunk are one vectorised exp per head, and p . V is a
-// (4 heads x 3 vectors) register tile that also applies the rescale of the previous chunks. `o`
-// accumulates unnormalised; m and l are the running max and sum per head.
+// (4 heads x 3 vectors) register tile that also applies the rescale of the previous chunks. A
+// lone head reads its keys row after row instead, and a decode work item with one head walks
+// several key ranges side by side (attend_lone). `o` accumulates unnormalised; m and l are the
+// running max and sum per head.
 template <class ExecSpace, class T>
 struct AttendCore {
   static constexpr int L = lanes_v<ExecSpace, T>;
@@ -213,7 +216,8 @@ struct AttendCore {
   // One chunk of nb keys from row k0 for heads h0 .. h0 + MH.
   template <int MH>
   KOKKOS_FORCEINLINE_FUNCTION void chunk_step(const T* q, T* o, int h0, const T* k0, std::int64_t ld, int nb,
-                                              bool first, T* m, T* l, T* s, const T* pf, int pf_rows) const {
+                                              bool first, T* m, T* l, T* s, const T* pf, int pf_rows,
+                                              bool scored = false) const {
     const int D = head_dim;
     const T* qh[MH];
     T* oh[MH];
@@ -221,14 +225,21 @@ struct AttendCore {
       qh[a] = q + std::size_t(h0 + a) * D;
       oh[a] = o + std::size_t(h0 + a) * D;
     }
-    // Register tiles sized to the 16 vector registers: a lone head takes more keys (scores) and
-    // more vectors (values) per tile, each load then feeds one FMA directly.
-    constexpr int MK = MH == 1 ? 8 : (MH == 2 ? 4 : 3);
+    // Register tiles sized to the 16 vector registers: with several heads every key vector loaded
+    // feeds a tile of heads x keys. A lone head has too little arithmetic per byte to hide memory,
+    // so it reads its keys in address order, one row after the other: the hardware prefetcher
+    // follows that one stream, where rows read side by side break it into short ones (measured
+    // 1.07-1.29x over an 8-key tile that prefetched the next chunk by hand).
+    constexpr int MK = MH == 2 ? 4 : 3;
     constexpr int NV = MH == 1 ? 12 : (MH == 2 ? 6 : (MH == 3 ? 4 : 3));
-    int j = 0;
-    for (; j + MK <= nb; j += MK) score_tile<MH, MK>(qh, k0, ld, s, j, pf, pf_rows);
-    for (; j + 2 <= nb; j += 2) score_tile<MH, 2>(qh, k0, ld, s, j, pf, pf_rows);
-    for (; j < nb; ++j) score_tile<MH, 1>(qh, k0, ld, s, j, pf, pf_rows);
+    int j = scored ? nb : 0;  // scored: the caller wrote the scores (attend_lone)
+    if constexpr (MH == 1) {
+      for (; j < nb; ++j) s[j] = dot<L>(qh[0], k0 + j * ld, D);
+    } else {
+      for (; j + MK <= nb; j += MK) score_tile<MH, MK>(qh, k0, ld, s, j, pf, pf_rows);
+      for (; j + 2 <= nb; j += 2) score_tile<MH, 2>(qh, k0, ld, s, j, pf, pf_rows);
+      for (; j < nb; ++j) score_tile<MH, 1>(qh, k0, ld, s, j, pf, pf_rows);
+    }
     T corr[MH];
     for (int a = 0; a < MH; ++a) {
       T* sa = s + a * kChunkMax;
@@ -254,7 +265,7 @@ struct AttendCore {
   }
 
   // One chunk for head group g (heads g*kHeadGroup ..), its m, l and scores in the scratch.
-  // Group 0 prefetches the next chunk (pf, pf_rows).
+  // Group 0 prefetches the next chunk (pf, pf_rows), unless it is a lone head (see chunk_step).
   KOKKOS_FORCEINLINE_FUNCTION void step(int g, const T* q, T* o, const T* k0, std::int64_t ld, int nb, bool first,
                                         T* scratch, const T* pf, int pf_rows) const {
     T* m = scratch + g * group_scratch;
@@ -269,11 +280,28 @@ struct AttendCore {
     }
   }
 
-  // Team scratch per group: m, l (kHeadGroup each) and the scores (kHeadGroup x kChunkMax).
+  // Team scratch per group: m, l (kHeadGroup each) and the scores (kHeadGroup x kChunkMax); a
+  // lone head takes one such block per key range.
   using Scratch = Kokkos::View<T*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   static constexpr std::size_t group_scratch = 2 * kHeadGroup + kHeadGroup * kChunkMax;
-  static std::size_t scratch_bytes(int heads) {
-    return Scratch::shmem_size(std::size_t((heads + kHeadGroup - 1) / kHeadGroup) * group_scratch);
+  static std::size_t scratch_bytes(int heads, int ranges = 1) {
+    const int groups = (heads + kHeadGroup - 1) / kHeadGroup;
+    return Scratch::shmem_size(std::size_t(groups > ranges ? groups : ranges) * group_scratch);
+  }
+
+  // Heads h0 .. h0 + count of one range, done: m, l to ml (heads, then heads) when ml is not null,
+  // else the output rows normalised by l. `any`: the range held a key.
+  KOKKOS_FORCEINLINE_FUNCTION void finish(const T* m, const T* l, int h0, int count, bool any, T* out, T* ml) const {
+    for (int a = 0; a < count; ++a) {
+      if (ml) {
+        ml[h0 + a] = any ? m[a] : T(0);
+        ml[heads + h0 + a] = any ? l[a] : T(0);
+      } else {
+        T* oh = out + std::size_t(h0 + a) * head_dim;
+        const T inv = T(1) / l[a];
+        for (int d = 0; d < head_dim; ++d) oh[d] *= inv;
+      }
+    }
   }
 
   // Every head group of one work item: o = softmax(q K^T) V over [begin, end), normalised into
@@ -283,6 +311,10 @@ struct AttendCore {
   template <class Member, class Keys>
   KOKKOS_INLINE_FUNCTION void attend(const Member& team, const Keys& keys, std::int64_t b, std::int64_t begin,
                                      std::int64_t end, const T* q, T* out, T* ml) const {
+    if (heads == 1) {
+      attend_lone(team, keys, b, 1, &begin, &end, q, &out, &ml);
+      return;
+    }
     const int groups = (heads + kHeadGroup - 1) / kHeadGroup;
     Scratch scratch(team.team_scratch(0), std::size_t(groups) * group_scratch);
     const std::int64_t ld = keys.stride();
@@ -303,17 +335,62 @@ struct AttendCore {
     }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, groups), [&](const int g) {
       const T* m = scratch.data() + g * group_scratch;
-      const T* l = m + kHeadGroup;
       const int h0 = g * kHeadGroup;
-      for (int a = 0; a < kHeadGroup && h0 + a < heads; ++a) {
-        if (ml) {
-          ml[h0 + a] = end > begin ? m[a] : T(0);
-          ml[heads + h0 + a] = end > begin ? l[a] : T(0);
-        } else {
-          T* oh = out + std::size_t(h0 + a) * head_dim;
-          const T inv = T(1) / l[a];
-          for (int d = 0; d < head_dim; ++d) oh[d] *= inv;
+      finish(m, m + kHeadGroup, h0, heads - h0 < kHeadGroup ? heads - h0 : kHeadGroup, end > begin, out, ml);
+    });
+  }
+
+  // A lone head over n_ranges (<= kMaxRanges) key ranges of request b, range r into out[r] (and
+  // ml[r]). One head does 2 FMAs per cached element, too little arithmetic to hide memory behind,
+  // so the kernel runs at the speed one core streams the cache: the ranges advance together, and
+  // the score pass reads one row of each side by side, each range in address order. One core then
+  // keeps n_ranges streams in flight, and the hardware prefetcher follows each (measured with 4
+  // ranges from DRAM: 1.4-1.6x one range; rows of one range read side by side were slower still).
+  template <class Member, class Keys>
+  KOKKOS_INLINE_FUNCTION void attend_lone(const Member& team, const Keys& keys, std::int64_t b, int n_ranges,
+                                          const std::int64_t* begin, const std::int64_t* end, const T* q,
+                                          T* const* out, T* const* ml) const {
+    Scratch scratch(team.team_scratch(0), std::size_t(n_ranges) * group_scratch);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, 1), [&](const int) {
+      const std::int64_t ld = keys.stride();
+      std::int64_t p[kMaxRanges];
+      for (int r = 0; r < n_ranges; ++r) p[r] = begin[r];
+      for (;;) {
+        int live[kMaxRanges], n_live = 0, n = chunk;
+        const T* k0[kMaxRanges];
+        for (int r = 0; r < n_ranges; ++r) {
+          if (p[r] >= end[r]) continue;
+          int run = 0;
+          k0[n_live] = keys.row(b, p[r], end[r], run);
+          n = run < n ? run : n;
+          live[n_live++] = r;
         }
+        if (n_live == 0) break;
+        T* s[kMaxRanges];
+        for (int i = 0; i < n_live; ++i) s[i] = scratch.data() + live[i] * group_scratch + 2 * kHeadGroup;
+        for (int j = 0; j < n; ++j) {
+          const T* rows[kMaxRanges];
+          T sc[kMaxRanges];
+          for (int i = 0; i < n_live; ++i) rows[i] = k0[i] + j * ld;
+          switch (n_live) {
+            case 1: dot_rows<L, 1>(q, rows, head_dim, sc); break;
+            case 2: dot_rows<L, 2>(q, rows, head_dim, sc); break;
+            case 3: dot_rows<L, 3>(q, rows, head_dim, sc); break;
+            default: dot_rows<L, kMaxRanges>(q, rows, head_dim, sc); break;
+          }
+          for (int i = 0; i < n_live; ++i) s[i][j] = sc[i];
+        }
+        for (int i = 0; i < n_live; ++i) {
+          const int r = live[i];
+          T* m = scratch.data() + r * group_scratch;
+          chunk_step<1>(q, out[r], 0, k0[i], ld, n, p[r] == begin[r], m, m + kHeadGroup, m + 2 * kHeadGroup,
+                        nullptr, 0, true);
+          p[r] += n;
+        }
+      }
+      for (int r = 0; r < n_ranges; ++r) {
+        const T* m = scratch.data() + r * group_scratch;
+        finish(m, m + kHeadGroup, 0, 1, end[r] > begin[r], out[r], ml[r]);
       }
     });
   }
@@ -372,8 +449,10 @@ struct FirstKey {
   }
 };
 
-// Work item (b, split) of decode: request b's keys from start(b, len), split into `splits` ranges.
-// Without partial rows the output row is final; with them, each split leaves an unnormalised
+// Work item of decode: `ranges` consecutive splits of request b's keys from start(b, len), the
+// keys split into `splits` ranges (a multiple of `ranges`) whose length is a multiple of the chunk,
+// so the ranges of a paged cache start alike within their blocks and advance together. Without
+// partial rows the output row is final (one split); with them, each split leaves an unnormalised
 // partial row and its (m, l) for DecodeMerge.
 template <class ExecSpace, class Q, class O, class Keys, class Start>
 struct DecodeFunctor {
@@ -384,19 +463,30 @@ struct DecodeFunctor {
   Keys keys;
   Kokkos::View<T**, typename ExecSpace::memory_space> partial, ml;  // (requests x splits) rows, or none
   Start start;
-  int splits;
+  int splits, ranges;
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
-    const std::int64_t item = team.league_rank(), b = item / splits, sp = item % splits;
+    const std::int64_t teams_per_row = splits / ranges;
+    const std::int64_t b = team.league_rank() / teams_per_row;
+    const std::int64_t first_split = (team.league_rank() % teams_per_row) * ranges;
     const std::int64_t len = keys.length(b);
     const std::int64_t lo = start(b, len);
-    const std::int64_t per = (len - lo + splits - 1) / splits;
-    const std::int64_t begin = lo + sp * per < len ? lo + sp * per : len;
-    const std::int64_t end = begin + per < len ? begin + per : len;
-    if (partial.extent(0) == 0)
-      core.attend(team, keys, b, begin, end, &q(b, 0), &out(b, 0), static_cast<T*>(nullptr));
+    std::int64_t per = (len - lo + splits - 1) / splits;
+    if (splits > 1) per = (per + core.chunk - 1) / core.chunk * core.chunk;
+    std::int64_t begin[kMaxRanges], end[kMaxRanges];
+    T* o[kMaxRanges];
+    T* m[kMaxRanges];
+    for (int r = 0; r < ranges; ++r) {
+      const std::int64_t sp = first_split + r, item = b * splits + sp;
+      begin[r] = lo + sp * per < len ? lo + sp * per : len;
+      end[r] = begin[r] + per < len ? begin[r] + per : len;
+      o[r] = partial.extent(0) == 0 ? &out(b, 0) : &partial(item, 0);
+      m[r] = partial.extent(0) == 0 ? static_cast<T*>(nullptr) : &ml(item, 0);
+    }
+    if (ranges == 1)
+      core.attend(team, keys, b, begin[0], end[0], &q(b, 0), o[0], m[0]);
     else
-      core.attend(team, keys, b, begin, end, &q(b, 0), &partial(item, 0), &ml(item, 0));
+      core.attend_lone(team, keys, b, ranges, begin, end, &q(b, 0), o, m);
   }
 };
 
@@ -466,14 +556,28 @@ struct DecodeMerge {
 };
 
 // Key splits per request: enough work items to fill the execution space, no split shorter than
-// a few chunks (each costs a partial row and a merge).
+// a few chunks (each costs a partial row and a merge). On the host a lone head's work item reads
+// several splits side by side (decode_ranges), so a request of enough keys gets kMaxRanges of
+// them even where one thread runs everything.
 template <class ExecSpace>
-int decode_splits(const ExecSpace& exec, int requested, std::int64_t n_req, std::int64_t longest) {
+int decode_splits(const ExecSpace& exec, int requested, std::int64_t n_req, std::int64_t longest, int heads) {
   if (requested > 0) return requested;
   const std::int64_t by_len = (longest + 255) / 256;
-  const std::int64_t by_width = (std::int64_t(exec.concurrency()) + n_req - 1) / (n_req > 0 ? n_req : 1);
+  std::int64_t by_width = (std::int64_t(exec.concurrency()) + n_req - 1) / (n_req > 0 ? n_req : 1);
+  if (is_host_space_v<ExecSpace> && heads == 1 && by_width < kMaxRanges) by_width = kMaxRanges;
   const std::int64_t s = by_len < by_width ? by_len : by_width;
   return s < 1 ? 1 : int(s);
+}
+
+// Splits one work item reads side by side: for a lone head on the host, the most (up to
+// kMaxRanges) that divide `splits`; otherwise one (several heads have the arithmetic to hide
+// memory; on a device the splits are the parallelism).
+template <class ExecSpace>
+int decode_ranges(int splits, int heads) {
+  if (!is_host_space_v<ExecSpace> || heads != 1) return 1;
+  for (int r = kMaxRanges; r > 1; --r)
+    if (splits % r == 0) return r;
+  return 1;
 }
 
 template <class Q, class KV, class O>
@@ -593,7 +697,7 @@ void decode_launch(const ExecSpace& exec, const Q& q, const Keys& keys, const O&
   using Core = AttendCore<ExecSpace, T>;
   const std::int64_t n_req = std::int64_t(q.extent(0));
   const std::int64_t keys_used = params.window > 0 && params.window < longest ? params.window : longest;
-  const int splits = decode_splits(exec, params.splits, n_req, keys_used);
+  const int splits = decode_splits(exec, params.splits, n_req, keys_used, heads);
   Kokkos::View<T**, Mem> partial, ml;
   if (splits > 1 || lse.extent(0) > 0) {
     partial = Kokkos::View<T**, Mem>(Kokkos::view_alloc(exec, "relayout::attention_partial", Kokkos::WithoutInitializing),
@@ -601,12 +705,13 @@ void decode_launch(const ExecSpace& exec, const Q& q, const Keys& keys, const O&
     ml = Kokkos::View<T**, Mem>(Kokkos::view_alloc(exec, "relayout::attention_ml", Kokkos::WithoutInitializing),
                                 n_req * splits, 2 * heads);
   }
-  Kokkos::TeamPolicy<ExecSpace> policy(exec, int(n_req * splits), Kokkos::AUTO);
+  const int ranges = decode_ranges<ExecSpace>(splits, heads);
+  Kokkos::TeamPolicy<ExecSpace> policy(exec, int(n_req * (splits / ranges)), Kokkos::AUTO);
   Kokkos::parallel_for("relayout::kernels::attention_decode",
-                       policy.set_scratch_size(0, Kokkos::PerTeam(Core::scratch_bytes(heads))),
+                       policy.set_scratch_size(0, Kokkos::PerTeam(Core::scratch_bytes(heads, ranges))),
                        DecodeFunctor<ExecSpace, Q, O, Keys, Start>{
                            Core{heads, params.head_dim, chunk_keys<T>(params.head_dim, heads), T(params.scale)}, q, out,
-                           keys, partial, ml, start, splits});
+                           keys, partial, ml, start, splits, ranges});
   if (partial.extent(0) > 0)
     Kokkos::parallel_for("relayout::kernels::attention_decode_merge",
                          Kokkos::RangePolicy<ExecSpace>(exec, 0, n_req * heads),

@@ -124,47 +124,55 @@ KOKKOS_FORCEINLINE_FUNCTION T neg_inf() {
   return -Kokkos::Experimental::infinity<T>::value;
 }
 
-// sum_i a[i] * b[i] over n elements, L lanes at a time with 2 independent accumulators.
+// sum_i a[i] * b[i] over n elements, L lanes at a time with 4 independent accumulators (enough
+// to keep two FMA pipes busy across their latency).
 template <int L, class T>
 KOKKOS_FORCEINLINE_FUNCTION T dot(const T* a, const T* b, int n) {
   using V = typename Vec<T, L>::type;
-  V s0{}, s1{};
+  V s0{}, s1{}, s2{}, s3{};
   int i = 0;
-  for (; i + 2 * L <= n; i += 2 * L) {
+  for (; i + 4 * L <= n; i += 4 * L) {
     s0 += load<V>(a + i) * load<V>(b + i);
     s1 += load<V>(a + i + L) * load<V>(b + i + L);
+    s2 += load<V>(a + i + 2 * L) * load<V>(b + i + 2 * L);
+    s3 += load<V>(a + i + 3 * L) * load<V>(b + i + 3 * L);
   }
   for (; i + L <= n; i += L) s0 += load<V>(a + i) * load<V>(b + i);
-  T s = hsum<L>(s0 + s1);
+  T s = hsum<L>((s0 + s1) + (s2 + s3));
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
 
-// q . k_j for four rows k_0..k_3 at once, sharing the loads of q.
-template <int L, class T>
-KOKKOS_FORCEINLINE_FUNCTION void dot4(const T* q, const T* k0, const T* k1, const T* k2,
-                                      const T* k3, int n, T* out) {
-  using V = typename Vec<T, L>::type;
-  V s0{}, s1{}, s2{}, s3{};
-  int i = 0;
-  for (; i + L <= n; i += L) {
-    const V qv = load<V>(q + i);
-    s0 += qv * load<V>(k0 + i);
-    s1 += qv * load<V>(k1 + i);
-    s2 += qv * load<V>(k2 + i);
-    s3 += qv * load<V>(k3 + i);
+// out[r] = q . k[r] for R rows at once, sharing the loads of q: R streams read side by side.
+// Accumulators per row: enough chains in all to cover the FMA latency.
+template <int L, int R, class T>
+KOKKOS_FORCEINLINE_FUNCTION void dot_rows(const T* q, const T* const* k, int n, T* out) {
+  if constexpr (R == 1) {
+    out[0] = dot<L>(q, k[0], n);
+  } else {
+    using V = typename Vec<T, L>::type;
+    constexpr int A = R == 2 ? 2 : 1;
+    V s[R][A];
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < A; ++u) s[r][u] = V{};
+    int i = 0;
+    for (; i + A * L <= n; i += A * L)
+      for (int u = 0; u < A; ++u) {
+        const V qv = load<V>(q + i + u * L);
+        for (int r = 0; r < R; ++r) s[r][u] += qv * load<V>(k[r] + i + u * L);
+      }
+    for (; i + L <= n; i += L) {
+      const V qv = load<V>(q + i);
+      for (int r = 0; r < R; ++r) s[r][0] += qv * load<V>(k[r] + i);
+    }
+    for (int r = 0; r < R; ++r) {
+      V a = s[r][0];
+      for (int u = 1; u < A; ++u) a += s[r][u];
+      T t = hsum<L>(a);
+      for (int ii = i; ii < n; ++ii) t += q[ii] * k[r][ii];
+      out[r] = t;
+    }
   }
-  T r0 = hsum<L>(s0), r1 = hsum<L>(s1), r2 = hsum<L>(s2), r3 = hsum<L>(s3);
-  for (; i < n; ++i) {
-    r0 += q[i] * k0[i];
-    r1 += q[i] * k1[i];
-    r2 += q[i] * k2[i];
-    r3 += q[i] * k3[i];
-  }
-  out[0] = r0;
-  out[1] = r1;
-  out[2] = r2;
-  out[3] = r3;
 }
 
 }  // namespace relayout::kernels::impl
