@@ -188,23 +188,27 @@ TEST_CASE("rounds on the KV cache commit what the plain loops commit; acceptance
 }
 
 // Attention CP (cp = 2): the row at position p is held by CP rank p mod 2 in both caches; a round
-// commits what the plain loops commit, and after every rollback each CP rank's cache holds exactly
-// its share of the kept positions.
+// commits what the plain loops commit (with a sliding window of 3 keys too: each row's window starts
+// per CP rank), and after every rollback each CP rank's cache holds exactly its share of the kept
+// positions.
 TEST_CASE("attention CP: rounds on the CP-split caches commit what the plain loops commit; rollback keeps each CP rank's share") {
   const int n = world().size();
   struct Case {
     Draft draft;
     bool sample;
+    int window;
   };
-  for (const Case c : {Case{Draft::moe, false}, Case{Draft::dense, true}}) {
+  for (const Case c : {Case{Draft::moe, false, 0}, Case{Draft::dense, true, 0}, Case{Draft::moe, true, 3}}) {
     const ProcessGroups groups(
         RuntimeLayout({.tp = n, .dp = n / 2, .cp = 2, .enable_dp_attention = n > 2, .draft = c.draft}), world());
     REQUIRE(groups.layout().widths().attn_cp == 2);
     const int me = groups.coords().attn_cp_rank;
     SpecConfig cfg = small_config(requests_for(groups.layout().widths().attn_dp));
     cfg.sample = c.sample;
+    cfg.target_dims.window = c.window;
     CAPTURE(to_string(c.draft));
     CAPTURE(c.sample);
+    CAPTURE(c.window);
     SpecDecoder<MpiCommunicator> dec(groups, cfg, SyncSites{});
     dec.run();
     CHECK_FALSE(dec.disagreed());
