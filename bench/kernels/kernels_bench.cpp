@@ -180,10 +180,22 @@ double fma_peak_gflops() {
   return best;
 }
 
-// Decode attention does 2 FMAs per cached element and head (the score and p . V), so with many
-// heads it is bound by the FMA rate, not by memory: the best ratio to copy any kernel can reach on
-// this core is fma_peak / (flops per byte) / copy. Reported as fma_bound_ratio next to the ratio.
-void decode_counters(benchmark::State& state, double flops, double bytes) {
+// Times one decode (`run`) over a cache of `rows` x head_dim against a copy of as many bytes, and
+// reports next to the ratio the best ratio the FMA peak allows: decode attention does 2 FMAs per
+// cached element and head (the score and p . V), so with many heads it is bound by the FMA rate,
+// not by memory: fma_bound_ratio = fma_peak / (flops per byte) / copy.
+template <class Run>
+void decode_vs_copy(benchmark::State& state, std::int64_t rows, int reqs, int heads, int head_dim, Run&& run) {
+  // Bytes the kernel must move: the cache once, q and out. The copy moves its bytes twice (read +
+  // write), so it copies half as many elements: both sides move the same number of bytes.
+  const double bytes = 4.0 * (double(rows) * head_dim + 2.0 * reqs * heads * head_dim);
+  const double flops = 4.0 * double(rows) * head_dim * heads;
+  std::vector<float> src(std::size_t(rows) * head_dim, 1.f), dst(src.size(), 0.f);
+  const std::size_t copy_n = src.size() / 2;
+  paired(state, bytes, "GBps", "copy", run, [&] {
+    std::memcpy(dst.data(), src.data() + copy_n, copy_n * sizeof(float));
+    benchmark::DoNotOptimize(dst.data());
+  });
   const double gbps = state.counters["relayout_GBps"], copy = state.counters["copy_GBps"];
   const double peak = fma_peak_gflops();
   state.counters["relayout_GFLOPs"] = gbps * flops / bytes;
@@ -204,23 +216,11 @@ void BM_DecodeAttention(benchmark::State& state) {
   auto cu_h = Kokkos::create_mirror_view(cu);
   for (int b = 0; b <= reqs; ++b) cu_h(b) = b * len;
   Kokkos::deep_copy(cu, cu_h);
-  std::vector<float> src(std::size_t(rows) * head_dim, 1.f), dst(src.size(), 0.f);
   const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), 0};
-  // Bytes the kernel must move: the cache once, q and out. The copy moves its bytes twice (read +
-  // write), so it copies half as many elements: both sides move the same number of bytes.
-  const double bytes = 4.0 * (double(rows) * head_dim + 2.0 * reqs * heads * head_dim);
-  const std::size_t copy_n = src.size() / 2;
-  paired(
-      state, bytes, "GBps", "copy",
-      [&] {
-        rk::attention_decode(exec, q, cache, cu, out, p);
-        exec.fence();
-      },
-      [&] {
-        std::memcpy(dst.data(), src.data() + copy_n, copy_n * sizeof(float));
-        benchmark::DoNotOptimize(dst.data());
-      });
-  decode_counters(state, 4.0 * double(rows) * head_dim * heads, bytes);
+  decode_vs_copy(state, rows, reqs, heads, head_dim, [&] {
+    rk::attention_decode(exec, q, cache, cu, out, p);
+    exec.fence();
+  });
 }
 BENCHMARK(BM_DecodeAttention)
     ->ArgNames({"reqs", "len", "heads", "head_dim"})
@@ -255,21 +255,11 @@ void BM_DecodeAttentionPaged(benchmark::State& state) {
   Kokkos::deep_copy(slots, slots_h);
   const auto kv = cache.view(0, slots);
   const std::int64_t rows = std::int64_t(reqs) * len;
-  std::vector<float> src(std::size_t(rows) * head_dim, 1.f), dst(src.size(), 0.f);
   const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), 0};
-  const double bytes = 4.0 * (double(rows) * head_dim + 2.0 * reqs * heads * head_dim);
-  const std::size_t copy_n = src.size() / 2;
-  paired(
-      state, bytes, "GBps", "copy",
-      [&] {
-        rk::attention_decode(exec, q, kv, out, p);
-        exec.fence();
-      },
-      [&] {
-        std::memcpy(dst.data(), src.data() + copy_n, copy_n * sizeof(float));
-        benchmark::DoNotOptimize(dst.data());
-      });
-  decode_counters(state, 4.0 * double(rows) * head_dim * heads, bytes);
+  decode_vs_copy(state, rows, reqs, heads, head_dim, [&] {
+    rk::attention_decode(exec, q, kv, out, p);
+    exec.fence();
+  });
 }
 BENCHMARK(BM_DecodeAttentionPaged)
     ->ArgNames({"reqs", "len", "heads", "head_dim"})
