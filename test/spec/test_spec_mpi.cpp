@@ -64,6 +64,19 @@ SpecConfig small_config(std::vector<int> per_group) {
   return c;
 }
 
+// Request r's rounds against the plain single-rank loops: with sampling, the plain speculative
+// run with the same draws; greedy, the target's own greedy decode.
+void check_against_plain(const SpecConfig& cfg, const plain::PlainModel& draft, const plain::PlainModel& target,
+                         const RequestRecord& r) {
+  if (cfg.sample) {
+    const RequestRecord want = plain::speculative_decode(cfg, draft, target, r.id);
+    CHECK(r.accepted == want.accepted);
+    CHECK(r.committed == want.committed);
+  } else {
+    CHECK(r.committed == plain::greedy_decode(cfg, target, r.id, r.committed.size()));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("SpecTpSync: broadcast from the attention-TP group's rank 0, not world rank 0; off leaves ranks apart") {
@@ -159,13 +172,7 @@ TEST_CASE("rounds on the KV cache commit what the plain loops commit; acceptance
       REQUIRE(r.accepted.size() == std::size_t(cfg.rounds));
       for (int a : r.accepted) accepted += a;
       proposed += std::int64_t(k) * cfg.rounds;
-      if (c.sample) {
-        const RequestRecord want = plain::speculative_decode(cfg, draft, target, r.id);
-        CHECK(r.accepted == want.accepted);
-        CHECK(r.committed == want.committed);
-      } else {
-        CHECK(r.committed == plain::greedy_decode(cfg, target, r.id, r.committed.size()));
-      }
+      check_against_plain(cfg, draft, target, r);
       // Both caches hold the committed tokens but the newest: the rejected rows were rolled back.
       CHECK(dec.target_kv(j) == std::int64_t(r.committed.size()) - 1);
       if (c.layout.draft == Draft::moe) {
@@ -222,13 +229,7 @@ TEST_CASE("attention CP: rounds on the CP-split caches commit what the plain loo
       const RequestRecord& r = dec.requests()[std::size_t(j)];
       CAPTURE(r.id);
       for (int a : r.accepted) rejected += cfg.draft_tokens() - a;
-      if (c.sample) {
-        const RequestRecord want = plain::speculative_decode(cfg, draft, target, r.id);
-        CHECK(r.accepted == want.accepted);
-        CHECK(r.committed == want.committed);
-      } else {
-        CHECK(r.committed == plain::greedy_decode(cfg, target, r.id, r.committed.size()));
-      }
+      check_against_plain(cfg, draft, target, r);
       CHECK(dec.target_kv(j) == std::int64_t(r.committed.size()) - 1);
       CHECK(dec.target_kv_held(j) == share(std::int64_t(r.committed.size()) - 1));
       if (c.draft == Draft::moe) CHECK(dec.draft_kv_held(j) == share(dec.draft_kv(j)));
