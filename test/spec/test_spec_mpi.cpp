@@ -294,6 +294,11 @@ TEST_CASE("attention CP: DistributedModel::truncate_kv leaves each CP rank as if
   CHECK(diff == 0);
   CHECK(size > 0.1);
   for (int j = 0; j < 2; ++j) CHECK(rolled.kv_held(j) == clean.kv_held(j));
+  // Bad lengths and counts are refused on every rank alike, before any collective, and change nothing.
+  CHECK_THROWS_WITH_AS(rolled.truncate_kv(0, -1), doctest::Contains("length -1 must be >= 0"), LayoutError);
+  CHECK_THROWS_WITH_AS(rows(rolled, {4, 5}, {-1, 0}), doctest::Contains("-1 new rows"), LayoutError);
+  CHECK(rolled.kv_length(0) == 4);
+  CHECK(rolled.kv_length(1) == 5);
 }
 
 TEST_CASE("rank-local sampler: SpecTpSync makes the attention-TP group agree; RELAYOUT_SPEC_TP_SYNC=off does not") {

@@ -224,9 +224,13 @@ class DistributedModel {
       throw LayoutError("decode", "extend: counts for " + std::to_string(counts.size()) + " requests; the cache holds " +
                                       std::to_string(kv_len_.size()));
     std::vector<int> row_slot;
-    for (int j = 0; j < int(counts.size()); ++j)
+    for (int j = 0; j < int(counts.size()); ++j) {
+      if (counts[std::size_t(j)] < 0)
+        throw LayoutError("decode", "extend: request " + std::to_string(j) + " has " +
+                                        std::to_string(counts[std::size_t(j)]) + " new rows; a count must be >= 0");
       for (int p = kv_len_[std::size_t(j)]; p < kv_len_[std::size_t(j)] + counts[std::size_t(j)]; ++p)
         if (extend_cp_rank(p) == me.rank) row_slot.push_back(j);
+    }
     if (inputs.extent(0) != row_slot.size() || owners.size() != row_slot.size())
       throw LayoutError("decode", "extend: " + std::to_string(inputs.extent(0)) + " input rows and " +
                                       std::to_string(owners.size()) + " owners for the " + std::to_string(row_slot.size()) +
@@ -236,10 +240,12 @@ class DistributedModel {
     kv_cu_ = {0};
     const std::vector<int> base(kv_len_.begin(), kv_len_.begin() + std::ptrdiff_t(counts.size()));
     for (int j = 0; j < int(counts.size()); ++j) {
+      auto& held = kv_held_[std::size_t(j)];
+      const std::size_t before = held.size();
       for (int p = base[std::size_t(j)]; p < base[std::size_t(j)] + counts[std::size_t(j)]; ++p)
-        if (extend_cp_rank(p) == me.rank) kv_held_[std::size_t(j)].push_back(p);
+        if (extend_cp_rank(p) == me.rank) held.push_back(p);
       kv_len_[std::size_t(j)] = base[std::size_t(j)] + counts[std::size_t(j)];
-      const int n = int(std::count(row_slot.begin(), row_slot.end(), j));
+      const int n = int(held.size() - before);
       if (n == 0) continue;
       kv_slots_.push_back(j);
       kv_cu_.push_back(kv_cu_.back() + n);
@@ -280,6 +286,8 @@ class DistributedModel {
     if (slot < 0 || std::size_t(slot) >= kv_held_.size())
       throw LayoutError("decode", "truncate_kv: slot " + std::to_string(slot) + " is not in [0, " +
                                       std::to_string(kv_held_.size()) + ")");
+    if (length < 0)
+      throw LayoutError("decode", "truncate_kv: length " + std::to_string(length) + " must be >= 0");
     auto& held = kv_held_[std::size_t(slot)];
     const auto keep = std::lower_bound(held.begin(), held.end(), length) - held.begin();
     cache_->truncate(exec_, slot, keep);

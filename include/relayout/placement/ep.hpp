@@ -79,25 +79,6 @@ concept ExpertsFor = requires(E& experts, const Space& exec, const ExpertBatch<T
 
 namespace impl {
 
-// The bucket offsets of bucket_scan (buckets + 1 entries), on the execution space and on the host,
-// kept between calls: they grow, never shrink.
-template <class Space>
-struct BucketStarts {
-  using Mem = typename Space::memory_space;
-  Kokkos::View<std::int64_t*, Mem> starts;
-  typename Kokkos::View<std::int64_t*, Mem>::HostMirror host;
-  std::int64_t allocations = 0;
-
-  void reserve(std::int64_t buckets) {
-    if (static_cast<std::int64_t>(starts.extent(0)) < buckets + 1) {
-      starts = Kokkos::View<std::int64_t*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::bucket_starts")),
-                                                static_cast<std::size_t>(buckets + 1));
-      host = Kokkos::create_mirror_view(starts);
-      ++allocations;
-    }
-  }
-};
-
 // The memory behind ep_dispatch / ep_combine / local_experts, kept between calls. Every buffer
 // only grows: a call whose sizes fit what is there allocates nothing.
 template <class T, class Space>
@@ -105,7 +86,8 @@ struct EpBuffers {
   using Mem = typename Space::memory_space;
   using Index2 = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem>;
   using Words = Kokkos::View<std::int32_t*, Mem>;
-  BucketStarts<Space> buckets;
+  Kokkos::View<std::int64_t*, Mem> starts;
+  typename Kokkos::View<std::int64_t*, Mem>::HostMirror host_starts;
   Index2 send_pos, slot_of;
   Kokkos::View<int**, Kokkos::LayoutRight, Mem> local_ids;
   Words send, recv;
@@ -130,6 +112,15 @@ struct EpBuffers {
     }
     return Kokkos::subview(buf, Kokkos::make_pair(std::int64_t(0), n));
   }
+  // Offsets of a bucket scan: on the execution space and its host copy (buckets + 1 entries).
+  void bucket_starts(std::int64_t buckets) {
+    if (static_cast<std::int64_t>(starts.extent(0)) < buckets + 1) {
+      starts = Kokkos::View<std::int64_t*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ep_starts")),
+                                                static_cast<std::size_t>(buckets + 1));
+      host_starts = Kokkos::create_mirror_view(starts);
+      ++allocations;
+    }
+  }
 };
 
 }  // namespace impl
@@ -142,7 +133,7 @@ template <class T, class Space = Kokkos::DefaultExecutionSpace>
 class EpWorkspace {
  public:
   // How many buffers it has allocated so far.
-  std::int64_t allocations() const { return buffers_.allocations + buffers_.buckets.allocations; }
+  std::int64_t allocations() const { return buffers_.allocations; }
   // A rows x hidden buffer for the experts' outputs (ep_combine's expert_y), reused across calls.
   impl::RowsView<T, Space> expert_outputs(std::int64_t rows, std::int64_t hidden) {
     return buffers_.rows(buffers_.outputs, "relayout::expert_out", rows, hidden);
@@ -192,14 +183,14 @@ KOKKOS_INLINE_FUNCTION To convert(const From& v) {
 
 // Stable counting sort of items into buckets (an item may go to several): one scan over (bucket,
 // item), bucket-major, so the running count is the item's position in the bucket-ordered output.
-// place(b, i, p) gets each hit's position; bs.host receives the bucket offsets. The work is
+// place(b, i, p) gets each hit's position; ws.host_starts receives the bucket offsets. The work is
 // buckets x items, fine for the EP grouping's few buckets (ranks, local experts); kernels::
 // bucket_by_expert, with up to hundreds of experts, keeps its one pass over the items.
-template <class Space, class Hit, class Place>
-void bucket_scan(const Space& exec, BucketStarts<Space>& bs, int buckets, std::int64_t items, const Hit& hit,
+template <class Space, class T, class Hit, class Place>
+void bucket_scan(const Space& exec, EpBuffers<T, Space>& ws, int buckets, std::int64_t items, const Hit& hit,
                  const Place& place, const char* label) {
-  bs.reserve(buckets);
-  const auto starts = bs.starts;
+  ws.bucket_starts(buckets);
+  const auto starts = ws.starts;
   Kokkos::deep_copy(exec, starts, std::int64_t(0));
   if (items > 0) {
     Kokkos::parallel_scan(
@@ -216,7 +207,7 @@ void bucket_scan(const Space& exec, BucketStarts<Space>& bs, int buckets, std::i
           if (h) ++upd;
         });
   }
-  Kokkos::deep_copy(exec, bs.host, starts);
+  Kokkos::deep_copy(exec, ws.host_starts, starts);
   exec.fence();
 }
 
@@ -231,13 +222,13 @@ ExpertBatch<T, Space> group_by_expert(const Space& exec, EpBuffers<T, Space>& ws
   Kokkos::deep_copy(exec, slot_of, std::int64_t(-1));
   const auto so = slot_of;
   bucket_scan(
-      exec, ws.buckets, experts, n * K,
+      exec, ws, experts, n * K,
       KOKKOS_LAMBDA(const int e, const std::int64_t s) { return lid(s / K, static_cast<int>(s % K)) == e; },
       KOKKOS_LAMBDA(const int, const std::int64_t s, const std::int64_t p) { so(s / K, static_cast<int>(s % K)) = p; },
       "relayout::group_by_expert");
   ExpertBatch<T, Space> b;
   b.first_expert = first_expert;
-  b.offsets.assign(ws.buckets.host.data(), ws.buckets.host.data() + experts + 1);
+  b.offsets.assign(ws.host_starts.data(), ws.host_starts.data() + experts + 1);
   b.x = ws.rows(ws.batch, "relayout::expert_rows", b.rows(), H);
   const auto bx = b.x;
   Kokkos::parallel_for(
@@ -375,7 +366,7 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
   const auto pos = d.send_pos;
   Kokkos::deep_copy(exec, pos, std::int64_t(-1));
   impl::bucket_scan(
-      exec, buf.buckets, ep, mo,
+      exec, buf, ep, mo,
       KOKKOS_LAMBDA(const int r, const std::int64_t i) {
         bool hit = false;
         for (int k = 0; k < K; ++k) hit = hit || ids(i, k) / per_rank == r;
@@ -385,8 +376,8 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
       "relayout::ep_dispatch.layout");
   d.send_rows.assign(static_cast<std::size_t>(ep), 0);
   for (int r = 0; r < ep; ++r)
-    d.send_rows[static_cast<std::size_t>(r)] = static_cast<int>(buf.buckets.host(r + 1) - buf.buckets.host(r));
-  d.sent = buf.buckets.host(ep);
+    d.send_rows[static_cast<std::size_t>(r)] = static_cast<int>(buf.host_starts(r + 1) - buf.host_starts(r));
+  d.sent = buf.host_starts(ep);
 
   // Pack each sent row's message: weights, local expert ids at the destination (-1: none), row.
   const auto send = buf.flat(buf.send, "relayout::ep_send", d.sent * W);
