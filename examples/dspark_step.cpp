@@ -11,8 +11,6 @@
 // Exit codes: 0 ok; 1 the decisions of an attention-TP group disagreed (possible only with a
 // SpecTpSync site switched off and --rank-local-rng), --check found a difference, or another error;
 // 2 bad input or a layout the docs/dspark.md start-up check rejects (unless --bypass-guard).
-#include <mpi.h>
-
 #include <nlohmann/json.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -20,19 +18,20 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "cli/gather_all.hpp"
-#include "cli/layout_flags.hpp"
-#include "cli/memory.hpp"
-#include "cli/mpi_main.hpp"
-#include "cli/progress.hpp"
-#include "cli/sync_report.hpp"
-#include "cli/trace_flag.hpp"
+#include "common/gather_all.hpp"
+#include "common/layout_flags.hpp"
+#include "common/memory.hpp"
+#include "common/mpi_main.hpp"
+#include "common/progress.hpp"
+#include "common/sync_report.hpp"
+#include "common/trace_flag.hpp"
 #include "relayout/comm.hpp"
 #include "demo/decoder.hpp"
 #include "demo/spec_reference.hpp"
@@ -203,6 +202,10 @@ int run(Options& o, const MpiCommunicator& world) {
   o.cfg.target_dims.hidden = o.hidden;
   if (o.cfg.rank_local_rng) o.cfg.sample = true;
   o.cfg.validate();
+  if (o.check && std::accumulate(o.requests.begin(), o.requests.end(), 0LL) == 0)
+    throw LayoutError("--requests-per-group", "--requests-per-group " + list(o.requests) +
+                                                  ": no group has a request, so --check would compare nothing; "
+                                                  "give at least one group a request");
   const cli::MemoryEstimate need = require_size(o, layout, world);
   const spec::SyncSites sites = spec::SyncSites::from_env();  // RELAYOUT_SPEC_TP_SYNC
   const bool guard_fails = !layout.dspark().allowed;
@@ -217,8 +220,14 @@ int run(Options& o, const MpiCommunicator& world) {
       cli::open_trace(draft_sink.file, o.trace + "/draft", world.rank(), world.size(), "dspark_step draft", id);
     cli::open_trace(target_sink.file, o.trace + "/target", world.rank(), world.size(), "dspark_step target", id);
   }
-  if (world.rank() == 0 && need.flops * o.cfg.rounds > cli::kProgressFlops)
-    target_sink.show_progress("dspark_step target", long(o.cfg.rounds) * o.cfg.target_dims.layers);
+  {  // every round's forwards, and the target's attention over its cache, which grows each round
+    const model::ModelDims& d = o.cfg.target_dims;
+    const double rows = double(std::accumulate(o.requests.begin(), o.requests.end(), 0LL)) * o.width;
+    const double cache = o.cfg.prompt + o.cfg.rounds * o.width / 2.0;  // rows per request, on average
+    const double flops = o.cfg.rounds * (need.flops + 4.0 * d.heads / layout.widths().attn_tp * d.head_dim * rows * d.layers * cache);
+    const long forwards = long(o.cfg.rounds + 1) * d.layers;
+    if (world.rank() == 0 && cli::long_run(flops, forwards)) target_sink.show_progress("dspark_step target", forwards, flops);
+  }
   dec.trace_to(draft_sink, target_sink);
   dec.run();
   draft_sink.file.close();  // the traces are complete
@@ -226,6 +235,7 @@ int run(Options& o, const MpiCommunicator& world) {
 
   const auto all = cli::gather_all(world, encode(dec));
   if (world.rank() != 0) return dec.disagreed() ? 1 : 0;
+  JobGuard::working_alone(o.check ? "the --check reference and the report" : "writing the report");
   std::vector<RankView> ranks;
   for (const auto& v : all) ranks.push_back(decode(v));
   const int rounds_run = int(ranks.front().rounds.size());  // fewer than --rounds after a disagreement
@@ -347,9 +357,12 @@ int run(Options& o, const MpiCommunicator& world) {
   for (const auto& rec : reqs)
     s << "  " << model::RowOwner::request_name(rec.id) << " accepted " << list(rec.accepted) << " committed "
       << list(rec.committed) << "\n";
-  s << (o.cfg.sample ? "sampled" : "greedy") << " acceptance over " << rounds_run << " rounds: " << overall
-    << " of k = " << k << " draft tokens; mean accepted tokens per request per round " << mean_accepted
-    << " (committed " << mean_accepted + 1 << ")\n";
+  if (reqs.empty())
+    s << "no requests: every rank ran its " << rounds_run << " rounds idle; nothing was proposed or committed\n";
+  else
+    s << (o.cfg.sample ? "sampled" : "greedy") << " acceptance over " << rounds_run << " rounds: " << overall
+      << " of k = " << k << " draft tokens; mean accepted tokens per request per round " << mean_accepted
+      << " (committed " << mean_accepted + 1 << ")\n";
   if (o.check) {
     if (mismatches.empty())
       s << "check: the committed tokens equal the " << (o.cfg.sample ? "single-rank speculative run (plain loop, same seed)" : "target's own greedy decode (plain loop, one rank)") << " for every request\n";
@@ -365,7 +378,7 @@ int run(Options& o, const MpiCommunicator& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  const cli::MpiSession mpi(argc, argv);
   int rc = 0;
   {
     cli::KokkosArgs args(argc, argv);
@@ -402,13 +415,12 @@ int main(int argc, char** argv) {
                  "seed each rank's sampler differently (implies --sample): only SpecTpSync makes a group agree");
     app.add_flag("--bypass-guard", o.cfg.bypass_guard,
                  "DEVELOPER EXPERIMENT: run a layout the DSpark start-up check rejects");
-    app.add_option("--trace", o.trace,
+    cli::add_path(app, "--trace", o.trace,
                    "write row-ownership traces of every round, DIR/draft (MoE draft) and DIR/target, one "
                    "DIR/*/rank<R>.jsonl per rank (compare each with `relayout trace diff`)");
     app.add_option("--format", o.format, "text or json")->check(CLI::IsMember({"text", "json"}));
     cli::add_max_memory(app, o.max_memory);
     rc = cli::run_mpi_main(app, args, job, [&] { return run(o, MpiCommunicator::world()); });
   }
-  MPI_Finalize();
   return rc;
 }

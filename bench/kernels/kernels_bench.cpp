@@ -1,6 +1,7 @@
 // Kernel throughput paired with a baseline measured alternately in the same run, so the ratio is
 // meaningful on a noisy shared machine: linear and the routed experts against OpenBLAS
-// single-threaded sgemm on the same shapes (GFLOP/s), decode attention against a STREAM-like copy
+// single-threaded sgemm on the same shapes (GFLOP/s), the expert grouping against a plain counting
+// sort (million slots/s), decode attention against a STREAM-like copy
 // of as many bytes as the KV cache (GB/s), contiguous and paged. The reported time is relayout's.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -64,7 +65,7 @@ void BM_Linear(benchmark::State& state) {
   openblas_set_num_threads(1);
   const int m = int(state.range(0)), n = int(state.range(1)), k = int(state.range(2));
   Exec exec;
-  rk::RowTensor<float, Mem> x("x", m, k), w("w", n, k), y("y", m, n), y_blas("y_blas", m, n);
+  relayout::RowsView<float, Mem> x("x", m, k), w("w", n, k), y("y", m, n), y_blas("y_blas", m, n);
   fill(x, 1);
   fill(w, 2);
   const auto packed = rk::pack_weights(exec, w);
@@ -90,6 +91,84 @@ BENCHMARK(BM_Linear)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
+// ---- the GEMM dispatch: the packed kernel vs KokkosBlas::gemm, both through linear --------------
+
+#if defined(RELAYOUT_HAVE_KOKKOS_KERNELS)
+// The two sides of impl::gemm_dispatch on one shape, alternately: "relayout" is the packed kernel,
+// "kokkosblas" the vendor GEMM (the host BLAS Kokkos Kernels links, one thread). ratio > 1: the
+// packed kernel is faster. Shapes: a 512 x 512 layer and the experts' gate+up and down GEMMs.
+void BM_GemmDispatch(benchmark::State& state) {
+  openblas_set_num_threads(1);
+  const int m = int(state.range(0)), n = int(state.range(1)), k = int(state.range(2));
+  Exec exec;
+  relayout::RowsView<float, Mem> x("x", m, k), w("w", n, k), y("y", m, n), y_vendor("y_vendor", m, n);
+  fill(x, 1);
+  fill(w, 2);
+  const auto packed = rk::pack_weights(exec, w, rk::GemmBackend::packed);
+  const auto vendor = rk::pack_weights(exec, w, rk::GemmBackend::vendor);
+  paired(
+      state, 2.0 * m * n * k, "GFLOPs", "kokkosblas",
+      [&] {
+        rk::linear(exec, x, packed, y);
+        exec.fence();
+      },
+      [&] {
+        rk::linear(exec, x, vendor, y_vendor);
+        exec.fence();
+      });
+}
+void gemm_dispatch_shapes(benchmark::internal::Benchmark* b) {
+  const int shapes[][2] = {{512, 512}, {1024, 2048}, {2048, 512}};  // out x in
+  for (const auto& s : shapes)
+    for (const int rows : {1, 8, 64, 256, 1024}) b->Args({rows, s[0], s[1]});
+}
+BENCHMARK(BM_GemmDispatch)
+    ->ArgNames({"rows", "out", "in"})
+    ->Apply(gemm_dispatch_shapes)
+    ->MinTime(0.3)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+#endif
+
+// bf16 rows and weights (fp32 accumulation) against relayout's own fp32 linear, same shape: half
+// the bytes of the weights. `kernel` 1: AVX512-BF16 (skipped where the CPU lacks it), 0: the
+// portable kernel that widens to fp32 (what AVX2 machines run).
+void BM_LinearBf16(benchmark::State& state) {
+  const int m = int(state.range(0)), n = int(state.range(1)), k = int(state.range(2));
+  const auto kernel = state.range(3) ? rk::impl::Bf16Kernel::avx512_bf16 : rk::impl::Bf16Kernel::widen_fp32;
+  if (state.range(3) && rk::impl::bf16_kernel<Exec>() != rk::impl::Bf16Kernel::avx512_bf16) {
+    state.SkipWithError("no AVX512-BF16 on this CPU");
+    return;
+  }
+  Exec exec;
+  relayout::RowsView<float, Mem> x("x", m, k), w("w", n, k), y("y", m, n);
+  relayout::RowsView<relayout::bf16, Mem> xb("xb", m, k), wb("wb", n, k), yb("yb", m, n);
+  fill(x, 1);
+  fill(w, 2);
+  for (std::size_t i = 0; i < x.span(); ++i) xb.data()[i] = relayout::bf16(x.data()[i]);
+  for (std::size_t i = 0; i < w.span(); ++i) wb.data()[i] = relayout::bf16(w.data()[i]);
+  const auto packed = rk::pack_weights(exec, w);
+  const auto packed_b = rk::pack_weights(exec, wb);
+  Kokkos::View<relayout::bf16*, Mem> a_pack("a_pack", std::size_t(rk::impl::gemm_a_pack_size_bf16<Exec>(m, k)));
+  paired(
+      state, 2.0 * m * n * k, "GFLOPs", "fp32",
+      [&] {
+        rk::impl::gemm_packed_bf16<Exec, relayout::bf16>(exec, xb.data(), k, nullptr, m, k, packed_b.matrix(0), n, yb.data(), n, nullptr,
+                                   false, a_pack.data(), kernel);
+        exec.fence();
+      },
+      [&] {
+        rk::linear(exec, x, packed, y);
+        exec.fence();
+      });
+  state.SetLabel(state.range(3) ? "avx512_bf16" : "widened to fp32");
+}
+BENCHMARK(BM_LinearBf16)
+    ->ArgNames({"rows", "out", "in", "kernel"})
+    ->ArgsProduct({{1, 16, 64, 256}, {2048}, {2048}, {1, 0}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
 // ---- routed experts vs gather + sgemm + SwiGLU + sgemm per expert ------------------------------
 
 void BM_ExpertFfn(benchmark::State& state) {
@@ -97,7 +176,7 @@ void BM_ExpertFfn(benchmark::State& state) {
   const int tokens = int(state.range(0)), experts = int(state.range(1)), top_k = int(state.range(2)),
             hidden = int(state.range(3)), inter = int(state.range(4));
   Exec exec;
-  rk::RowTensor<float, Mem> x("x", tokens, hidden);
+  relayout::RowsView<float, Mem> x("x", tokens, hidden);
   fill(x, 3);
   Kokkos::View<float***, Kokkos::LayoutRight, Mem> w13("w13", experts, 2 * inter, hidden), w2("w2", experts, hidden, inter);
   fill(w13, 4, -0.05f, 0.05f);
@@ -108,31 +187,41 @@ void BM_ExpertFfn(benchmark::State& state) {
   for (int t = 0; t < tokens; ++t)
     for (int j = 0; j < top_k; ++j) ids_h(t, j) = (t + j * (experts / top_k)) % experts;
   Kokkos::deep_copy(ids, ids_h);
-  const auto buckets = rk::bucket_by_expert(exec, ids, experts);
+  const relayout::TopK<float, Exec> route(ids, relayout::RowsView<float, Mem>("w", tokens, top_k));
   const auto packed = rk::pack_experts(
       exec, Kokkos::subview(w13, Kokkos::ALL(), std::make_pair(0, inter), Kokkos::ALL()),
       Kokkos::subview(w13, Kokkos::ALL(), std::make_pair(inter, 2 * inter), Kokkos::ALL()), w2);
-  rk::RowTensor<float, Mem> y("y", buckets.rows(), hidden), y_blas("y_blas", buckets.rows(), hidden);
+  relayout::EpWorkspace<float, Exec> ws;
+  const auto groups = relayout::group_by_expert(exec, x, route, 0, experts, ws);
+  const std::vector<std::int64_t> offsets = groups.batch.offsets;
+  const std::int64_t rows = groups.batch.rows();
+  relayout::RowsView<float, Mem> y("y", rows, hidden), y_blas("y_blas", rows, hidden);
 
-  auto slot_token = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), buckets.slot_token);
-  int max_rows = 0;
-  for (int e = 0; e < experts; ++e)
-    max_rows = std::max(max_rows, buckets.host_offsets(e + 1) - buckets.host_offsets(e));
+  // Ours groups the rows (the bridge's group_by_expert, row gather included) and runs the experts;
+  // the baseline gathers each expert's rows with memcpy and runs sgemm, SwiGLU, sgemm.
+  auto slot_of = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), groups.slot_of);
+  std::vector<int> slot_token(static_cast<std::size_t>(rows));
+  for (int t = 0; t < tokens; ++t)
+    for (int j = 0; j < top_k; ++j)
+      if (slot_of(t, j) >= 0) slot_token[std::size_t(slot_of(t, j))] = t;
+  std::int64_t max_rows = 0;
+  for (int e = 0; e < experts; ++e) max_rows = std::max(max_rows, offsets[e + 1] - offsets[e]);
   std::vector<float> xg(std::size_t(max_rows) * hidden), gu(std::size_t(max_rows) * 2 * inter),
       h(std::size_t(max_rows) * inter);
-  const double flops = 2.0 * buckets.rows() * (2.0 * inter * hidden + double(hidden) * inter);
+  const double flops = 2.0 * rows * (2.0 * inter * hidden + double(hidden) * inter);
   paired(
       state, flops, "GFLOPs", "openblas",
       [&] {
-        rk::expert_ffn(exec, x, buckets, packed, y);
+        const auto g = relayout::group_by_expert(exec, x, route, 0, experts, ws);
+        rk::expert_ffn(exec, g.batch, packed, y);
         exec.fence();
       },
       [&] {
         for (int e = 0; e < experts; ++e) {
-          const int begin = buckets.host_offsets(e), m = buckets.host_offsets(e + 1) - begin;
+          const int begin = int(offsets[e]), m = int(offsets[e + 1] - offsets[e]);
           if (m == 0) continue;
           for (int i = 0; i < m; ++i)
-            std::memcpy(&xg[std::size_t(i) * hidden], &x(slot_token(begin + i), 0), sizeof(float) * hidden);
+            std::memcpy(&xg[std::size_t(i) * hidden], &x(slot_token[std::size_t(begin + i)], 0), sizeof(float) * hidden);
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, 2 * inter, hidden, 1.f, xg.data(), hidden,
                       &w13(e, 0, 0), hidden, 0.f, gu.data(), 2 * inter);
           for (int i = 0; i < m; ++i)
@@ -144,13 +233,58 @@ void BM_ExpertFfn(benchmark::State& state) {
                       &w2(e, 0, 0), inter, 0.f, &y_blas(begin, 0), hidden);
         }
       });
-  state.counters["rows_per_expert"] = double(buckets.rows()) / experts;
+  state.counters["rows_per_expert"] = double(rows) / experts;
 }
+
 BENCHMARK(BM_ExpertFfn)
     ->ArgNames({"tokens", "experts", "top_k", "hidden", "inter"})
     ->Args({256, 8, 2, 2048, 512})    // 64 rows per expert
     ->Args({128, 8, 8, 1024, 512})    // every expert sees every token: 128 rows
     ->Args({64, 16, 2, 2048, 256})    // 8 rows per expert (decode-sized)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// ---- expert grouping vs a plain counting sort -------------------------------------------------
+
+// relayout::group_by_expert (the grouping local_experts, ep_dispatch and the bridge run) against a
+// host counting sort with memcpy row gathers, on DeepSeek-sized routing: many experts, top-8.
+void BM_GroupByExpert(benchmark::State& state) {
+  const int tokens = int(state.range(0)), experts = int(state.range(1)), top_k = int(state.range(2)),
+            hidden = int(state.range(3));
+  Exec exec;
+  relayout::RowsView<float, Mem> x("x", tokens, hidden);
+  fill(x, 6);
+  const relayout::TopK<float, Exec> route(tokens, top_k);
+  auto ids_h = Kokkos::create_mirror_view(route.ids);
+  std::mt19937 gen(7);
+  for (int t = 0; t < tokens; ++t)
+    for (int j = 0; j < top_k; ++j) ids_h(t, j) = int((t * 37 + j * (experts / top_k) + gen() % 3) % experts);
+  Kokkos::deep_copy(route.ids, ids_h);
+  relayout::EpWorkspace<float, Exec> ws;
+  std::vector<std::int64_t> starts(std::size_t(experts) + 1), slot(std::size_t(tokens) * top_k);
+  std::vector<float> gathered(std::size_t(tokens) * top_k * hidden);
+  paired(
+      state, double(tokens) * top_k * 1e3, "Mslots", "counting_sort",
+      [&] {
+        const auto g = relayout::group_by_expert(exec, x, route, 0, experts, ws);
+        benchmark::DoNotOptimize(g.batch.x.data());
+        exec.fence();
+      },
+      [&] {
+        std::fill(starts.begin(), starts.end(), 0);
+        for (int s = 0; s < tokens * top_k; ++s) ++starts[std::size_t(ids_h(s / top_k, s % top_k)) + 1];
+        for (int e = 0; e < experts; ++e) starts[e + 1] += starts[e];
+        for (int s = 0; s < tokens * top_k; ++s) {
+          const std::int64_t p = starts[std::size_t(ids_h(s / top_k, s % top_k))]++;
+          std::memcpy(&gathered[std::size_t(p) * hidden], &x(s / top_k, 0), sizeof(float) * hidden);
+        }
+        benchmark::DoNotOptimize(gathered.data());
+      });
+}
+BENCHMARK(BM_GroupByExpert)
+    ->ArgNames({"tokens", "experts", "top_k", "hidden"})
+    ->Args({8192, 256, 8, 64})  // prefill-sized: the case a scan per expert made 60x slower
+    ->Args({64, 256, 8, 64})    // decode-sized
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -201,6 +335,9 @@ void decode_vs_copy(benchmark::State& state, std::int64_t rows, int reqs, int he
   state.counters["relayout_GFLOPs"] = gbps * flops / bytes;
   state.counters["fma_peak_GFLOPs"] = peak;
   state.counters["fma_bound_ratio"] = peak * bytes / flops / copy;
+  // The roofline of this kernel on this core, both bounds measured in this run: the bytes at copy
+  // speed, or the flops at the FMA peak, whichever takes longer. 1.0 is the best it can do.
+  state.counters["roofline_ratio"] = gbps / std::min(copy, peak * bytes / flops);
 }
 
 void BM_DecodeAttention(benchmark::State& state) {
@@ -208,7 +345,7 @@ void BM_DecodeAttention(benchmark::State& state) {
             head_dim = int(state.range(3));
   Exec exec;
   const std::int64_t rows = std::int64_t(reqs) * len;
-  rk::RowTensor<float, Mem> cache("cache", rows, head_dim), q("q", reqs, heads * head_dim),
+  relayout::RowsView<float, Mem> cache("cache", rows, head_dim), q("q", reqs, heads * head_dim),
       out("out", reqs, heads * head_dim);
   fill(cache, 6);
   fill(q, 7);
@@ -241,7 +378,7 @@ void BM_DecodeAttentionPaged(benchmark::State& state) {
   Exec exec;
   const int blocks = len / bs;
   rk::PagedKvCache<float, Mem> cache({1, head_dim, bs, reqs * blocks, reqs, blocks});
-  rk::RowTensor<float, Mem> piece("piece", bs, head_dim), q("q", reqs, heads * head_dim),
+  relayout::RowsView<float, Mem> piece("piece", bs, head_dim), q("q", reqs, heads * head_dim),
       out("out", reqs, heads * head_dim);
   fill(q, 7);
   for (int k = 0; k < blocks; ++k)
@@ -265,6 +402,7 @@ BENCHMARK(BM_DecodeAttentionPaged)
     ->ArgNames({"reqs", "len", "heads", "head_dim"})
     ->Args({8, 4096, 1, 512})
     ->Args({8, 4096, 8, 512})
+    ->Args({8, 4096, 16, 128})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

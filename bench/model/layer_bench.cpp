@@ -54,7 +54,7 @@ model::Workload two_requests_per_group(const Widths& w, int tokens_per_group) {
 void time_forward(benchmark::State& state, const RuntimeLayout& layout, const model::Workload& work) {
   const MpiCommunicator world = MpiCommunicator::world();
   const ProcessGroups groups(layout, world);
-  model::BridgeOptions opts;
+  model::LayerOptions opts;
   opts.track_owners = false;  // what an engine runs: no bookkeeping
   model::DistributedModel<MpiCommunicator> net(groups, bench_dims(), opts);
   net.forward(work);  // warm-up
@@ -106,7 +106,7 @@ void BM_LayerCp(benchmark::State& state) {
   const int np = MpiCommunicator::world().size();
   const RuntimeLayout layout(split == Split::tp   ? LayoutConfig{.tp = np, .moe_a2a_backend = backend}
                              : split == Split::cp ? LayoutConfig{.tp = np, .cp = np, .moe_a2a_backend = backend}
-                                                  : LayoutConfig{.tp = np, .moe_a2a_backend = backend, .enable_prefill_cp = true});
+                                                  : LayoutConfig{.tp = np, .moe_a2a_backend = backend, .enable_prefill_cp = true, .cp_strategy = CpStrategy::interleave});
   time_forward(state, layout, two_requests_per_group(layout.widths(), tokens));
   state.counters["attn_cp"] = layout.widths().attn_cp;
   state.SetLabel(std::string(split == Split::tp ? "tp" : split == Split::cp ? "cp" : "prefill_cp") + ", " +

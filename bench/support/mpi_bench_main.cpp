@@ -4,6 +4,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "relayout/kernels/isa.hpp"
+
 namespace {
 // Swallows the reports of ranks other than 0; they still run every benchmark in lock-step.
 class SilentReporter : public benchmark::BenchmarkReporter {
@@ -17,6 +19,10 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   Kokkos::initialize(argc, argv);
   benchmark::Initialize(&argc, argv);
+  // In the report's context (console header, JSON "context"): what the kernels were compiled for
+  // beside what the CPU offers.
+  benchmark::AddCustomContext("isa_compiled", RELAYOUT_ISA_COMPILED_STRING());
+  benchmark::AddCustomContext("isa_cpu", relayout::kernels::isa::cpu_isa());
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) {

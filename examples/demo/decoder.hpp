@@ -28,7 +28,7 @@
 #include "relayout/kernels/linear.hpp"
 #include "relayout/kernels/rms_norm.hpp"
 #include "demo/model/layer.hpp"
-#include "demo/model/weights.hpp"
+#include "demo_model/weights.hpp"
 #include "demo/spec_head.hpp"
 #include "relayout/spec/draft.hpp"
 #include "relayout/spec/idle.hpp"
@@ -166,7 +166,7 @@ class SpecDecoder {
         groups_, RequestCount{cfg_.requests_per_group[std::size_t(k.attn_dp_rank)]}, cfg_.width);
     batch_ = make_batch(meta, k.attn_dp_rank);
     for (int id : batch_.requests) records_.push_back({id, {}, prompt_tokens(cfg_, id)});
-    const model::BridgeOptions opts;
+    const model::LayerOptions opts;
     const model::Workload work = round_workload(meta, attn_dp);
     if (layout.config().draft == Draft::moe) {
       draft_.emplace(groups_, cfg_.draft_dims(), opts);

@@ -3,11 +3,10 @@
 #pragma once
 
 #include "demo/model/bridge.hpp"
-#include "demo/model/config.hpp"
+#include "demo_model/config.hpp"
 #include "demo/model/layer.hpp"
 #include "demo/model/layer_weights.hpp"
 #include "demo/model/reference.hpp"
 #include "demo/model/traffic.hpp"
-#include "demo/model/weights.hpp"
-#include "demo/model/workload.hpp"
-#include "demo/model/wire.hpp"
+#include "demo_model/weights.hpp"
+#include "demo_model/workload.hpp"

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "demo/model/weights.hpp"
-#include "demo/model/workload.hpp"
+#include "demo_model/weights.hpp"
+#include "demo_model/workload.hpp"
 
 namespace relayout::spec::head {
 

@@ -146,15 +146,15 @@ double run_case(MPI_Comm comm, const Case& c, std::string& path) {
   MoeBridge<MpiCommunicator, Scalar, Exec> bridge(pg, kExperts, c.options);
   EpWorkspace<Scalar, Exec> ws;  // the engine's memory for the EP buffers, kept across layers
   bridge.use_workspace(ws);
-  const std::vector<std::int64_t> counts = gather_num_tokens(pg, n);
-  const DpSlotsPtr slots = pg.layout().bridge_path() == BridgePath::dp_gather ? bridge.slots(counts) : nullptr;
+  const std::vector<std::int64_t> counts = gather_num_tokens(pg, n);  // once per step, for every layer
   Router router;
   Experts experts{w.moe_tp, k.moe_tp_rank};
   // Two layers on the same rows: the second must find every EP buffer it needs in the workspace.
   double err = 0.0;
   std::int64_t allocs_after_first = 0;
   for (int layer = 0; layer < 2; ++layer) {
-    const auto y = bridge.run(exec, Rows<Scalar, Replicated<AttnTp>, DpLocal, Exec>(x), slots, router, experts);
+    const auto y = bridge.run(exec, Rows<Scalar, Replicated<AttnTp>, DpLocal, Exec>(x), router, experts,
+                              {.global_num_tokens = counts});
     if (layer == 0) allocs_after_first = ws.allocations();
     if (y.rows() != n) {
       err = 1e30;

@@ -21,5 +21,6 @@
 #include "relayout/comm/process_groups.hpp"
 #include "relayout/comm/reduce_scatter.hpp"
 #include "relayout/comm/reduce_scatterv.hpp"
+#include "relayout/comm/request.hpp"
 #include "relayout/comm/scalar.hpp"
 #include "relayout/comm/single.hpp"

@@ -8,3 +8,4 @@
 #include "relayout/mesh/policy.hpp"
 #include "relayout/mesh/radix.hpp"
 #include "relayout/mesh/widths.hpp"
+#include "relayout/mesh/world.hpp"

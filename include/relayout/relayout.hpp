@@ -7,6 +7,7 @@
 #include "relayout/comm.hpp"
 #include "relayout/kernels.hpp"
 #include "relayout/placement.hpp"
+#include "relayout/attention.hpp"
 #include "relayout/bridge.hpp"
 #include "relayout/trace.hpp"
 #include "relayout/spec.hpp"

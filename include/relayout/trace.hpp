@@ -3,7 +3,9 @@
 // layouts by `relayout trace diff`.
 #pragma once
 
+#include "relayout/trace/dir_lock.hpp"
 #include "relayout/trace/jsonl.hpp"
 #include "relayout/trace/owner.hpp"
 #include "relayout/trace/record.hpp"
+#include "relayout/trace/recorder.hpp"
 #include "relayout/trace/tracked.hpp"

@@ -11,6 +11,7 @@
 #include <relayout/comm.hpp>
 #include <relayout/placement.hpp>
 #include <limits>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -39,7 +40,7 @@ struct ScaleExpertsOf {
     auto yh = Kokkos::create_mirror_view(y);
     for (int e = 0; e < b.experts(); ++e)
       for (std::int64_t r = b.offset(e); r < b.offset(e) + b.count(e); ++r)
-        for (int f = 0; f < kHidden; ++f) yh(r, f) = T(b.first_expert + e + 1) * xh(r, f);
+        for (std::size_t f = 0; f < xh.extent(1); ++f) yh(r, f) = T(b.first_expert + e + 1) * xh(r, f);
     Kokkos::deep_copy(exec, y, yh);
     seen_first.push_back(b.first_expert);
   }
@@ -364,7 +365,7 @@ TEST_CASE("MoeBridge dispatch_dtype bf16/fp16: the rows travel in 2 bytes per va
     MoeBridge<MpiCommunicator, float, Space> bridge(pg, kExperts, o);
     ScaleExpertsOf<float> experts;
     TrafficLog log;
-    const auto y = bridge.run(exec, x, nullptr, router, experts, nullptr, NoObserver{}, &log);
+    const auto y = bridge.run(exec, x, router, experts, {.traffic = &log});
     if (np > 1)
       CHECK(log.bytes_of(TrafficOp::dispatch, GroupKind::moe_ep) == sent * (dt == DispatchDtype::compute ? full : half));
     REQUIRE(y.rows() == m);
@@ -392,6 +393,153 @@ TEST_CASE("MoeBridge dispatch_dtype bf16/fp16: the rows travel in 2 bytes per va
   }
 }
 
+TEST_CASE("MoeBridge dispatch_dtype fp8: e4m3 rows with a scale per 128 values, within amax / 28 of the fp32 dispatch") {
+  const int np = world().size(), s = world().rank();
+  const ProcessGroups pg(direct_layout(np), world());
+  const std::int64_t m = 5 + s;
+  const int K = 2, H = 300;  // three blocks of scales, the last one 44 values
+  RowsView<float, Space> xv("x", std::size_t(m), std::size_t(H));
+  auto xh = Kokkos::create_mirror_view(xv);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (int f = 0; f < H; ++f) xh(i, f) = float((f % 3 == 0 ? -1.0 : 1.0) * value(s, i, f) / double(1 + f / 128));
+  Kokkos::deep_copy(xv, xh);
+  const Rows<float, Replicated<AttnTp>, DpLocal, Space> x(xv);
+  const Space exec;
+  FixedRouter router{s, K};
+  // One row's message by this test's own count: k weights and k ids (4 B each), 3 fp32 scales,
+  // 300 one-byte values (already a multiple of 4).
+  const std::int64_t fp8_row = K * 8 + 3 * 4 + H;
+  CHECK(EpMessage::of_fp8<float>(K, H).bytes == fp8_row);
+  std::int64_t sent = 0;
+  for (std::int64_t i = 0; i < m; ++i) {
+    std::set<int> dest;
+    for (int k = 0; k < K; ++k) dest.insert(expert_of(s, i, k, K) / (kExperts / np));
+    sent += std::int64_t(dest.size());
+  }
+  std::vector<Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace>> out;
+  for (const DispatchDtype dt : {DispatchDtype::compute, DispatchDtype::fp8}) {
+    BridgeOptions o;
+    o.dispatch_dtype = dt;
+    MoeBridge<MpiCommunicator, float, Space> bridge(pg, kExperts, o);
+    ScaleExpertsOf<float> experts;
+    TrafficLog log;
+    const auto y = bridge.run(exec, x, router, experts, {.traffic = &log});
+    if (np > 1 && dt == DispatchDtype::fp8) CHECK(log.bytes_of(TrafficOp::dispatch, GroupKind::moe_ep) == sent * fp8_row);
+    REQUIRE(y.rows() == m);
+    out.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y.view()));
+  }
+  double worst = 0, largest = 0;  // error / bound, and the largest error
+  for (std::int64_t i = 0; i < m; ++i)
+    for (int f = 0; f < H; ++f) {
+      float amax = 0;  // of the value's block
+      for (int c = f / 128 * 128; c < std::min(H, f / 128 * 128 + 128); ++c) amax = std::max(amax, std::abs(xh(i, c)));
+      double gain = 0, exact = 0;  // what the experts scale the value by, and the fp32 result
+      for (int k = 0; k < K; ++k) {
+        gain += weight_of(k) * double(expert_of(s, i, k, K) + 1);
+        exact += weight_of(k) * double(expert_of(s, i, k, K) + 1) * double(xh(i, f));
+      }
+      CHECK(std::abs(double(out[0](i, f)) - exact) <= 1e-5 * std::abs(exact));
+      const double err = std::abs(double(out[1](i, f)) - double(out[0](i, f)));
+      // Each value is off by at most its block's amax / 28 (fp8.hpp), scaled by the experts' gain;
+      // plus the float rounding of both results.
+      const double bound = gain * double(amax) / 28.0 + 2e-5 * std::abs(exact);
+      worst = std::max(worst, err / bound);
+      largest = std::max(largest, err / std::abs(exact));
+    }
+  CHECK(worst <= 1.0);
+  CHECK(largest > 1e-3);  // and the rows did travel as e4m3 (3 mantissa bits)
+}
+
+namespace {
+// Expert p (physical) applies the weights of its logical expert: y = (logical + 1) x. Counts the
+// rows each physical expert computed.
+struct ReplicaExperts {
+  std::shared_ptr<const ExpertLocation> loc;
+  std::vector<std::int64_t> rows_of;  // per physical expert
+  void operator()(const Space& exec, const ExpertBatch<float, Space>& b, const RowsView<float, Space>& y) {
+    auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b.x);
+    auto yh = Kokkos::create_mirror_view(y);
+    rows_of.assign(std::size_t(loc->physical()), 0);
+    for (int e = 0; e < b.experts(); ++e) {
+      const int p = b.first_expert + e;
+      rows_of[std::size_t(p)] += b.count(e);
+      for (std::int64_t r = b.offset(e); r < b.offset(e) + b.count(e); ++r)
+        for (std::size_t f = 0; f < xh.extent(1); ++f) yh(r, f) = float(loc->logical_of(p) + 1) * xh(r, f);
+    }
+    Kokkos::deep_copy(exec, y, yh);
+  }
+};
+}  // namespace
+
+TEST_CASE("MoeBridge with redundant experts: every token is computed by exactly one replica of each of its experts") {
+  const int np = world().size(), s = world().rank();
+  if (np == 1) {  // replicas need moe_ep > 1
+    CHECK_THROWS_WITH_AS(ExpertLocation::identity(kExperts, 1, 1), doctest::Contains("moe_ep = 1"), LayoutError);
+    return;
+  }
+  const ProcessGroups pg(direct_layout(np), world());
+  // np redundant experts: physical p holds logical p mod 8, so experts 0 .. np-1 have two replicas.
+  auto loc = std::make_shared<const ExpertLocation>(ExpertLocation::identity(kExperts, np, np));
+  const std::int64_t m = 7 + s;
+  const int K = 2;
+  RowsView<float, Space> xv("x", std::size_t(m), kHidden);
+  auto xh = Kokkos::create_mirror_view(xv);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (int f = 0; f < kHidden; ++f) xh(i, f) = float(value(s, i, f));
+  Kokkos::deep_copy(xv, xh);
+  const Rows<float, Replicated<AttnTp>, DpLocal, Space> x(xv);
+  const Space exec;
+  FixedRouter router{s, K};
+  for (const ReplicaChoice choice : {ReplicaChoice::by_token, ReplicaChoice::static_per_rank}) {
+    CAPTURE(to_string(choice));
+    BridgeOptions o;
+    o.expert_location = loc;
+    o.replica_choice = choice;
+    MoeBridge<MpiCommunicator, float, Space> bridge(pg, kExperts, o);
+    ReplicaExperts experts{loc, {}};
+    const auto y = bridge.run(exec, x, router, experts);
+    // A token sent to two replicas of one expert would be summed twice: the output is exact only
+    // if each of its experts computed it once.
+    auto yh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y.view());
+    double err = 0;
+    for (std::int64_t i = 0; i < m; ++i)
+      for (int f = 0; f < kHidden; ++f) {
+        double want = 0;
+        for (int k = 0; k < K; ++k) want += weight_of(k) * double(expert_of(s, i, k, K) + 1) * xh(i, f);
+        err = std::max(err, std::abs(double(yh(i, f)) - want) / want);
+      }
+    CHECK(err <= 1e-6);
+    // The rows the replicas computed, over all ranks, per logical expert: the (token, expert)
+    // pairs routed to it, counted here from the router's rule.
+    std::vector<std::int64_t> computed(experts.rows_of.size()), routed(std::size_t(kExperts), 0);
+    MPI_Allreduce(experts.rows_of.data(), computed.data(), int(computed.size()), MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    for (int r = 0; r < np; ++r)
+      for (std::int64_t i = 0; i < 7 + r; ++i)
+        for (int k = 0; k < K; ++k) ++routed[std::size_t(expert_of(r, i, k, K))];
+    std::vector<std::int64_t> per_logical(std::size_t(kExperts), 0);
+    for (int p = 0; p < loc->physical(); ++p) per_logical[std::size_t(loc->logical_of(p))] += computed[std::size_t(p)];
+    CHECK(per_logical == routed);
+    // The bridge's load counts are the pairs the experts computed.
+    const ExpertLoad total = sum_expert_load(exec, world(), *loc, bridge.last_expert_load());
+    CHECK(total.physical == computed);
+    CHECK(total.logical == routed);
+    if (choice == ReplicaChoice::by_token)  // tokens of a replicated expert spread over both replicas
+      for (int l = 0; l < np; ++l)
+        if (routed[std::size_t(l)] >= 2) {
+          CAPTURE(l);
+          CHECK(computed[std::size_t(l)] > 0);
+          CHECK(computed[std::size_t(l + kExperts)] > 0);
+        }
+  }
+  // Refused: a location on a path that does not dispatch, or for other experts.
+  BridgeOptions o;
+  o.expert_location = loc;
+  using Bridge = MoeBridge<MpiCommunicator, float, Space>;
+  const ProcessGroups gathered(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true}), world());
+  CHECK_THROWS_WITH_AS(Bridge(gathered, kExperts, o), doctest::Contains("needs a path that dispatches rows"), LayoutError);
+  CHECK_THROWS_WITH_AS(Bridge(pg, 2 * kExperts, o), doctest::Contains("maps 8 routed experts"), LayoutError);
+}
+
 TEST_CASE("MoeBridge: a 16-bit dispatch dtype on a path that does not dispatch is a LayoutError") {
   const int np = world().size();
   const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true}), world());
@@ -399,6 +547,9 @@ TEST_CASE("MoeBridge: a 16-bit dispatch dtype on a path that does not dispatch i
   o.dispatch_dtype = DispatchDtype::bf16;
   using Bridge = MoeBridge<MpiCommunicator, float, Space>;
   CHECK_THROWS_WITH_AS(Bridge(pg, kExperts, o), doctest::Contains("needs a path that dispatches rows"), LayoutError);
+  o.dispatch_dtype = DispatchDtype::fp8;
+  CHECK_THROWS_WITH_AS(Bridge(pg, kExperts, o), doctest::Contains("dispatch_dtype fp8 needs a path that dispatches rows"),
+                       LayoutError);
 }
 
 TEST_CASE("bridge plans: each path's plan sums the expert outputs exactly once and names its groups") {
@@ -416,4 +567,249 @@ TEST_CASE("bridge plans: each path's plan sums the expert outputs exactly once a
   const auto g = bridge_plan(BridgePath::dp_gather, PaddingMode::max_len);
   CHECK(g[0].step == BridgeStep::dp_gather);
   CHECK(g.back().step == BridgeStep::dp_reduce_scatter);
+}
+
+namespace {
+// A router that reads each row's experts off its values (row (s, i) starts with 1 + 100 s + i), so
+// every rank that routes a row routes it alike, on every path.
+struct ValueRouter {
+  static constexpr int K = 2;
+  int top_k() const { return K; }
+  static int expert_for(double x0, int k) { return (int(std::lround(x0)) + 3 * k) % kExperts; }
+  void operator()(const Space& exec, const RowsView<float, Space>& x, TopK<float, Space>& out) const {
+    auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+    auto ih = Kokkos::create_mirror_view(out.ids);
+    auto wh = Kokkos::create_mirror_view(out.weights);
+    for (std::size_t i = 0; i < x.extent(0); ++i)
+      for (int k = 0; k < K; ++k) {
+        ih(i, k) = expert_for(xh(i, 0), k);
+        wh(i, k) = float(weight_of(k));
+      }
+    Kokkos::deep_copy(exec, out.ids, ih);
+    Kokkos::deep_copy(exec, out.weights, wh);
+  }
+};
+}  // namespace
+
+TEST_CASE("MoeBridge::run: token counts given or gathered by the bridge; owners, observer and traffic as options") {
+  const int np = world().size(), s = world().rank();
+  // Every rank its own DP group, experts over ep = np, no all-to-all backend: path dp_gather
+  // (tp_moe at np 1), whose gathered buffer is laid out from the counts.
+  const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .ep = np, .enable_dp_attention = np > 1}),
+                         world());
+  const std::int64_t m = 2 + s;
+  RowsView<float, Space> xv("x", std::size_t(m), kHidden);
+  auto xh = Kokkos::create_mirror_view(xv);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (int f = 0; f < kHidden; ++f) xh(i, f) = float(value(s, i, f));
+  Kokkos::deep_copy(xv, xh);
+  const Rows<float, Replicated<AttnTp>, DpLocal, Space> x(xv);
+  const Space exec;
+  MoeBridge<MpiCommunicator, float, Space> bridge(pg, kExperts);
+  ValueRouter router;
+  ScaleExpertsOf<float> experts;
+  const auto check = [&](const Rows<float, Replicated<AttnTp>, DpLocal, Space>& y) {
+    REQUIRE(y.rows() == m);
+    auto yh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y.view());
+    double err = 0;
+    for (std::int64_t i = 0; i < m; ++i)
+      for (int f = 0; f < kHidden; ++f) {
+        double want = 0;
+        for (int k = 0; k < ValueRouter::K; ++k)
+          want += weight_of(k) * double(ValueRouter::expert_for(xh(i, 0), k) + 1) * double(xh(i, f));
+        err = std::max(err, std::abs(double(yh(i, f)) - want) / std::abs(want));
+      }
+    CHECK(err <= 1e-6);  // float sums of K products
+  };
+  const std::vector<std::int64_t> counts = bridge.gather_num_tokens(m);
+  std::vector<std::int64_t> want_counts;
+  for (int r = 0; r < np; ++r) want_counts.push_back(2 + r);
+  CHECK(counts == want_counts);
+  check(bridge.run(exec, x, router, experts, {.global_num_tokens = counts}));
+  check(bridge.run(exec, x, router, experts));  // the bridge gathers the counts itself
+
+  std::vector<std::int64_t> owners;
+  for (std::int64_t i = 0; i < m; ++i) owners.push_back(1000 * s + i);
+  const std::vector<std::int64_t> in_owners = owners;
+  std::vector<std::string> seen;
+  TrafficLog log;
+  check(bridge.run(exec, x, router, experts,
+                   {.owners = &owners,
+                    .observer = [&](const BoundaryInfo& b, std::span<const std::int64_t>, const RowsView<float, Space>&,
+                                    std::int64_t) { seen.emplace_back(b.name); },
+                    .traffic = &log}));
+  CHECK(owners == in_owners);
+  std::vector<std::string> want_seen;  // every step of the plan but route, which leaves the rows as they are
+  for (const PlanStep& p : bridge.plan(counts))
+    if (p.step != BridgeStep::route) want_seen.emplace_back(p.name);
+  CHECK(seen == want_seen);
+  if (np > 1) CHECK(log.calls_of(TrafficOp::all_gatherv, GroupKind::tp) + log.calls_of(TrafficOp::all_gather, GroupKind::tp) >= 1);
+  // A wrong owner count is refused before anything moves.
+  std::vector<std::int64_t> short_owners(std::size_t(m + 1), 0);
+  CHECK_THROWS_WITH_AS(bridge.run(exec, x, router, experts, {.owners = &short_owners}),
+                       doctest::Contains("owners for"), LayoutError);
+}
+
+TEST_CASE("gather_num_tokens under attention CP: one entry per (DP group, CP rank) share, as the bridge's") {
+  const int np = world().size(), s = world().rank();
+  if (np < 2) return;
+  // attn_cp = np: every rank is a CP share of the one DP group.
+  {
+    const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .cp = np}), world());
+    REQUIRE(pg.layout().widths().attn_cp == np);
+    std::vector<std::int64_t> want;
+    for (int r = 0; r < np; ++r) want.push_back(3 * r + 1);
+    CHECK(gather_num_tokens(pg, 3 * s + 1) == want);
+    const MoeBridge<MpiCommunicator, float, Space> bridge(pg, kExperts);
+    CHECK(bridge.gather_num_tokens(3 * s + 1) == want);
+  }
+  if (np == 4) {
+    // attn_cp 2 x attn_tp 2: ranks {0, 1} and {2, 3} are the shares; their members agree.
+    const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = 4, .cp = 2}), world());
+    REQUIRE(pg.layout().widths().attn_tp == 2);
+    CHECK(gather_num_tokens(pg, 5 + s / 2) == std::vector<std::int64_t>{5, 6});
+    CHECK_THROWS_WITH_AS(gather_num_tokens(pg, s), doctest::Contains("attention-TP group leader reports"), LayoutError);
+  }
+}
+
+TEST_CASE("bridge vocabulary: faults and restores by name, the fault and dispatch-dtype rules, typed plan placements") {
+  CHECK(parse_fault("no_split") == BridgeFault::no_split);
+  CHECK(to_string(BridgeFault::gather_partial) == "gather_partial");
+  CHECK_THROWS_WITH_AS(parse_fault("foo", "--inject"),
+                       "--inject: unknown injected bug 'foo'; expected one of: none, double_reduce, skip_reduce, "
+                       "gather_partial, no_split",
+                       LayoutError);
+  CHECK(parse_restore("scatter") == BridgeRestore::scatter);
+  CHECK(to_string(BridgeRestore::reduce) == "reduce");
+  CHECK_THROWS_WITH_AS(parse_restore("sum", "--restore"), doctest::Contains("--restore: unknown restore 'sum'"), LayoutError);
+
+  const RuntimeLayout tp_moe(LayoutConfig{.tp = 2, .ep = 2});
+  REQUIRE(tp_moe.bridge_path() == BridgePath::tp_moe);
+  CHECK_NOTHROW(check_fault(BridgeFault::double_reduce, tp_moe));
+  CHECK_THROWS_WITH_AS(check_fault(BridgeFault::no_split, tp_moe, "--inject"),
+                       "--inject no_split needs path a2a_split (attn_tp > 1 with an all-to-all backend); this layout "
+                       "takes path tp_moe with tp = 2, attn_tp = 2",
+                       LayoutError);
+  CHECK_THROWS_WITH_AS(check_fault(BridgeFault::double_reduce, RuntimeLayout(LayoutConfig{.tp = 1})),
+                       doctest::Contains("needs a layout whose MoE partials are summed over tp > 1"), LayoutError);
+  CHECK(dispatches_rows(BridgePath::direct));
+  CHECK(!dispatches_rows(BridgePath::dp_gather));
+  CHECK_NOTHROW(check_dispatch_dtype(DispatchDtype::bf16, BridgePath::a2a_split));
+  CHECK_NOTHROW(check_dispatch_dtype(DispatchDtype::compute, BridgePath::tp_moe));
+  CHECK_THROWS_WITH_AS(check_dispatch_dtype(DispatchDtype::fp16, BridgePath::dp_gather, "--dispatch-dtype"),
+                       "--dispatch-dtype fp16 needs a path that dispatches rows (a2a_split or direct: --moe-a2a-backend "
+                       "deepep); this layout takes path dp_gather",
+                       LayoutError);
+
+  // Every plan step's placement is the type the executor's rows have there.
+  const auto a = bridge_plan(BridgePath::a2a_split);
+  CHECK(a[0].placement == Placement{RowState::row_shard, GroupKind::attn_tp, RowScope::dp_local});
+  CHECK(!a[1].placement);  // route: the rows of the step before
+  CHECK(!a[2].placement);  // dispatched: grouped by local expert on the experts' ranks
+  CHECK(a[4].placement == placement_of<RowShard<AttnTp>, DpLocal>);
+  CHECK(a[6].placement == placement_of<Replicated<AttnTp>, DpLocal>);
+  const auto g = bridge_plan(BridgePath::dp_gather, PaddingMode::sum_len, BridgeRestore::scatter);
+  CHECK(g[0].placement == placement_of<Replicated<group::Tp>, DpGlobal>);
+  CHECK(g[2].placement == placement_of<Partial<group::Tp>, DpGlobal>);
+  CHECK(g[3].placement == placement_of<Replicated<group::Tp>, DpGlobal>);
+  CHECK(g[4].placement == placement_of<Replicated<AttnTp>, DpLocal>);
+  CHECK(bridge_plan(BridgePath::tp_moe)[1].placement == placement_of<Partial<group::Tp>, DpLocal>);
+}
+
+TEST_CASE("EpMode::low_latency: one exchange of fixed blocks gives the normal mode's rows exactly; overflow refused on every member") {
+  const int np = world().size(), s = world().rank();
+  const ProcessGroups pg(direct_layout(np), world());
+  const Space exec;
+  const int K = 3;
+  for (const std::int64_t m : {std::int64_t(0), std::int64_t(1 + s), std::int64_t(4 + 2 * s)}) {
+    CAPTURE(m);
+    const Rows<double, RowShard<AttnTp>, DpLocal, Space> x(rows_of(s, m), m);
+    const TopK<double, Space> route = route_of(s, m, K);
+    const std::vector<std::int64_t> tags = [&] {
+      std::vector<std::int64_t> t;
+      for (std::int64_t i = 0; i < m; ++i) t.push_back(100 * s + i);
+      return t;
+    }();
+    EpWorkspace<double, Space> normal, low(EpMode::low_latency, 4 + 2 * (np - 1));
+    TrafficLog n_log, l_log;
+    const Dispatched<double, Space> dn = ep_dispatch(exec, pg, x, route, kExperts, normal, EpOptions{&n_log, &tags});
+    const Dispatched<double, Space> dl = ep_dispatch(exec, pg, x, route, kExperts, low, EpOptions{&l_log, &tags});
+    CHECK(dl.recv_rows == dn.recv_rows);
+    CHECK(dl.batch.offsets == dn.batch.offsets);
+    CHECK(dl.tags == dn.tags);
+    ScaleExperts experts;
+    const auto yn = normal.expert_outputs(dn.batch.rows(), kHidden);
+    const auto yl = low.expert_outputs(dl.batch.rows(), kHidden);
+    experts(exec, dn.batch, yn);
+    experts(exec, dl.batch, yl);
+    auto bn = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dn.batch.x);
+    auto bl = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dl.batch.x);
+    bool same_batch = bn.extent(0) == bl.extent(0);
+    for (std::size_t i = 0; same_batch && i < bn.extent(0); ++i)
+      for (int f = 0; f < kHidden; ++f) same_batch = same_batch && bn(i, f) == bl(i, f);
+    CHECK(same_batch);
+    auto on = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ep_combine(exec, pg, dn, yn).view());
+    auto ol = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ep_combine(exec, pg, dl, yl).view());
+    REQUIRE(ol.extent(0) == std::size_t(m));
+    bool same = true;
+    double err = 0;  // and both are the rows the test computes itself
+    for (std::int64_t i = 0; i < m; ++i)
+      for (int f = 0; f < kHidden; ++f) {
+        same = same && on(i, f) == ol(i, f);
+        double want = 0;
+        for (int k = 0; k < K; ++k) want += weight_of(k) * double(expert_of(s, i, k, K) + 1) * value(s, i, f);
+        err = std::max(err, std::abs(ol(i, f) - want) / want);
+      }
+    CHECK(same);
+    CHECK(err <= 1e-14);
+    // Low latency sends its whole blocks: ep x (head + capacity messages), whatever the rows.
+    if (np > 1)
+      CHECK(l_log.bytes_of(TrafficOp::dispatch, GroupKind::moe_ep) ==
+            np * (16 + low.capacity() * EpMessage::of<double>(K, kHidden).bytes));
+  }
+  // Over the capacity on one member: every member throws (none waits), the one over it names its
+  // rows and the capacity, the others name that member.
+  if (np > 1) {
+    const std::int64_t m = s == 1 ? 5 : 2;
+    const Rows<double, RowShard<AttnTp>, DpLocal, Space> x(rows_of(s, m), m);
+    EpWorkspace<double, Space> low(EpMode::low_latency, 4);
+    const std::string want = s == 1 ? "this member dispatches 5 rows, over the low-latency capacity of 4 rows per rank"
+                                    : "moe_ep member 1 dispatches 5 rows, over the low-latency capacity of 4 rows per rank";
+    CHECK_THROWS_WITH_AS(ep_dispatch(exec, pg, x, route_of(s, m, K), kExperts, low), doctest::Contains(want.c_str()), LayoutError);
+  }
+  using Workspace = EpWorkspace<double, Space>;
+  CHECK_THROWS_WITH_AS(Workspace(EpMode::low_latency, 0), doctest::Contains("at least 1 row per rank, got 0"), LayoutError);
+  CHECK(parse_ep_mode("low_latency") == EpMode::low_latency);
+  CHECK_THROWS_WITH_AS(parse_ep_mode("fast", "--deepep-mode"), doctest::Contains("--deepep-mode: unknown EP mode 'fast'"),
+                       LayoutError);
+}
+
+TEST_CASE("MoeBridge with ep_mode low_latency: the normal bridge's rows; refused where nothing is dispatched") {
+  const int np = world().size(), s = world().rank();
+  const ProcessGroups pg(direct_layout(np), world());
+  const std::int64_t m = 3 + s;
+  RowsView<float, Space> xv("x", std::size_t(m), kHidden);
+  auto xh = Kokkos::create_mirror_view(xv);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (int f = 0; f < kHidden; ++f) xh(i, f) = float(value(s, i, f));
+  Kokkos::deep_copy(xv, xh);
+  const Rows<float, Replicated<AttnTp>, DpLocal, Space> x(xv);
+  const Space exec;
+  FixedRouter router{s, 2};
+  ScaleExpertsOf<float> experts;
+  MoeBridge<MpiCommunicator, float, Space> normal(pg, kExperts);
+  MoeBridge<MpiCommunicator, float, Space> low(pg, kExperts, {.ep_mode = EpMode::low_latency, .ep_capacity = 3 + np});
+  auto yn = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), normal.run(exec, x, router, experts).view());
+  auto yl = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), low.run(exec, x, router, experts).view());
+  REQUIRE(yl.extent(0) == yn.extent(0));
+  bool same = true;
+  for (std::size_t i = 0; i < yn.extent(0); ++i)
+    for (int f = 0; f < kHidden; ++f) same = same && yn(i, f) == yl(i, f);
+  CHECK(same);
+  const ProcessGroups gather(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .ep = np, .enable_dp_attention = np > 1}), world());
+  using Bridge = MoeBridge<MpiCommunicator, float, Space>;
+  CHECK_THROWS_WITH_AS(Bridge(gather, kExperts, {.ep_mode = EpMode::low_latency, .ep_capacity = 4}),
+                       doctest::Contains("ep_mode low_latency needs a path that dispatches rows"), LayoutError);
+  CHECK_THROWS_WITH_AS(Bridge(pg, kExperts, {.ep_mode = EpMode::low_latency}), doctest::Contains("capacity of at least 1"),
+                       LayoutError);
 }

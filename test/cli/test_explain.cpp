@@ -107,6 +107,7 @@ TEST_CASE("explain dot: one cluster per attention-TP group, MoE-EP edges") {
 TEST_CASE("explain: prefill CP resolution step by step, round-robin tokens, MoE-DP = CP group") {
   LayoutConfig c{.tp = 4, .cp = 2, .moe_a2a_backend = Backend::deepep};
   c.enable_prefill_cp = true;
+  c.cp_strategy = CpStrategy::interleave;
   const RuntimeLayout l(c);
   const std::string t = cli::explain_text(l);
   auto has = [&](const char* s) { return t.find(s) != std::string::npos; };
@@ -135,8 +136,10 @@ TEST_CASE("explain: prefill CP resolution step by step, round-robin tokens, MoE-
   CHECK(j["moe_dp_group"]["size"] == 4);
   CHECK(j["groups"]["moe_dp"] == json::array({json::array({0, 1, 2, 3})}));
   CHECK(j["focus"]["groups"]["moe_dp"]["group_rank"] == 2);
-  REQUIRE(j["resolution"].size() == 7);
+  REQUIRE(j["resolution"].size() == 8);
   CHECK(j["resolution"][1] == "prefill CP turns DP attention on");
+  CHECK(j["resolution"][4] == "prefill CP sets the dense layers' TP width to 1");
+  CHECK(j["widths"]["dense_tp"] == 1);
 }
 
 TEST_CASE("explain: plain CP with DP attention shows contiguous chunks and the MoE-DP aliasing") {
@@ -185,4 +188,86 @@ TEST_CASE("explain: --attn-dp-size and the backends' own DP rules") {
   CHECK(j["resolution"][0] == "--attn-dp-size 4: DP attention over 4 groups (the widths of --dp-size 4 --enable-dp-attention); --enable-dp-attention next to it is redundant");
   CHECK(j["resolution"][1] == "--moe-a2a-backend flashinfer needs DP attention with dp == tp: dp = 4 == tp = 4 holds");
   CHECK(cli::explain_text(l).find("attn_dp = --attn-dp-size = 4") != std::string::npos);
+}
+
+// overrides.py _data_parallelism_defaults: the JSON carries the resolved flag, not the given one.
+TEST_CASE("explain: --dp-size 1 with --enable-dp-attention is DP attention off, in text and JSON") {
+  const RuntimeLayout l({.tp = 8, .enable_dp_attention = true, .draft = Draft::moe});
+  const json j = cli::explain_json(l);
+  CHECK(j["config"]["enable_dp_attention"] == true);
+  CHECK(j["dp_attention"] == false);
+  CHECK(j["widths"]["attn_tp"] == 8);
+  CHECK(j["dspark"]["allowed"] == true);
+  CHECK(j["resolution"][0] == "--enable-dp-attention with --dp-size 1: DP attention off (SGLang's "
+                              "_data_parallelism_defaults turns it off when dp == 1)");
+  CHECK(cli::explain_text(l).find("dp_attention=off") != std::string::npos);
+}
+
+TEST_CASE("explain: the further flags in JSON and text") {
+  LayoutConfig c{.tp = 8, .dp = 8, .ep = 1, .enable_dp_attention = true, .moe_a2a_backend = Backend::ascend_tp,
+                 .draft = Draft::dense};
+  c.enable_dp_lm_head = true;
+  c.moe_dense_tp_size = 1;
+  c.dcp = 2;
+  const RuntimeLayout l(c);
+  const json j = cli::explain_json(l, 5);
+  CHECK(j["config"]["moe_a2a_backend"] == "ascend_tp");
+  CHECK(j["moe_a2a_backend"] == "none");
+  CHECK(j["config"]["moe_dense_tp_size"] == 1);
+  CHECK(j["config"]["dcp"] == 2);
+  CHECK(j["config"]["cp_strategy"].is_null());
+  CHECK(j["lm_head"]["dp_lm_head"] == true);
+  CHECK(j["lm_head"]["vocab_group"] == "attn_tp");
+  CHECK(j["widths"]["dcp"] == 2);
+  CHECK(j["widths"]["dense_tp"] == 1);
+  CHECK(j["groups"]["dcp"][2] == json::array({4, 5}));
+  CHECK(j["groups"]["dense_tp"].size() == 8);
+  CHECK(j["ranks"][5]["dcp_rank"] == 1);
+  CHECK(j["focus"]["groups"]["dcp"]["members"] == json::array({4, 5}));
+  CHECK(j["dspark"]["allowed"] == true);
+  CHECK(j["bridge"]["path"] == "dp_gather");  // ascend_tp runs as none
+  const std::string t = cli::explain_text(l);
+  CHECK(t.find("--moe-a2a-backend ascend_tp runs as none (SGLang's handle_a2a_moe remaps it)") != std::string::npos);
+  CHECK(t.find("--dcp-size 2: decode context parallelism, 4 blocks of 2 consecutive ranks inside the TP group") !=
+        std::string::npos);
+  CHECK(t.find("dense_tp 8 groups of 1: [0] [1]") != std::string::npos);
+  // The DSpark verdict names the flag to change.
+  c.enable_dp_lm_head = false;
+  const json rejected = cli::explain_json(RuntimeLayout(c));
+  CHECK(rejected["dspark"]["allowed"] == false);
+  CHECK(rejected["dspark"]["flag"] == "--enable-dp-lm-head");
+}
+
+// parallel_state.py initialize_model_parallel: PP groups take rank i of every stage (stride tp).
+TEST_CASE("explain: the world of replicas and pipeline stages") {
+  LayoutConfig c{.tp = 2, .dp = 2};
+  c.pp = 2;
+  const RuntimeLayout l(c);
+  const json w = cli::explain_json(l)["world"];
+  CHECK(w["replicas"] == 2);
+  CHECK(w["pp"] == 2);
+  CHECK(w["size"] == 8);
+  REQUIRE(w["ranks"].size() == 8);
+  CHECK(w["ranks"][6] == json({{"rank", 6}, {"replica", 1}, {"pp_rank", 1}, {"node", 0}, {"tp_rank", 0}}));
+  CHECK(w["pp_groups"] == json::array({json::array({0, 2}), json::array({1, 3}), json::array({4, 6}), json::array({5, 7})}));
+  const std::string t = cli::explain_text(l);
+  CHECK(t.find("World: 2 replicas x pp 2 x tp 2 = 8 ranks, 1 node of 8 ranks") != std::string::npos);
+  CHECK(t.find("pp groups: 4 groups of 2: [0 2] [1 3] [4 6] [5 7]") != std::string::npos);
+  // One domain alone prints no world section.
+  CHECK(cli::explain_text(RuntimeLayout({.tp = 4})).find("World:") == std::string::npos);
+}
+
+TEST_CASE("explain: the layout's notes under the widths, in text and JSON") {
+  const RuntimeLayout l({.tp = 4, .dp = 8});
+  const std::string t = cli::explain_text(l);
+  const std::string line = "  note    dp = 8 without DP attention: replicas outside this domain; this domain has tp = 4 ranks\n";
+  CHECK(t.find(line) != std::string::npos);
+  CHECK(t.find(line) < t.find("Ranks "));  // in the widths section
+  const json n = cli::explain_json(l)["notes"];
+  CHECK(n == json::array({{{"kind", "dp_replicas"},
+                           {"text", "dp = 8 without DP attention: replicas outside this domain; this domain has tp = 4 ranks"}}}));
+  // DP attention on: no note in either.
+  const RuntimeLayout on({.tp = 8, .dp = 8, .enable_dp_attention = true});
+  CHECK(cli::explain_text(on).find("note ") == std::string::npos);
+  CHECK(cli::explain_json(on)["notes"] == json::array());
 }

@@ -5,8 +5,8 @@
 #include <limits>
 #include <string>
 
-#include "cli/memory.hpp"
-#include "cli/numbers.hpp"
+#include "common/memory.hpp"
+#include "common/numbers.hpp"
 
 using namespace relayout::cli;
 

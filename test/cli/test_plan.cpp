@@ -1,14 +1,18 @@
 // relayout plan's arithmetic against values worked out by hand: the uniform-routing destinations,
-// the alpha-beta collective times per link tier, the ranking's enumeration of the layouts of 4 GPUs
-// and the DeepSeek-V3 preset.
+// the alpha-beta collective times per link tier, the ranking's enumeration of the layouts of 4 GPUs,
+// the fp8 message, DeepEP's published kernel timings, and DeepSeek-V3's memory and costs from its
+// config.json.
 #include <doctest/doctest.h>
 
 #include <set>
 #include <string>
 
+#include "cli/plan_deploy.hpp"
 #include "cli/plan_rank.hpp"
 #include "relayout/comm/scalar.hpp"
 #include "relayout/placement/ep_message.hpp"
+#include "relayout/placement/fp8.hpp"
+#include <nlohmann/json.hpp>
 
 using namespace relayout;
 
@@ -84,7 +88,7 @@ TEST_CASE("plan: attention CP: the CP shares' rows, the KV all-gather over attn_
   CHECK(p.ranks[0].bytes[TrafficLog::slot(TrafficOp::all_reduce, GroupKind::attn_tp)] == 2 * 5 * 64);
   // Prefill CP at tp 4 (attn_cp 4): the group's 9 tokens dealt round-robin, 3 2 2 2.
   in.requests = {5, 1, 3};
-  const cli::LayerPlan q = cli::plan_layer(RuntimeLayout({.tp = 4, .enable_prefill_cp = true}), in);
+  const cli::LayerPlan q = cli::plan_layer(RuntimeLayout({.tp = 4, .enable_prefill_cp = true, .cp_strategy = CpStrategy::interleave}), in);
   CHECK(q.global_num_tokens == std::vector<std::int64_t>{3, 2, 2, 2});
   // Plain CP 4 on the same requests: 5 -> 2 1 1 1, 1 -> 1 0 0 0, 3 -> 1 1 1 0.
   const cli::LayerPlan c = cli::plan_layer(RuntimeLayout({.tp = 4, .cp = 4}), in);
@@ -117,7 +121,7 @@ TEST_CASE("plan: a dispatched row is ep_dispatch's message") {
                        doctest::Contains("--dispatch-dtype bf16 needs a path that dispatches rows"), LayoutError);
   in.dispatch_dtype = "fp16";
   CHECK_THROWS_WITH_AS(cli::plan_layer(RuntimeLayout({.tp = 2, .moe_a2a_backend = Backend::deepep}), in),
-                       doctest::Contains("--dispatch-dtype must be fp32 or bf16, got 'fp16'"), LayoutError);
+                       doctest::Contains("--dispatch-dtype must be fp32, bf16 or fp8, got 'fp16'"), LayoutError);
 }
 
 TEST_CASE("plan: the ranking enumerates every layout of 4 GPUs the layer runs") {
@@ -128,19 +132,33 @@ TEST_CASE("plan: the ranking enumerates every layout of 4 GPUs the layer runs") 
   // 2): ep 1, 2, 4 and moe_dp 2 with ep 1, 2, all-to-all: 6; cp 4: ep 1, 2, 4, moe_dp 4, all-to-all:
   // 5; dp 2 with DP attention and cp 2: 6 as cp 2; prefill CP (attn_cp 4, round-robin): 5 as cp 4.
   // 22. Nothing is skipped.
+  // Pipelines of 2 stages (the demo's 2 layers allow no more; --moe-dp-size > 1 does not combine
+  // with them): one of tp 2: ep 1, 2 and all-to-all: 3; cp 2: 3; DP attention dp 2: 3; prefill CP
+  // (attn_cp 2): 3; 2 replicas of tp 1: 2. 14, of them 6 with CP.
   cli::PlanInput in;
   const cli::Ranking r = cli::rank_layouts(4, 512, 128, in, cli::Cluster{}, 1e12);
-  CHECK(r.layouts.size() == 39);
+  CHECK(r.layouts.size() == 39 + 14);
   std::set<std::string> flags;
-  int cp = 0;
+  int cp = 0, piped = 0, piped_cp = 0;
   for (std::size_t i = 0; i < r.layouts.size(); ++i) {
     flags.insert(r.layouts[i].flags);
     if (i > 0) CHECK(r.layouts[i - 1].time.total() <= r.layouts[i].time.total());
     CHECK(r.layouts[i].fits);
-    cp += RuntimeLayout(r.layouts[i].config).widths().attn_cp > 1;
+    const bool has_cp = RuntimeLayout(r.layouts[i].config).widths().attn_cp > 1;
+    cp += has_cp;
+    CHECK(r.layouts[i].pp == r.layouts[i].config.pp);
+    if (r.layouts[i].pp > 1) {
+      CHECK(r.layouts[i].pp == 2);
+      CHECK(r.layouts[i].flags.find(" --pp-size 2") != std::string::npos);
+      ++piped;
+      piped_cp += has_cp;
+    }
   }
-  CHECK(flags.size() == 39);
-  CHECK(cp == 22);
+  CHECK(flags.size() == 39 + 14);
+  CHECK(piped == 14);
+  CHECK(cp == 22 + 6);
+  CHECK(piped_cp == 6);
+  CHECK(flags.count("--tp 1 --pp-size 2 --dp 2") == 1);
   CHECK(r.skipped.empty());
   // Each all-to-all row names every backend the layout engine accepts for it: FlashInfer's need
   // dp == tp with DP attention, pplx two DP groups, prefill CP deepep, mori or megamoe.
@@ -153,7 +171,7 @@ TEST_CASE("plan: the ranking enumerates every layout of 4 GPUs the layer runs") 
   CHECK(backends_of("--tp 4 --dp 2 --enable-dp-attention") == "deepep|deepep_v2|mooncake|nixl|mori|ascend_fuseep|megamoe|pplx");
   CHECK(backends_of("--tp 4 --dp 4 --enable-dp-attention") ==
         "deepep|deepep_v2|mooncake|nixl|mori|ascend_fuseep|flashinfer|flashinfer_megamoe|megamoe|pplx");
-  CHECK(backends_of("--tp 4 --enable-prefill-cp") == "deepep|mori|megamoe");
+  CHECK(backends_of("--tp 4 --enable-prefill-cp --cp-strategy interleave") == "deepep|mori|megamoe");
   CHECK(flags.count("--tp 1 --dp 4") == 1);
   CHECK(flags.count("--tp 4 --cp 2 --ep 2 --moe-dp-size 2") == 1);
   // Too little memory for any: still ranked, none fits.
@@ -161,16 +179,228 @@ TEST_CASE("plan: the ranking enumerates every layout of 4 GPUs the layer runs") 
   for (const cli::RankedLayout& l : tight.layouts) CHECK_FALSE(l.fits);
 }
 
-TEST_CASE("plan: the DeepSeek-V3 preset is its published config") {
-  const model::ModelDims d = cli::preset_dims("deepseek-v3");
-  CHECK(d.hidden == 7168);
-  CHECK(d.layers == 61);
-  CHECK(d.experts == 256);
-  CHECK(d.topk == 8);
-  CHECK(d.moe_inter == 2048);
-  CHECK(d.shared_inter == 2048);
-  CHECK(d.heads == 128);
-  CHECK(d.q_lora == 1536);
-  CHECK(d.head_dim == 512);
-  CHECK_THROWS_WITH_AS(cli::preset_dims("llama"), doctest::Contains("--preset: unknown model 'llama'"), LayoutError);
+TEST_CASE("plan: an fp8 dispatched row: e4m3 values, one fp32 scale per 128 values, the weights and ids") {
+  for (std::int64_t h : {1, 127, 128, 129, 7168})  // the scales Fp8Rows holds (fp8.hpp) are the ones counted
+    CHECK(EpMessage::fp8_row_bytes(h) == h + relayout::fp8_blocks(h) * 4);
+  // DeepSeek-V3: hidden 7168 = 56 blocks of 128; top-8 float weights and int32 ids: 64 B.
+  CHECK(EpMessage::fp8_row_bytes(7168) == 7168 + 56 * 4);
+  const EpMessage m = EpMessage::of_fp8<float>(8, 7168);
+  CHECK(m.scales == 64);
+  CHECK(m.row == 64 + 224);
+  CHECK(m.bytes == 64 + 224 + 7168);
+  // hidden 100: one (partial) block, 100 values padded to 4: 2 x 8 + 4 + 100 = 120.
+  CHECK(EpMessage::of_fp8<float>(2, 100).bytes == 120);
+  CHECK(EpMessage::of_fp8<double>(1, 130).bytes == 8 + 4 + 8 + 130 + 2);  // 152: aligned to 8
+  CHECK(EpMessage::of<float>(2, 64).scales == -1);
+}
+
+// DeepEP's README (deepseek-ai/DeepEP, "Performance"): H800 (~160 GB/s NVLink), CX7 400 Gb/s
+// (~50 GB/s). Normal kernels: 4096 tokens, hidden 7168, top-4 groups (groups = nodes), top-8,
+// FP8 dispatch, BF16 combine, bottleneck bandwidth per rank. Low-latency kernels: 128 tokens,
+// top-8, 256 experts, latency per call. The README's bandwidth counts one row per (token,
+// destination node) internode, per (token, destination rank) intranode, own node / rank included
+// (so 58 GB/s can exceed the NIC): its time is those rows x row bytes / bandwidth.
+namespace {
+struct NormalRow {
+  int ep;
+  double dispatch_gbs, combine_gbs;
+};
+constexpr NormalRow kDeepEpNormal[] = {{8, 153, 158}, {16, 43, 43}, {32, 58, 57}, {64, 51, 50}};
+struct LowLatencyRow {
+  int ep;
+  double dispatch_us, combine_us;
+};
+constexpr LowLatencyRow kDeepEpLowLatency[] = {{8, 77, 114},   {16, 118, 195},  {32, 155, 273},
+                                              {64, 173, 314}, {128, 192, 369}, {256, 194, 360}};
+
+// P(a rank holding `mine` of `pool` candidate experts gets none of k): by hand, not the planner's.
+double none_of(int pool, int mine, int k) {
+  double p = 1;
+  for (int i = 0; i < k; ++i) p *= double(pool - mine - i) / double(pool - i);
+  return p;
+}
+}  // namespace
+
+TEST_CASE("plan: DeepEP's normal kernels, planned against its README's table within 25%") {
+  const cli::Cluster c = cli::Cluster::preset("h800");
+  const double fp8 = 7168 * (1 + 4.0 / 128), bf16 = 7168 * 2;  // the README's bytes per row
+  for (const NormalRow& row : kDeepEpNormal) {
+    const int nodes = row.ep / 8, experts = 256 / row.ep * row.ep;
+    // Rows the README counts: intranode, 4096 x expected destination ranks (32 experts a rank,
+    // top-8 of 256 uniform); internode, 4096 x min(nodes, 4) (each chosen group is one node).
+    const double counted = nodes == 1 ? 4096 * 8 * (1 - none_of(256, 32, 8)) : 4096.0 * std::min(nodes, 4);
+    const cli::Spread s = cli::routing_spread(experts, 8, nodes, std::min(nodes, 4), row.ep, 8);
+    const double t_dispatch = counted * fp8 / (row.dispatch_gbs * 1e9);
+    const double t_combine = counted * bf16 / (row.combine_gbs * 1e9);
+    const double p_dispatch = cli::deepep_seconds(false, 4096, double(EpMessage::of_fp8<float>(8, 7168).bytes), 8, s, row.ep, c).seconds;
+    const double p_combine = cli::deepep_seconds(false, 4096, bf16, 8, s, row.ep, c).seconds;
+    MESSAGE("normal EP", row.ep, ": dispatch README ", t_dispatch * 1e6, " us, planned ", p_dispatch * 1e6,
+            " us; combine README ", t_combine * 1e6, " us, planned ", p_combine * 1e6, " us");
+    CHECK(p_dispatch == doctest::Approx(t_dispatch).epsilon(0.25));
+    CHECK(p_combine == doctest::Approx(t_combine).epsilon(0.25));
+  }
+}
+
+TEST_CASE("plan: DeepEP's low-latency kernels, planned against its README's table within 25%") {
+  const cli::Cluster c = cli::Cluster::preset("h800");
+  for (const LowLatencyRow& row : kDeepEpLowLatency) {
+    const cli::Spread s = cli::routing_spread(256, 8, 1, 1, row.ep, 8);
+    const double d = cli::deepep_seconds(true, 128, double(EpMessage::fp8_row_bytes(7168)), 8, s, row.ep, c).seconds;
+    const double k = cli::deepep_seconds(true, 128, 7168 * 2, 8, s, row.ep, c).seconds;
+    MESSAGE("low-latency EP", row.ep, ": dispatch README ", row.dispatch_us, " us, planned ", d * 1e6, " us; combine README ",
+            row.combine_us, " us, planned ", k * 1e6, " us");
+    CHECK(d * 1e6 == doctest::Approx(row.dispatch_us).epsilon(0.25));
+    CHECK(k * 1e6 == doctest::Approx(row.combine_us).epsilon(0.25));
+  }
+}
+
+// DeepSeek-V3's config.json, by hand: hidden 7168, 61 layers of which 3 dense (intermediate
+// 18432), 256 routed + 1 shared experts of intermediate 2048, 128 heads, q_lora 1536, kv_lora 512,
+// qk nope 128 + rope 64, v 128, vocab 129280.
+namespace {
+constexpr double kAttn = 7168.0 * 1536 + 7168.0 * (512 + 64) + 1536.0 * 128 * (128 + 64) + 512.0 * 128 * (128 + 128) +
+                         128.0 * 128 * 7168;  // q_a, kv_a, q_b, kv_b, o
+constexpr double kExpert = 3.0 * 7168 * 2048;
+constexpr double kDense = 3.0 * 7168 * 18432;
+constexpr double kVocab = 129280.0 * 7168;
+
+cli::DeployInput prefill(std::int64_t tokens) {
+  cli::DeployInput in;
+  in.batch_tokens = tokens;
+  in.request_tokens = 4096;
+  return in;
+}
+cli::DeployInput decode(int requests, int kv) {
+  cli::DeployInput in;
+  in.phase = cli::Phase::decode;
+  in.requests_per_gpu = requests;
+  in.kv_len = kv;
+  return in;
+}
+const RuntimeLayout kEp32({.tp = 32, .dp = 32, .enable_dp_attention = true, .moe_a2a_backend = Backend::deepep});
+}  // namespace
+
+TEST_CASE("plan: DeepSeek-V3's parameters and memory per rank, from config.json by hand") {
+  CHECK(kAttn == doctest::Approx(187.1e6).epsilon(0.001));  // 187 M per layer, not the demo shape's 585 M
+  // One GPU holding everything in BF16 (2-byte weights, no block scales): 671 B parameters.
+  cli::DeployInput in = prefill(4096);
+  in.weight_bytes = 2;
+  const cli::Deployment one = cli::plan_deployment(RuntimeLayout({.tp = 1}), in, cli::Cluster{});
+  const double norms = 61 * (2 * 7168.0 + 1536 + 512);
+  const double params = 61 * kAttn + 3 * kDense + 58 * (257 * kExpert + 256 * 7168.0) + 2 * kVocab;
+  CHECK(params == doctest::Approx(671.0e9).epsilon(0.002));
+  CHECK(one.memory.weights() == doctest::Approx(2 * (params + norms)));
+  // EP32 with DP attention 32 (attn_tp 1), FP8 weights with one fp32 scale per 128 x 128 block:
+  // 8 routed experts a layer, the shared expert and all of attention on every rank.
+  const cli::Deployment ep = cli::plan_deployment(kEp32, prefill(32 * 16384), cli::Cluster{});
+  const double fp8 = 1 + 4.0 / (128 * 128);
+  CHECK(ep.memory.experts == doctest::Approx(58 * 8 * kExpert * fp8));
+  CHECK(ep.memory.shared == doctest::Approx(58 * kExpert * fp8));
+  CHECK(ep.memory.attention == doctest::Approx(61 * kAttn * fp8 + 2 * norms));
+  CHECK(ep.memory.embeddings == doctest::Approx(2 * kVocab * 2));
+  // 16384 prompt tokens a rank: MLA caches 512 + 64 BF16 values per token and layer (68.6 KiB a token).
+  CHECK(61 * 576 * 2 == 70272);
+  CHECK(ep.memory.kv == doctest::Approx(16384.0 * 70272));
+  CHECK(ep.memory.weights() / double(1 << 30) == doctest::Approx(36.8).epsilon(0.01));  // fits an 80 GB H100
+  CHECK(ep.memory.total() < cli::Cluster::preset("h100").memory);
+  // Decode: 64 requests a GPU with 4096 tokens cached (and the new one) each.
+  const cli::Deployment dec = cli::plan_deployment(kEp32, decode(64, 4096), cli::Cluster{});
+  CHECK(dec.memory.kv == doctest::Approx(64.0 * 4097 * 70272));
+  // Redundant experts: (256 + 32) / 32 = 9 physical experts a rank.
+  cli::DeployInput red = decode(64, 4096);
+  red.redundant_experts = 32;
+  CHECK(cli::plan_deployment(kEp32, red, cli::Cluster{}).memory.experts == doctest::Approx(58 * 9 * kExpert * fp8));
+  CHECK_THROWS_WITH_AS(cli::plan_deployment(RuntimeLayout({.tp = 8}), red, cli::Cluster{}),
+                       doctest::Contains("--ep-num-redundant-experts 32 needs expert parallelism"), LayoutError);
+  red.redundant_experts = 3;
+  CHECK_THROWS_WITH_AS(cli::plan_deployment(kEp32, red, cli::Cluster{}),
+                       doctest::Contains("physical experts = 256 routed + 3 redundant = 259 must be a multiple of moe_ep = 32"),
+                       LayoutError);
+}
+
+TEST_CASE("plan: DeepSeek-V3 decode reads the KV cache and every weight; prefill halves the causal pairs") {
+  const cli::Cluster c = cli::Cluster::preset("h100");
+  const cli::Deployment d = cli::plan_deployment(kEp32, decode(64, 4096), c);
+  // Attention of one layer cannot beat reading its cache: 64 x 4097 x 576 x 2 B at 85% of 3.35 TB/s.
+  const double kv_read = 64.0 * 4097 * 576 * 2 / (3350e9 * 0.85);
+  CHECK(d.moe.attention > kv_read);
+  // Nor the experts reading their 8 experts' FP8 weights (64 x 32 x 8 pairs hit all 8).
+  CHECK(d.moe.experts > 8 * kExpert / (3350e9 * 0.85) * 0.99);
+  CHECK(d.low_latency);  // auto: low-latency kernels for decode
+  CHECK(d.dispatch_row == 7168 + 56 * 4);
+  // Prefill of one 4096-token request at tp 1: causal attention is 4096 x 4097 / 2 query-key pairs
+  // of 128 heads x (192 + 128) x 2 flops, at 60% of 989 TFLOP/s (it is compute-bound).
+  cli::DeployInput in = prefill(4096);
+  const cli::Deployment p = cli::plan_deployment(RuntimeLayout({.tp = 1}), in, c);
+  const double core = 4096.0 * 4097 / 2 * 128 * 320 * 2 / (989e12 * 0.6);
+  const double proj = 2 * 4096 * kAttn / (1979e12 * 0.7);
+  CHECK(p.moe.attention == doctest::Approx(core + proj));
+}
+
+TEST_CASE("plan: two-batch overlap takes max(compute, communication) of the two micro-batches") {
+  const cli::Cluster c = cli::Cluster::preset("h800");
+  cli::DeployInput in = prefill(32 * 16384);
+  const cli::Deployment plain = cli::plan_deployment(kEp32, in, c);
+  CHECK(plain.moe.total == doctest::Approx(plain.moe.compute() + plain.moe.comm()));
+  CHECK(plain.moe.exposed == doctest::Approx(plain.moe.comm()));
+  in.two_batch_overlap = true;
+  const cli::Deployment tbo = cli::plan_deployment(kEp32, in, c);
+  CHECK(tbo.moe.total == doctest::Approx(std::max(tbo.moe.compute(), tbo.moe.dispatch + tbo.moe.combine)));
+  // Each micro-batch pays its own DeepEP latency: two calls of half the rows.
+  CHECK(tbo.moe.dispatch == doctest::Approx(plain.moe.dispatch + c.eff.normal_latency));
+  CHECK(tbo.step < plain.step);
+}
+
+TEST_CASE("plan: the expert-load imbalance, given or from a load file, on the busiest rank") {
+  // 8 experts on 2 ranks: rank loads 16 and 4, mean 10: 1.6. Per layer 1.6 and 1.0: 1.3.
+  const std::vector<double> skewed = {4, 4, 4, 4, 1, 1, 1, 1}, flat(8, 1.0);
+  CHECK(cli::imbalance_of({skewed}, 2, 0, 1, 1) == doctest::Approx(1.6));
+  CHECK(cli::imbalance_of({skewed, flat}, 2, 0, 1, 1) == doctest::Approx(1.3));
+  CHECK(cli::imbalance_of({skewed}, 8, 0, 1, 1) == doctest::Approx(1.6));  // 4 / 2.5
+  // With 2 redundant experts (5 a rank) the library's rebalancer replicates experts 0 and 1 (load 2
+  // a replica) and packs 4 2 2 1 1 and 4 2 2 1 1: 10 and 10, balanced.
+  CHECK(cli::imbalance_of({skewed}, 2, 2, 1, 1) == doctest::Approx(1.0));
+  CHECK_THROWS_WITH_AS(cli::imbalance_of({skewed}, 3, 0, 1, 1), doctest::Contains("8 experts + 0 redundant must be a multiple of moe_ep = 3"),
+                       LayoutError);
+  // The file: the library's {"experts", "loads"} form, or one list per layer.
+  CHECK(cli::parse_load_layers("{\"experts\": 2, \"loads\": [3, 1]}", "f") == std::vector<std::vector<double>>{{3, 1}});
+  CHECK(cli::parse_load_layers("{\"experts\": 2, \"layers\": [[3, 1], [0, 2]]}", "f") ==
+        std::vector<std::vector<double>>{{3, 1}, {0, 2}});
+  CHECK_THROWS_WITH_AS(cli::parse_load_layers("{\"experts\": 8, \"layers\": [[1, 2]]}", "f"),
+                       doctest::Contains("f: each layer's list must hold experts = 8 loads"), LayoutError);
+  CHECK_THROWS_WITH_AS(cli::parse_load_layers("{\"experts\": 8, \"loads\": [1, 2", "f"), doctest::Contains("f: "), LayoutError);
+  const cli::Cluster c = cli::Cluster::preset("h800");
+  cli::DeployInput in = prefill(32 * 16384);
+  const cli::Deployment even = cli::plan_deployment(kEp32, in, c);
+  in.imbalance = 1.5;
+  const cli::Deployment skew = cli::plan_deployment(kEp32, in, c);
+  CHECK(skew.expert_pairs == doctest::Approx(1.5 * even.expert_pairs));
+  CHECK(skew.moe.dispatch - c.eff.normal_latency == doctest::Approx(1.5 * (even.moe.dispatch - c.eff.normal_latency)));
+  CHECK(skew.moe.attention == doctest::Approx(even.moe.attention));
+}
+
+TEST_CASE("plan: node-limited routing: 4 of 8 groups, one group a node at EP64") {
+  // Each chosen group is one node of 32 experts in a pool of 128: hit unless all 8 experts miss it.
+  const cli::Spread s = cli::routing_spread(256, 8, 8, 4, 64, 8);
+  CHECK(s.node_count == 8);
+  CHECK(s.nodes == doctest::Approx(4 * (1 - none_of(128, 32, 8))));
+  // Each chosen group's 32 experts on 8 ranks of 4: 32 ranks could be hit.
+  CHECK(s.ranks == doctest::Approx(32 * (1 - none_of(128, 4, 8))));
+  // Without groups: 256 experts uniformly, 8 ranks of 32.
+  CHECK(cli::routing_spread(256, 8, 1, 1, 8, 8).ranks == doctest::Approx(8 * (1 - none_of(256, 32, 8))));
+}
+
+TEST_CASE("plan: the DeepSeek-V3 ranking lists replicas of DP-attention domains") {
+  const cli::DeployRanking r = cli::rank_deployments(64, prefill(64 * 16384), cli::Cluster::preset("h800"), 80.0 * (1 << 30));
+  std::set<std::string> units;
+  for (const cli::RankedDeployment& l : r.layouts) units.insert(l.unit);
+  CHECK(units.count("4 x EP16 DP16") == 1);
+  CHECK(units.count("2 x EP32 DP32") == 1);
+  CHECK(units.count("1 x EP64 DP64") == 1);
+  for (std::size_t i = 1; i < r.layouts.size(); ++i)
+    if (r.layouts[i].fits == r.layouts[i - 1].fits)
+      CHECK(r.layouts[i - 1].plan.tokens_per_gpu_s >= r.layouts[i].plan.tokens_per_gpu_s);
+  CHECK(cli::mla_preset("deepseek-r1").hidden == 7168);
+  CHECK_THROWS_WITH_AS(cli::mla_preset("llama"), doctest::Contains("--preset: unknown model 'llama'"), LayoutError);
+  CHECK_THROWS_WITH_AS(cli::hardware_preset("a100"), doctest::Contains("--hardware: unknown GPU 'a100'"), LayoutError);
 }

@@ -73,7 +73,7 @@ std::string flags_of(const LayoutConfig& c) {
                   " --moe-dp-size " + std::to_string(c.moe_dp) + " --moe-a2a-backend " +
                   std::string(to_string(c.moe_a2a_backend));
   if (c.cp > 1) s += " --cp " + std::to_string(c.cp);
-  if (c.enable_prefill_cp) s += " --enable-prefill-cp";
+  if (c.enable_prefill_cp) s += " --enable-prefill-cp --cp-strategy interleave";
   return c.enable_dp_attention ? s + " --enable-dp-attention" : s;
 }
 
@@ -196,4 +196,41 @@ TEST_CASE("plan: measured collectives of dsv4_layer equal the plan (dispatch/com
                                << worst_combine_rank * 100 << "%)");
   CHECK(layouts >= 20);
   CHECK(cp_layouts >= 20);
+}
+
+TEST_CASE("plan --dispatch-dtype bf16 / fp8: the message the plan prices is the one dsv4_layer sends") {
+  // One layer, so every dtype routes the same rows: the measured dispatch bytes of each rank,
+  // divided by the plan's message bytes, must give the same row count for every dtype; and the
+  // plan's expected dispatch bytes stay within 20% of the measured ones.
+  for (const LayoutConfig c : {LayoutConfig{.tp = 2, .moe_a2a_backend = Backend::deepep},
+                               LayoutConfig{.tp = 4, .dp = 4, .enable_dp_attention = true, .moe_a2a_backend = Backend::deepep}}) {
+    const RuntimeLayout layout(c);
+    const int np = layout.size();
+    std::vector<std::int64_t> rows_sent;  // per rank, from the fp32 run
+    for (const char* dtype : {"fp32", "bf16", "fp8"}) {
+      cli::PlanInput in = input(layout.widths().attn_dp);
+      in.dispatch_dtype = dtype;
+      const std::string args = flags_of(c) + " " + model_args(in) + " --dispatch-dtype " + dtype;
+      CAPTURE(args);
+      const nlohmann::json measured = nlohmann::json::parse(
+          run(std::string(RELAYOUT_MPIEXEC) + " -n " + std::to_string(np) + " " + RELAYOUT_DSV4_LAYER + " " + args + " --format json"));
+      const cli::LayerPlan plan = cli::plan_layer(layout, in);
+      const nlohmann::json planned = cli::plan_json(plan);
+      // The row's bytes by hand: 2 float weights and 2 int32 ids, then the 16 values.
+      const std::int64_t want = std::string(dtype) == "fp32" ? 16 + 16 * 4 : std::string(dtype) == "bf16" ? 16 + 16 * 2 : 16 + 4 + 16;
+      CHECK(plan.message.bytes == want);
+      for (int r = 0; r < np; ++r) {
+        CAPTURE(r);
+        const Table m = table(measured["ranks"][std::size_t(r)]["collectives"]),
+                    p = table(planned["ranks"][std::size_t(r)]["collectives"]);
+        const auto key = std::make_pair(std::string("dispatch"), std::string("moe_ep"));
+        REQUIRE(m.count(key) == 1);
+        const std::int64_t bytes = m.at(key).second;
+        CHECK(bytes % plan.message.bytes == 0);
+        if (std::string(dtype) == "fp32") rows_sent.push_back(bytes / plan.message.bytes);
+        else CHECK(bytes / plan.message.bytes == rows_sent[std::size_t(r)]);
+        CHECK(std::abs(double(bytes) / double(p.at(key).second) - 1.0) <= 0.20);
+      }
+    }
+  }
 }

@@ -150,12 +150,13 @@ TEST_CASE("svg: plan's bars, one per rank and collective; the ranking's, one per
   const auto t = texts(els);
   CHECK(t.count("all_reduce@tp") == 1);
   CHECK(t.count("all_gather(counts)@tp") == 1);
-  // The 39 layouts of 4 GPUs (test_plan): one communication and one compute bar each.
+  // The 53 layouts of 4 GPUs (test_plan: 39 of one stage, 14 of two): one communication and one
+  // compute bar each.
   const cli::Ranking r = cli::rank_layouts(4, 512, 128, in, cli::Cluster{}, 1e12);
   const auto rels = parse(cli::ranking_svg(r, 0));
-  CHECK(count_class(rels, "comm") == 39);
-  CHECK(count_class(rels, "compute") == 39);
-  CHECK(count_class(rels, "layout") == 39);
+  CHECK(count_class(rels, "comm") == 53);
+  CHECK(count_class(rels, "compute") == 53);
+  CHECK(count_class(rels, "layout") == 53);
   // A row of all-to-all backends names the first and counts the others (10 at dp 4 = tp).
   int shared_rows = 0;
   for (const Element& e : rels)

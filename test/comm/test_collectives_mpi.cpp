@@ -395,3 +395,30 @@ TEST_CASE("mpi: adopt does not own, dup and split do; communicators are move-onl
   for (std::size_t i = 0; i + 1 < members.size(); ++i) CHECK(members[i] == members[i + 1] + 2);
   barrier(moved);
 }
+
+TEST_CASE("mpi: split_shared groups the ranks of one host; making a communicator passes the arrival check") {
+  const int n = world().size();
+  // Every rank of these tests runs on this one host: the shared-memory split holds all of them, in order.
+  const MpiCommunicator host = world().split_shared();
+  CHECK(host.owns());
+  CHECK(host.size() == n);
+  CHECK(host.rank() == world().rank());
+  // A split from two different lines on different members is a mismatch, not a hang (the check is
+  // on in test builds, and a deadline turns it on elsewhere).
+  if (n > 1 && agreement_settings().active()) {
+    MpiCommunicator d = world().dup();
+    d.set_name("making");
+    std::string msg;
+    try {
+      if (d.rank() == 0)
+        (void)d.split(0, 0);
+      else
+        (void)d.split(0, 0);
+    } catch (const CollectiveMismatch& e) {
+      msg = e.what();
+    }
+    CHECK(msg.find("collective mismatch on communicator \"making\"") != std::string::npos);
+    CHECK(msg.find("comm_split() at comm/test_collectives_mpi.cpp:") != std::string::npos);
+    barrier(d);  // still usable
+  }
+}

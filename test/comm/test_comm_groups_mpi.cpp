@@ -1,6 +1,7 @@
 // ProcessGroups on real ranks: for every attention factorization (attn_dp, attn_cp) and every valid
 // MoE factorization (moe_ep, moe_dp) of the world size, each group communicator has exactly the
-// members and order the layout engine names; handle sharing follows the policy.
+// members and order the layout engine names; handle sharing follows the policy; a world of
+// pipeline stages and replicas splits into every group SGLang's initialize_model_parallel builds.
 #include <doctest/doctest.h>
 #include <mpi.h>
 
@@ -48,9 +49,9 @@ std::vector<LayoutConfig> covering_layouts(int n) {
 }
 
 void check_membership(const ProcessGroups& pg) {
-  const RuntimeLayout& l = pg.layout();
+  const WorldLayout& l = pg.world_layout();
   const int me = world().rank();
-  for (GroupKind kind : kAllGroupKinds) {
+  for (GroupKind kind : kWorldGroupKinds) {
     CAPTURE(to_string(kind));
     const MpiCommunicator& c = pg.comm(kind);
     CHECK(c.size() == l.group_size(kind));  // not REQUIRE: every rank must reach the all_gather
@@ -104,9 +105,9 @@ TEST_CASE("mpi: handle re-use follows the policy, and the ids agree on every ran
   check_membership(ascend);
 
   const ProcessGroups distinct(layout, world(), HandlePolicy::distinct_all);
-  CHECK(distinct.handle_count() == 6);
-  for (GroupKind a : kAllGroupKinds)
-    for (GroupKind b : kAllGroupKinds) CHECK(distinct.shares_handle(a, b) == (a == b));
+  CHECK(distinct.handle_count() == 9);  // the six bridge groups, dcp, dense_tp and pp
+  for (GroupKind a : kWorldGroupKinds)
+    for (GroupKind b : kWorldGroupKinds) CHECK(distinct.shares_handle(a, b) == (a == b));
 
   // Same ids everywhere: the max and the min over ranks agree.
   std::vector<int> ids, lo(6), hi(6);
@@ -123,6 +124,42 @@ TEST_CASE("mpi: a world whose size is not tp is refused before any split") {
                        doctest::Contains(("the world communicator has " + std::to_string(n) +
                                           " ranks but the layout's tp = " + std::to_string(2 * n)).c_str()),
                        LayoutError);
+}
+
+// parallel_state.py initialize_model_parallel: TP groups are consecutive blocks of tp ranks, PP
+// groups take one rank of each stage (stride tp); replicas are separate blocks of tp * pp ranks.
+TEST_CASE("mpi: a world of pipeline stages or replicas splits into every group") {
+  const int n = world().size();
+  if (n % 2 != 0) return;
+  LayoutConfig stages{.tp = n / 2, .moe_a2a_backend = Backend::deepep};
+  stages.pp = 2;
+  LayoutConfig replicas{.tp = n / 2, .dp = 2};
+  LayoutConfig both{.tp = n / 2};
+  both.pp = 2;
+  for (const LayoutConfig& c : {stages, replicas, both}) {
+    if (WorldLayout(c).size() != n) continue;
+    CAPTURE(c.pp);
+    CAPTURE(c.dp);
+    const ProcessGroups pg(WorldLayout(c), world());
+    CHECK(pg.world_rank() == world().rank());
+    CHECK(pg.rank() == world().rank() % (n / 2));
+    check_membership(pg);
+    // Hand-written: pipeline partners are n/2 ranks apart, the TP group is this half of the world.
+    if (c.pp == 2) {
+      std::vector<int> mine{world().rank()}, partners(2);
+      all_gather(pg.pp(), mine, partners);
+      CHECK(partners == std::vector<int>{world().rank() % (n / 2), world().rank() % (n / 2) + n / 2});
+      CHECK(pg.world_coords().pp_rank == world().rank() / (n / 2));
+    } else {
+      CHECK(pg.world_coords().replica == world().rank() / (n / 2));
+      CHECK(pg.pp().size() == 1);
+    }
+    CHECK(pg.tp().size() == n / 2);
+  }
+  LayoutConfig too_big{.tp = n};
+  too_big.pp = 2;
+  CHECK_THROWS_WITH_AS(ProcessGroups(WorldLayout(too_big), world()),
+                       doctest::Contains(("replicas x pp x tp = " + std::to_string(2 * n)).c_str()), LayoutError);
 }
 
 TEST_CASE("single rank process groups need no MPI") {

@@ -1,5 +1,5 @@
 // libFuzzer target: arbitrary bytes as one rank's row-ownership trace file (rank<R>.jsonl, written
-// by trace::JsonlSink) through the reader of `relayout trace diff` (cli::read_rank_trace). Beyond
+// by trace::JsonlSink) through the reader of `relayout trace diff` (trace::read_rank_trace). Beyond
 // "no crash, no sanitizer report", the reader must
 //  - return a trace or throw TraceInputError "FILE:LINE: why" naming the first bad line ("FILE: empty
 //    file" when there is no line); no other exception leaves it;
@@ -30,6 +30,7 @@
 
 #include "cli/trace_diff.hpp"
 #include "relayout/trace/jsonl.hpp"
+#include "relayout/trace/jsonl_reader.hpp"
 
 using namespace relayout;
 using nlohmann::json;
@@ -262,7 +263,7 @@ bool same(const trace::Record& a, const trace::Record& b) {
 }
 
 struct Read {
-  std::optional<cli::RankTrace> trace;
+  std::optional<trace::RankTrace> trace;
   std::string error;
   int world_size = -1;
   std::string program = "unset";
@@ -271,8 +272,8 @@ Read read(const std::string& text, int rank) {
   Read r;
   std::istringstream in(text);
   try {
-    r.trace = cli::read_rank_trace(in, kFile, rank, &r.world_size, &r.program);
-  } catch (const cli::TraceInputError& e) {
+    r.trace = trace::read_rank_trace(in, kFile, rank, &r.world_size, &r.program);
+  } catch (const trace::TraceInputError& e) {
     r.error = e.what();
   } catch (...) {
     fail();  // anything else escaping the reader is a bug
@@ -325,7 +326,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   // Accepted: exactly what the lines say.
   require(got.trace.has_value());
-  const cli::RankTrace& t = *got.trace;
+  const trace::RankTrace& t = *got.trace;
   require(t.rank == rank && t.file == kFile);
   require(got.world_size == want.world_size && got.program == want.program);
   require(t.records.size() == want.records.size() && t.records.size() + 2 == lines.size());
@@ -362,14 +363,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // The diff of the trace against itself runs through: agree (0) or diverge (1, a trace whose rows
   // break its own counts, or NaN checksums), and says so.
-  cli::TraceRun run;
+  trace::TraceRun run;
   run.dir = "run";
   run.world_size = got.world_size;
   run.program = got.program;
   run.ranks.push_back(t);
   try {
     cli::check_run(run, trace::Tolerance{}, true);  // consistent with itself, or TraceInputError
-  } catch (const cli::TraceInputError&) {
+  } catch (const trace::TraceInputError&) {
   }
   std::ostringstream out;
   const int rc = cli::trace_diff(run, run, cli::DiffOptions{}, out);

@@ -19,3 +19,7 @@ if(NOT NP)
   set(NP 1)
 endif()
 run(${MPIEXEC} -n ${NP} "${WORK_DIR}/build/${EXE}")
+# A second program of the same project (EXTRA_EXE on EXTRA_NP ranks), built above already.
+if(EXTRA_EXE)
+  run(${MPIEXEC} -n ${EXTRA_NP} "${WORK_DIR}/build/${EXTRA_EXE}")
+endif()

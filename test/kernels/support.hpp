@@ -53,13 +53,13 @@ inline std::vector<double> random_values(std::size_t n, std::uint32_t seed, doub
 template <class C>
 struct Tensor {
   using T = typename C::scalar;
-  rk::RowTensor<T, typename C::mem> view;
+  relayout::RowsView<T, typename C::mem> view;
   rr::Matrix matrix;
 };
 template <class C>
 Tensor<C> make_tensor(int rows, int cols, const std::vector<double>& values) {
   using T = typename C::scalar;
-  Tensor<C> t{rk::RowTensor<T, typename C::mem>("t", rows, cols), rr::Matrix(rows, cols)};
+  Tensor<C> t{relayout::RowsView<T, typename C::mem>("t", rows, cols), rr::Matrix(rows, cols)};
   auto h = Kokkos::create_mirror_view(t.view);
   for (int i = 0; i < rows; ++i)
     for (int j = 0; j < cols; ++j) {

@@ -39,7 +39,7 @@ TEST_CASE_TEMPLATE_DEFINE("attention_prefill matches the reference", C, prefill_
           CAPTURE(window);
           auto q = random_tensor<C>(rows, heads * head_dim, seed++);
           auto kv = random_tensor<C>(rows, head_dim, seed++);
-          auto out = rk::RowTensor<T, Mem>("out", rows, heads * head_dim);
+          auto out = relayout::RowsView<T, Mem>("out", rows, heads * head_dim);
           const double scale = rk::default_softmax_scale(head_dim);
           rk::attention_prefill(exec, q.view, kv.view, make_ints<C>(cu), out, {head_dim, scale, window});
           const rr::Matrix want = rr::attention_prefill(q.matrix, kv.matrix, cu, head_dim, scale, window);
@@ -70,7 +70,7 @@ TEST_CASE_TEMPLATE_DEFINE("attention_decode matches the reference", C, decode_sw
           // A cache with spare rows after the last request (capacity > used).
           auto cache = random_tensor<C>(cu.back() + 3, head_dim, seed++);
           auto q = random_tensor<C>(reqs, heads * head_dim, seed++);
-          auto out = rk::RowTensor<T, Mem>("out", reqs, heads * head_dim);
+          auto out = relayout::RowsView<T, Mem>("out", reqs, heads * head_dim);
           const double scale = 0.5 * rk::default_softmax_scale(head_dim);
           rk::attention_decode(exec, q.view, cache.view, make_ints<C>(cu), out, {head_dim, scale, window});
           const rr::Matrix want = rr::attention_decode(q.matrix, cache.matrix, cu, head_dim, scale, window);
@@ -90,20 +90,20 @@ TEST_CASE_TEMPLATE_DEFINE("attention: a head shard equals the same heads of the 
   const std::vector<int> cu = {0, 40, 77};
   auto q = random_tensor<C>(77, heads * head_dim, 21);
   auto kv = random_tensor<C>(77, head_dim, 22);
-  auto full = rk::RowTensor<T, Mem>("full", 77, heads * head_dim);
+  auto full = relayout::RowsView<T, Mem>("full", 77, heads * head_dim);
   const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), 0};
   rk::attention_prefill(exec, q.view, kv.view, make_ints<C>(cu), full, p);
   const rr::Matrix f = rr::to_matrix(full);
   for (int r = 0; r < n; ++r) {
-    const rk::ShardRange s = rk::column_parallel_shard(heads * head_dim, head_dim, n, r);
-    auto q_local = rk::RowTensor<T, Mem>("q_local", 77, s.size);
+    const relayout::Range s = rk::column_parallel_shard(heads * head_dim, head_dim, n, r);
+    auto q_local = relayout::RowsView<T, Mem>("q_local", 77, s.count);
     Kokkos::deep_copy(q_local, Kokkos::subview(q.view, Kokkos::ALL(), s.pair()));
-    auto out = rk::RowTensor<T, Mem>("out", 77, s.size);
+    auto out = relayout::RowsView<T, Mem>("out", 77, s.count);
     rk::attention_prefill(exec, q_local, kv.view, make_ints<C>(cu), out, p);
     const rr::Matrix o = rr::to_matrix(out);
     int diffs = 0;
     for (int i = 0; i < 77; ++i)
-      for (int j = 0; j < s.size; ++j) diffs += o(i, j) != f(i, int(s.begin) + j);
+      for (int j = 0; j < s.count; ++j) diffs += o(i, j) != f(i, int(s.begin) + j);
     CHECK(diffs == 0);  // same arithmetic per head: bitwise equal
   }
 }
@@ -123,7 +123,7 @@ TEST_CASE_TEMPLATE_DEFINE("attention: query rows at positions equal those rows o
   for (int window : {0, 5}) {
     CAPTURE(window);
     const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), window};
-    auto full = rk::RowTensor<T, Mem>("full", 77, heads * head_dim);
+    auto full = relayout::RowsView<T, Mem>("full", 77, heads * head_dim);
     rk::attention_prefill(exec, q.view, kv.view, make_ints<C>(cu), full, p);
     const rr::Matrix f = rr::to_matrix(full);
     std::vector<int> strided, chunk;
@@ -131,13 +131,13 @@ TEST_CASE_TEMPLATE_DEFINE("attention: query rows at positions equal those rows o
     for (int i = 30; i < 45; ++i) chunk.push_back(i);  // across the requests' boundaries
     for (const std::vector<int>& pos : {strided, chunk}) {
       const int n = int(pos.size());
-      auto q_mine = rk::RowTensor<T, Mem>("q_mine", n, heads * head_dim);
+      auto q_mine = relayout::RowsView<T, Mem>("q_mine", n, heads * head_dim);
       auto hq = Kokkos::create_mirror_view(q_mine);
       const auto qh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), q.view);
       for (int i = 0; i < n; ++i)
         for (int j = 0; j < heads * head_dim; ++j) hq(i, j) = qh(pos[std::size_t(i)], j);
       Kokkos::deep_copy(q_mine, hq);
-      auto out = rk::RowTensor<T, Mem>("out", n, heads * head_dim);
+      auto out = relayout::RowsView<T, Mem>("out", n, heads * head_dim);
       rk::attention_prefill(exec, q_mine, kv.view, make_ints<C>(cu), make_ints<C>(pos), out, p);
       const rr::Matrix o = rr::to_matrix(out);
       int diffs = 0;
@@ -146,8 +146,8 @@ TEST_CASE_TEMPLATE_DEFINE("attention: query rows at positions equal those rows o
       CHECK(diffs == 0);  // the same keys in the same order: bitwise equal
     }
   }
-  auto q2 = rk::RowTensor<T, Mem>("q2", 2, heads * head_dim);
-  auto out2 = rk::RowTensor<T, Mem>("out2", 2, heads * head_dim);
+  auto q2 = relayout::RowsView<T, Mem>("q2", 2, heads * head_dim);
+  auto out2 = relayout::RowsView<T, Mem>("out2", 2, heads * head_dim);
   const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), 0};
   CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q2, kv.view, make_ints<C>(cu), make_ints<C>({3, 77}), out2, p),
                        doctest::Contains("positions: entry 1 is 77; a kv row must be in [0, 77)"), rk::KernelError);
@@ -160,9 +160,9 @@ TEST_CASE_TEMPLATE_DEFINE("attention rejects bad shapes and offsets", C, attn_er
   using T = typename C::scalar;
   using Mem = typename C::mem;
   typename C::exec exec;
-  auto q = rk::RowTensor<T, Mem>("q", 6, 32);
-  auto kv = rk::RowTensor<T, Mem>("kv", 6, 8);
-  auto out = rk::RowTensor<T, Mem>("out", 6, 32);
+  auto q = relayout::RowsView<T, Mem>("q", 6, 32);
+  auto kv = relayout::RowsView<T, Mem>("kv", 6, 8);
+  auto out = relayout::RowsView<T, Mem>("out", 6, 32);
   const rk::AttentionParams p{8, 0.35, 0};
   CHECK_NOTHROW(rk::attention_prefill(exec, q, kv, make_ints<C>({0, 2, 6}), out, p));
   CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q, kv, make_ints<C>({0, 2, 5}), out, p),
@@ -177,15 +177,15 @@ TEST_CASE_TEMPLATE_DEFINE("attention rejects bad shapes and offsets", C, attn_er
                        doctest::Contains("window"), rk::KernelError);
   CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q, kv, make_ints<C>({0, 6}), out, {8, 0.0, 0}),
                        doctest::Contains("scale"), rk::KernelError);
-  auto q_bad = rk::RowTensor<T, Mem>("q", 6, 30);
+  auto q_bad = relayout::RowsView<T, Mem>("q", 6, 30);
   CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q_bad, kv, make_ints<C>({0, 6}), out, p),
                        doctest::Contains("multiple of head_dim"), rk::KernelError);
-  auto out_bad = rk::RowTensor<T, Mem>("out", 5, 32);
+  auto out_bad = relayout::RowsView<T, Mem>("out", 5, 32);
   CHECK_THROWS_WITH_AS(rk::attention_prefill(exec, q, kv, make_ints<C>({0, 6}), out_bad, p),
                        doctest::Contains("out"), rk::KernelError);
 
-  auto qd = rk::RowTensor<T, Mem>("qd", 2, 32);
-  auto od = rk::RowTensor<T, Mem>("od", 2, 32);
+  auto qd = relayout::RowsView<T, Mem>("qd", 2, 32);
+  auto od = relayout::RowsView<T, Mem>("od", 2, 32);
   CHECK_NOTHROW(rk::attention_decode(exec, qd, kv, make_ints<C>({0, 1, 4}), od, p));
   CHECK_THROWS_WITH_AS(rk::attention_decode(exec, qd, kv, make_ints<C>({0, 4}), od, p),
                        doctest::Contains("n_requests + 1 = 3"), rk::KernelError);

@@ -1,6 +1,6 @@
 // The paged KV cache: rows read back in order across block boundaries, truncate-then-append equals
 // never having appended (rollback), blocks returned to the pool, capacity and memory-limit errors
-// naming the request and the capacity; decode attention through the block table (and split over
+// naming the request and the capacity; request ids to slots (admit, finish); decode attention through the block table (and split over
 // key ranges merged by log-sum-exp) against the reference on long caches.
 #include <algorithm>
 
@@ -149,6 +149,57 @@ TEST_CASE_TEMPLATE_DEFINE("PagedKvCache: capacity and memory errors name the req
 }
 TEST_CASE_TEMPLATE_APPLY(kv_errors, Cases);
 
+TEST_CASE("KvSlots: request ids to the lowest free slot, and back; double admit, unknown id and full refused") {
+  rk::KvSlots slots(3);
+  CHECK(slots.admit(70) == 0);
+  CHECK(slots.admit(71) == 1);
+  CHECK(slots.admit(72) == 2);
+  CHECK(slots.live() == 3);
+  CHECK_THROWS_WITH_AS(slots.admit(73), doctest::Contains("request 73: all 3 slots are taken"), relayout::LayoutError);
+  CHECK_THROWS_WITH_AS(slots.admit(71), doctest::Contains("request 71 already holds slot 1 (admitted twice)"),
+                       relayout::LayoutError);
+  CHECK(slots.finish(71) == 1);
+  CHECK_THROWS_WITH_AS(slots.finish(71), doctest::Contains("request 71 holds no slot (never admitted, or finished already)"),
+                       relayout::LayoutError);
+  CHECK_THROWS_WITH_AS(slots.slot_of(5), doctest::Contains("request 5 holds no slot"), relayout::LayoutError);
+  CHECK(slots.finish(70) == 0);
+  CHECK(slots.admit(74) == 0);  // the lowest free slot, not the last freed
+  CHECK(slots.admit(75) == 1);
+  CHECK(slots.id_in(1) == 75);
+  CHECK(slots.slot_of(72) == 2);
+  CHECK_FALSE(slots.holds(71));
+  CHECK_THROWS_WITH_AS(slots.admit(-1), doctest::Contains("an id must be >= 0"), relayout::LayoutError);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("PagedKvCache admit / finish: a finished request's blocks and slot serve the next", C, kv_slots) {
+  const int dim = 2;
+  Cache<C> cache({1, dim, 4, 4, 2, 2});
+  const typename C::exec exec;
+  const int a = cache.admit(10), b = cache.admit(11);
+  CHECK(a == 0);
+  CHECK(b == 1);
+  append<C>(cache, 0, a, rows_of<C>(8, dim, 1));
+  append<C>(cache, 0, b, rows_of<C>(3, dim, 2));
+  CHECK(cache.free_blocks() == 1);
+  CHECK_THROWS_WITH_AS(cache.admit(12), doctest::Contains("all 2 slots are taken"), relayout::LayoutError);
+  cache.finish(exec, 10);
+  CHECK(cache.free_blocks() == 3);
+  const int c = cache.admit(12);
+  CHECK(c == 0);
+  CHECK(cache.length(0, c) == 0);  // the new request starts empty
+  const auto rows = rows_of<C>(5, dim, 3);
+  append<C>(cache, 0, c, rows);
+  check_equal(read<C>(cache, 0, c), rows.matrix);
+  CHECK(cache.slot_of(11) == 1);
+  CHECK_THROWS_WITH_AS(cache.finish(exec, 10), doctest::Contains("request 10 holds no slot"), relayout::LayoutError);
+  // A slot filled by number (without admit) is not handed to a new request while it holds rows.
+  cache.finish(exec, 12);
+  append<C>(cache, 0, 0, rows_of<C>(1, dim, 4));
+  CHECK_THROWS_WITH_AS(cache.admit(13), doctest::Contains("slot 0 still holds rows"), relayout::LayoutError);
+  CHECK_FALSE(cache.slots().holds(13));
+}
+TEST_CASE_TEMPLATE_APPLY(kv_slots, Cases);
+
 // Paged decode on long caches against the reference over the gathered rows, with the requests'
 // blocks interleaved in the pool and the keys split into 1, 3, 4, 7 or 8 ranges (or as many as the
 // kernel picks: 0) merged by log-sum-exp. On the host a lone head reads 3 or 4 ranges side by side
@@ -199,7 +250,7 @@ TEST_CASE_TEMPLATE_DEFINE("paged attention_decode matches the reference on long 
           CAPTURE(heads);
           CAPTURE(window);
           CAPTURE(splits);
-          auto out = rk::RowTensor<T, Mem>("out", reqs, heads * head_dim);
+          auto out = relayout::RowsView<T, Mem>("out", reqs, heads * head_dim);
           const double scale = rk::default_softmax_scale(head_dim);
           rk::attention_decode(exec, q.view, kv, out, {head_dim, scale, window, splits});
           const rr::Matrix want = rr::attention_decode(q.matrix, rflat, rcu, head_dim, scale, window);
@@ -207,13 +258,13 @@ TEST_CASE_TEMPLATE_DEFINE("paged attention_decode matches the reference on long 
           check_close(rr::to_matrix(out), want, [&](int, int) { return tol; }, "paged decode");
           // The contiguous entry point with the same splits agrees.
           auto flat_t = make_tensor<C>(flat.rows, head_dim, flat.data);
-          auto q_fwd = rk::RowTensor<T, Mem>("q_fwd", reqs, heads * head_dim);
+          auto q_fwd = relayout::RowsView<T, Mem>("q_fwd", reqs, heads * head_dim);
           auto q_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), q.view);
           auto q_fh = Kokkos::create_mirror_view(q_fwd);
           for (int b = 0; b < reqs; ++b)
             for (int j = 0; j < heads * head_dim; ++j) q_fh(b, j) = q_h(reqs - 1 - b, j);
           Kokkos::deep_copy(q_fwd, q_fh);
-          auto out_c = rk::RowTensor<T, Mem>("out_c", reqs, heads * head_dim);
+          auto out_c = relayout::RowsView<T, Mem>("out_c", reqs, heads * head_dim);
           rk::attention_decode(exec, q_fwd, flat_t.view, make_ints<C>(cu), out_c, {head_dim, scale, window, splits});
           const rr::Matrix oc = rr::to_matrix(out_c), op = rr::to_matrix(out);
           double worst = 0;
@@ -231,7 +282,7 @@ TEST_CASE_TEMPLATE_DEFINE("paged attention_decode rejects a slot without rows", 
   typename C::exec exec;
   Cache<C> cache({1, 4, 4, 4, 2, 2});
   cache.append(exec, 0, 0, rows_of<C>(3, 4, 1).view);
-  auto q = rk::RowTensor<T, Mem>("q", 2, 8), out = rk::RowTensor<T, Mem>("out", 2, 8);
+  auto q = relayout::RowsView<T, Mem>("q", 2, 8), out = relayout::RowsView<T, Mem>("out", 2, 8);
   const rk::AttentionParams p{4, 0.5, 0};
   CHECK_NOTHROW(rk::attention_decode(exec, q, cache.view(0, make_ints<C>({0, 0})), out, p));
   CHECK_THROWS_WITH_AS(rk::attention_decode(exec, q, cache.view(0, make_ints<C>({0, 1})), out, p),
@@ -302,8 +353,8 @@ TEST_CASE_TEMPLATE_DEFINE("decode partials over CP shards merged by log-sum-exp 
             }
             std::vector<int> slots(static_cast<std::size_t>(n));
             for (int b = 0; b < n; ++b) slots[std::size_t(b)] = b;
-            auto out = rk::RowTensor<T, Mem>("out", n, HD);
-            auto lse = rk::RowTensor<T, Mem>("lse", n, heads);
+            auto out = relayout::RowsView<T, Mem>("out", n, HD);
+            auto lse = relayout::RowsView<T, Mem>("lse", n, heads);
             rk::attention_decode_partial(exec, q.view, cache.view(0, make_ints<C>(slots)), make_ints<C>(first), out,
                                          lse, {head_dim, scale, 0, splits});
             const rr::Matrix o = rr::to_matrix(out), l = rr::to_matrix(lse);
@@ -331,7 +382,7 @@ TEST_CASE_TEMPLATE_DEFINE("decode partials over CP shards merged by log-sum-exp 
               for (int j = 0; j < HD; ++j) parts[(std::size_t(s) * n + b) * HD + j] = o(b, j);
             }
           }
-          auto merged = rk::RowTensor<T, Mem>("merged", n, HD);
+          auto merged = relayout::RowsView<T, Mem>("merged", n, HD);
           rk::attention_merge(exec, make_tensor<C>(P * n, HD, parts).view, make_tensor<C>(P * n, heads, lses).view,
                               merged);
           const rr::Matrix want = rr::attention_decode(q.matrix, all, cu, head_dim, scale, window);
@@ -347,8 +398,8 @@ TEST_CASE_TEMPLATE_DEFINE("attention_decode_partial and attention_merge reject b
   typename C::exec exec;
   Cache<C> cache({1, 4, 4, 4, 2, 2});
   cache.append(exec, 0, 0, rows_of<C>(3, 4, 1).view);
-  auto q = rk::RowTensor<T, Mem>("q", 2, 8), out = rk::RowTensor<T, Mem>("out", 2, 8);
-  auto lse = rk::RowTensor<T, Mem>("lse", 2, 2);
+  auto q = relayout::RowsView<T, Mem>("q", 2, 8), out = relayout::RowsView<T, Mem>("out", 2, 8);
+  auto lse = relayout::RowsView<T, Mem>("lse", 2, 2);
   const auto kv = cache.view(0, make_ints<C>({0, 1}));  // slot 1 holds no rows: allowed in a shard
   CHECK_NOTHROW(rk::attention_decode_partial(exec, q, kv, make_ints<C>({0, 0}), out, lse, {4, 0.5, 0}));
   CHECK_THROWS_WITH_AS(rk::attention_decode_partial(exec, q, kv, make_ints<C>({0, 0}), out, lse, {4, 0.5, 2}),
@@ -359,12 +410,12 @@ TEST_CASE_TEMPLATE_DEFINE("attention_decode_partial and attention_merge reject b
   CHECK_THROWS_WITH_AS(rk::attention_decode_partial(exec, q, kv, make_ints<C>({0, -1}), out, lse, {4, 0.5, 0}),
                        doctest::Contains("entry 1 is -1; must be >= 0"), rk::KernelError);
   CHECK_THROWS_WITH_AS(
-      rk::attention_decode_partial(exec, q, kv, make_ints<C>({0, 0}), out, rk::RowTensor<T, Mem>("l", 2, 3), {4, 0.5, 0}),
+      rk::attention_decode_partial(exec, q, kv, make_ints<C>({0, 0}), out, relayout::RowsView<T, Mem>("l", 2, 3), {4, 0.5, 0}),
       doctest::Contains("lse: must be 2 x 2 (query rows x heads), got 2 x 3"), rk::KernelError);
-  auto parts = rk::RowTensor<T, Mem>("parts", 5, 8), lses = rk::RowTensor<T, Mem>("lses", 5, 2);
+  auto parts = relayout::RowsView<T, Mem>("parts", 5, 8), lses = relayout::RowsView<T, Mem>("lses", 5, 2);
   CHECK_THROWS_WITH_AS(rk::attention_merge(exec, parts, lses, out), doctest::Contains("must hold P x 2 rows"),
                        rk::KernelError);
-  CHECK_THROWS_WITH_AS(rk::attention_merge(exec, rk::RowTensor<T, Mem>("p", 4, 8), rk::RowTensor<T, Mem>("l", 4, 3), out),
+  CHECK_THROWS_WITH_AS(rk::attention_merge(exec, relayout::RowsView<T, Mem>("p", 4, 8), relayout::RowsView<T, Mem>("l", 4, 3), out),
                        doctest::Contains("lse: must have one column per head"), rk::KernelError);
 }
 TEST_CASE_TEMPLATE_APPLY(kv_decode_cp_errors, Cases);

@@ -35,7 +35,7 @@ TEST_CASE_TEMPLATE_DEFINE("linear matches the reference over a shape sweep", C, 
         auto w = random_tensor<C>(n, k, seed++);
         std::vector<double> bias_d;
         auto bias = make_vector<C>(random_values(n, seed++), &bias_d);
-        auto y = rk::RowTensor<T, typename C::mem>("y", m, n);
+        auto y = relayout::RowsView<T, typename C::mem>("y", m, n);
         const auto packed = rk::pack_weights(exec, w.view);
         rk::linear(exec, x.view, packed, y, bias);
         const rr::Matrix want = rr::linear(x.matrix, w.matrix, bias_d);
@@ -58,10 +58,10 @@ TEST_CASE_TEMPLATE_APPLY(linear_sweep, Cases);
 TEST_CASE_TEMPLATE_DEFINE("linear: k = 0 gives the bias; an unpacked W packs on the fly", C, linear_edges) {
   using T = typename C::scalar;
   typename C::exec exec;
-  auto x = rk::RowTensor<T, typename C::mem>("x", 3, 0);
-  auto w = rk::RowTensor<T, typename C::mem>("w", 4, 0);
+  auto x = relayout::RowsView<T, typename C::mem>("x", 3, 0);
+  auto w = relayout::RowsView<T, typename C::mem>("w", 4, 0);
   auto bias = make_vector<C>({1, 2, 3, 4});
-  auto y = rk::RowTensor<T, typename C::mem>("y", 3, 4);
+  auto y = relayout::RowsView<T, typename C::mem>("y", 3, 4);
   rk::linear(exec, x, w, y, bias);
   const rr::Matrix got = rr::to_matrix(y);
   for (int i = 0; i < 3; ++i)
@@ -69,7 +69,7 @@ TEST_CASE_TEMPLATE_DEFINE("linear: k = 0 gives the bias; an unpacked W packs on 
 
   auto x2 = random_tensor<C>(9, 20, 7);
   auto w2 = random_tensor<C>(11, 20, 8);
-  auto y2 = rk::RowTensor<T, typename C::mem>("y2", 9, 11);
+  auto y2 = relayout::RowsView<T, typename C::mem>("y2", 9, 11);
   rk::linear(exec, x2.view, w2.view, y2);
   check_close(rr::to_matrix(y2), rr::linear(x2.matrix, w2.matrix),
               gemm_tol<T>(rr::linear(abs_of(x2.matrix), abs_of(w2.matrix)), 20), "unpacked W");
@@ -92,15 +92,15 @@ TEST_CASE_TEMPLATE_DEFINE("column- and row-parallel shards reassemble the full l
     CAPTURE(n);
     rr::Matrix assembled(rows, heads * head_dim);
     for (int r = 0; r < n; ++r) {
-      const rk::ShardRange s = rk::column_parallel_shard(heads * head_dim, head_dim, n, r);
-      CHECK(s.size == heads / n * head_dim);
-      CHECK(s.begin == r * s.size);
-      auto y = rk::RowTensor<T, Mem>("y", rows, s.size);
+      const relayout::Range s = rk::column_parallel_shard(heads * head_dim, head_dim, n, r);
+      CHECK(s.count == heads / n * head_dim);
+      CHECK(s.begin == r * s.count);
+      auto y = relayout::RowsView<T, Mem>("y", rows, s.count);
       rk::linear(exec, x.view, rk::pack_weights(exec, rk::column_parallel_weight(wq.view, head_dim, n, r)),
                  y, rk::column_parallel_bias(bias, head_dim, n, r));
       const rr::Matrix part = rr::to_matrix(y);
       for (int i = 0; i < rows; ++i)
-        for (int j = 0; j < s.size; ++j) assembled(i, int(s.begin) + j) = part(i, j);
+        for (int j = 0; j < s.count; ++j) assembled(i, int(s.begin) + j) = part(i, j);
     }
     check_close(assembled, full, gemm_tol<T>(abs_full, hidden), "column-parallel shards");
   }
@@ -114,12 +114,12 @@ TEST_CASE_TEMPLATE_DEFINE("column- and row-parallel shards reassemble the full l
     CAPTURE(n);
     rr::Matrix sum(rows, hidden);
     for (int r = 0; r < n; ++r) {
-      const rk::ShardRange s = rk::row_parallel_shard(heads * head_dim, head_dim, n, r);
+      const relayout::Range s = rk::row_parallel_shard(heads * head_dim, head_dim, n, r);
       auto x_local = Kokkos::subview(attn.view, Kokkos::ALL(), s.pair());
       // The rank's own activations are contiguous (only its heads); copy the slice to model that.
-      auto x_own = rk::RowTensor<T, Mem>("x_own", rows, s.size);
+      auto x_own = relayout::RowsView<T, Mem>("x_own", rows, s.count);
       Kokkos::deep_copy(x_own, x_local);
-      auto y = rk::RowTensor<T, Mem>("y", rows, hidden);
+      auto y = relayout::RowsView<T, Mem>("y", rows, hidden);
       rk::linear(exec, x_own, rk::pack_weights(exec, rk::row_parallel_weight(wo.view, head_dim, n, r)), y);
       const rr::Matrix part = rr::to_matrix(y);
       for (std::size_t i = 0; i < sum.data.size(); ++i) sum.data[i] += part.data[i];
@@ -133,17 +133,17 @@ TEST_CASE_TEMPLATE_DEFINE("linear and the shard helpers reject bad shapes", C, l
   using T = typename C::scalar;
   using Mem = typename C::mem;
   typename C::exec exec;
-  auto x = rk::RowTensor<T, Mem>("x", 4, 8);
-  auto w = rk::RowTensor<T, Mem>("w", 5, 8);
+  auto x = relayout::RowsView<T, Mem>("x", 4, 8);
+  auto w = relayout::RowsView<T, Mem>("w", 5, 8);
   const auto packed = rk::pack_weights(exec, w);
-  auto y = rk::RowTensor<T, Mem>("y", 4, 5);
-  auto x_bad = rk::RowTensor<T, Mem>("x", 4, 7);
+  auto y = relayout::RowsView<T, Mem>("y", 4, 5);
+  auto x_bad = relayout::RowsView<T, Mem>("x", 4, 7);
   CHECK_THROWS_WITH_AS(rk::linear(exec, x_bad, packed, y),
                        doctest::Contains("x.extent(1) must equal in_features 8"), rk::KernelError);
-  auto y_rows = rk::RowTensor<T, Mem>("y", 3, 5);
+  auto y_rows = relayout::RowsView<T, Mem>("y", 3, 5);
   CHECK_THROWS_WITH_AS(rk::linear(exec, x, packed, y_rows), doctest::Contains("y.extent(0)"),
                        rk::KernelError);
-  auto y_cols = rk::RowTensor<T, Mem>("y", 4, 6);
+  auto y_cols = relayout::RowsView<T, Mem>("y", 4, 6);
   CHECK_THROWS_WITH_AS(rk::linear(exec, x, packed, y_cols), doctest::Contains("out_features 5"),
                        rk::KernelError);
   auto bias = rk::Vector<T, Mem>("b", 4);

@@ -1,5 +1,5 @@
-// Expert bucketing, the per-expert SwiGLU pass and the weighted combine against the token-by-token
-// reference: no tokens, one token, every token on one expert, experts with no tokens, ids owned by
+// Expert grouping (relayout::group_by_expert, the one the bridge runs), the per-expert SwiGLU pass
+// and the weighted combine against the token-by-token reference: no tokens, one token, every token on one expert, experts with no tokens, ids owned by
 // another EP rank, moe_tp shards of the intermediate dimension summing to the full result, and the
 // shared expert; bad shapes rejected.
 #include <algorithm>
@@ -117,46 +117,61 @@ void run_moe_case(int tokens, int n_experts, int first_expert, int pool, int top
     }
   }
 
-  // Buckets: exactly the reference's stable counting sort.
-  const auto buckets = rk::bucket_by_expert(exec, ids_v, n_experts, first_expert);
+  // Groups: exactly the reference's stable counting sort, each batch row a copy of its token's row.
+  const relayout::TopK<T, typename C::exec> route(ids_v, weights.view);
+  relayout::EpWorkspace<T, typename C::exec> ws;
+  const auto groups = relayout::group_by_expert(exec, x.view, route, first_expert, n_experts, ws);
   const rr::Buckets want_b = rr::bucket(ids, top_k, n_experts, first_expert);
-  REQUIRE(buckets.rows() == want_b.offsets.back());
-  const auto host_ints = [](const auto& v) {
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-    return std::vector<int>(h.data(), h.data() + h.extent(0));
-  };
-  CHECK(host_ints(buckets.offsets) == want_b.offsets);
-  CHECK(host_ints(buckets.slot_token) == want_b.slot_token);
-  CHECK(host_ints(buckets.slot_of) == want_b.slot_of);
+  REQUIRE(groups.batch.rows() == want_b.offsets.back());
+  CHECK(std::vector<int>(groups.batch.offsets.begin(), groups.batch.offsets.end()) == want_b.offsets);
+  {
+    auto so = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), groups.slot_of);
+    std::vector<int> got(std::size_t(tokens) * top_k);
+    for (int t = 0; t < tokens; ++t)
+      for (int j = 0; j < top_k; ++j) got[std::size_t(t) * top_k + j] = int(so(t, j));
+    CHECK(got == want_b.slot_of);
+    const rr::Matrix bx = rr::to_matrix(groups.batch.x);
+    bool copied = true;
+    for (int p = 0; p < groups.batch.rows(); ++p)
+      for (int c = 0; c < hidden; ++c) copied = copied && bx(p, c) == x.matrix(want_b.slot_token[std::size_t(p)], c);
+    CHECK(copied);
+  }
 
   const rr::Matrix want = rr::moe(x.matrix, ids, weights.matrix, ex.w1, ex.w3, ex.w2, first_expert);
   const rr::Matrix scale = abs_moe(x.matrix, ids, weights.matrix, ex, first_expert);
   const double f = moe_tol_factor<T>(hidden, inter, top_k);
 
   const auto packed = rk::pack_experts(exec, w1v, w3v, w2v);
-  auto y_sorted = rk::RowTensor<T, Mem>("y_sorted", buckets.rows(), hidden);
-  rk::expert_ffn(exec, x.view, buckets, packed, y_sorted);
-  auto out = rk::RowTensor<T, Mem>("out", tokens, hidden);
-  rk::moe_combine(exec, y_sorted, buckets, weights.view, out);
+  auto y = relayout::RowsView<T, Mem>("y", groups.batch.rows(), hidden);
+  rk::expert_ffn(exec, groups.batch, packed, y);
+  auto out = relayout::RowsView<T, Mem>("out", tokens, hidden);
+  relayout::combine_experts(exec, groups, route, y, out);
   check_close(rr::to_matrix(out), want, [&](int i, int j) { return f * scale(i, j) + 1e-300; }, "moe");
 
   // moe_tp: shards of the intermediate dimension give partial sums that add up to the same result.
   for (int n : {2, 3}) {
     if (inter % n) continue;
     CAPTURE(n);
-    auto sum = rk::RowTensor<T, Mem>("sum", tokens, hidden);
+    auto sum = relayout::RowsView<T, Mem>("sum", tokens, hidden);
     for (int r = 0; r < n; ++r) {
       const auto s = rk::intermediate_shard(inter, n, r).pair();
       const auto part = rk::pack_experts(exec, Kokkos::subview(w1v, Kokkos::ALL(), s, Kokkos::ALL()),
                                          Kokkos::subview(w3v, Kokkos::ALL(), s, Kokkos::ALL()),
                                          Kokkos::subview(w2v, Kokkos::ALL(), Kokkos::ALL(), s));
       CHECK(part.intermediate() == inter / n);
-      rk::expert_ffn(exec, x.view, buckets, part, y_sorted);
-      rk::moe_combine(exec, y_sorted, buckets, weights.view, sum, true);
+      rk::expert_ffn(exec, groups.batch, part, y);
+      relayout::combine_experts(exec, groups, route, y, sum, true);
     }
     check_close(rr::to_matrix(sum), want, [&](int i, int j) { return f * scale(i, j) + 1e-300; },
                 "moe_tp partial sums");
   }
+
+  // local_experts (the bridge's dp_gather and tp_moe half) runs the same pipeline in one call.
+  rk::SwigluExperts<T, typename C::exec> swiglu{packed, {}};
+  auto local = relayout::RowsView<T, Mem>("local", tokens, hidden);
+  relayout::local_experts(exec, x.view, route, first_expert, n_experts, std::max(pool, first_expert + n_experts), swiglu,
+                          local, ws, /*check_route=*/forced_ids == nullptr);  // forced ids hold -1
+  check_close(rr::to_matrix(local), want, [&](int i, int j) { return f * scale(i, j) + 1e-300; }, "local_experts");
 }
 
 TEST_CASE_TEMPLATE_DEFINE("routed experts match the token-by-token reference", C, moe_sweep) {
@@ -200,7 +215,7 @@ TEST_CASE_TEMPLATE_DEFINE("shared expert: swiglu_ffn equals the reference and ac
     auto w3 = random_tensor<C>(inter, hidden, 33);
     auto w2 = random_tensor<C>(hidden, inter, 34);
     const auto packed = rk::pack_experts(exec, w1.view, w3.view, w2.view);
-    auto y = rk::RowTensor<T, Mem>("y", rows, hidden);
+    auto y = relayout::RowsView<T, Mem>("y", rows, hidden);
     rk::swiglu_ffn(exec, x.view, packed, y);
     const rr::Matrix want = rr::swiglu_ffn(x.matrix, w1.matrix, w3.matrix, w2.matrix);
     const double f = moe_tol_factor<T>(hidden, inter, 1);
@@ -231,25 +246,34 @@ TEST_CASE_TEMPLATE_DEFINE("experts reject bad shapes", C, moe_errors) {
                        rk::KernelError);
   const auto packed = rk::pack_experts(exec, w1, w3, w2);
   auto ids = ids_view<C>({0, 1, 2, 3}, 2, 2);
-  const auto buckets = rk::bucket_by_expert(exec, ids, 4);
-  auto x = rk::RowTensor<T, Mem>("x", 2, 8);
-  auto y = rk::RowTensor<T, Mem>("y", 4, 8);
-  CHECK_NOTHROW(rk::expert_ffn(exec, x, buckets, packed, y));
-  auto x_bad = rk::RowTensor<T, Mem>("x", 2, 7);
-  CHECK_THROWS_WITH_AS(rk::expert_ffn(exec, x_bad, buckets, packed, y), doctest::Contains("hidden 8"),
+  auto x = relayout::RowsView<T, Mem>("x", 2, 8);
+  const relayout::TopK<T, typename C::exec> route(ids, relayout::RowsView<T, Mem>("w", 2, 2));
+  relayout::EpWorkspace<T, typename C::exec> ws;
+  const auto groups = relayout::group_by_expert(exec, x, route, 0, 4, ws);
+  auto y = relayout::RowsView<T, Mem>("y", 4, 8);
+  CHECK_NOTHROW(rk::expert_ffn(exec, groups.batch, packed, y));
+  auto y_bad = relayout::RowsView<T, Mem>("y", 3, 8);
+  CHECK_THROWS_WITH_AS(rk::expert_ffn(exec, groups.batch, packed, y_bad), doctest::Contains("batch.rows() x hidden"),
                        rk::KernelError);
-  auto y_bad = rk::RowTensor<T, Mem>("y", 3, 8);
-  CHECK_THROWS_WITH_AS(rk::expert_ffn(exec, x, buckets, packed, y_bad), doctest::Contains("y_sorted"),
+  relayout::EpWorkspace<T, typename C::exec> ws8;
+  const auto groups8 = relayout::group_by_expert(exec, x, route, 0, 8, ws8);
+  CHECK_THROWS_WITH_AS(rk::expert_ffn(exec, groups8.batch, packed, y), doctest::Contains("8 local experts"),
                        rk::KernelError);
-  const auto buckets8 = rk::bucket_by_expert(exec, ids, 8);
-  CHECK_THROWS_WITH_AS(rk::expert_ffn(exec, x, buckets8, packed, y), doctest::Contains("8 experts"),
-                       rk::KernelError);
-  auto w = rk::RowTensor<T, Mem>("w", 2, 3);
-  auto out = rk::RowTensor<T, Mem>("out", 2, 8);
-  CHECK_THROWS_WITH_AS(rk::moe_combine(exec, y, buckets, w, out), doctest::Contains("topk_weights"),
-                       rk::KernelError);
+  auto x_bad = relayout::RowsView<T, Mem>("x", 2, 7);
+  relayout::EpWorkspace<T, typename C::exec> ws7;
+  CHECK_THROWS_WITH_AS(rk::expert_ffn(exec, relayout::group_by_expert(exec, x_bad, route, 0, 4, ws7).batch, packed, y),
+                       doctest::Contains("hidden 8"), rk::KernelError);
+  auto out = relayout::RowsView<T, Mem>("out", 2, 8);
+  const relayout::TopK<T, typename C::exec> route3(ids_view<C>({0, 1, 2, 0, 1, 2}, 2, 3),
+                                                   relayout::RowsView<T, Mem>("w", 2, 3));
+  CHECK_THROWS_WITH_AS(relayout::combine_experts(exec, groups, route3, y, out), doctest::Contains("router weights"),
+                       relayout::LayoutError);
+  auto out_bad = relayout::RowsView<T, Mem>("out", 3, 8);
+  CHECK_THROWS_WITH_AS(relayout::combine_experts(exec, groups, route, y, out_bad), doctest::Contains("rows x hidden"),
+                       relayout::LayoutError);
+  CHECK_THROWS_WITH_AS(relayout::group_by_expert(exec, x, route, 0, 0, ws), doctest::Contains("local >= 1"),
+                       relayout::LayoutError);
   CHECK_THROWS_WITH_AS(rk::intermediate_shard(10, 4, 0), doctest::Contains("split evenly"), rk::KernelError);
-  CHECK_THROWS_WITH_AS(rk::bucket_by_expert(exec, ids, 0), doctest::Contains("n_experts"), rk::KernelError);
   CHECK_THROWS_WITH_AS(rk::swiglu_ffn(exec, x, packed, out), doctest::Contains("one expert"), rk::KernelError);
 }
 TEST_CASE_TEMPLATE_APPLY(moe_errors, Cases);

@@ -25,7 +25,7 @@ TEST_CASE_TEMPLATE_DEFINE("rms_norm and add_rms_norm match the reference", C, rm
       auto w = make_vector<C>(random_values(n, seed++, 0.5, 1.5), &w_d);
       const double tol_rel = 4 * (std::sqrt(double(n)) + 4) * eps_of<T>();
 
-      auto y = rk::RowTensor<T, Mem>("y", rows, n);
+      auto y = relayout::RowsView<T, Mem>("y", rows, n);
       rk::rms_norm(exec, x.view, w, eps_norm, y);
       const rr::Matrix want = rr::rms_norm(x.matrix, w_d, eps_norm);
       check_close(rr::to_matrix(y), want, [&](int i, int j) { return tol_rel * (std::abs(want(i, j)) + 1e-3); },
@@ -52,11 +52,11 @@ TEST_CASE_TEMPLATE_DEFINE("rms_norm rejects bad shapes", C, rms_errors) {
   using T = typename C::scalar;
   using Mem = typename C::mem;
   typename C::exec exec;
-  auto x = rk::RowTensor<T, Mem>("x", 2, 8);
+  auto x = relayout::RowsView<T, Mem>("x", 2, 8);
   auto w = rk::Vector<T, Mem>("w", 7);
   auto w8 = rk::Vector<T, Mem>("w", 8);
   CHECK_THROWS_WITH_AS(rk::rms_norm(exec, x, w, 1e-6, x), doctest::Contains("weight"), rk::KernelError);
-  auto y = rk::RowTensor<T, Mem>("y", 3, 8);
+  auto y = relayout::RowsView<T, Mem>("y", 3, 8);
   CHECK_THROWS_WITH_AS(rk::rms_norm(exec, x, w8, 1e-6, y), doctest::Contains("must have x's shape"),
                        rk::KernelError);
   CHECK_THROWS_WITH_AS(rk::rms_norm(exec, x, w8, 0.0, x), doctest::Contains("eps"), rk::KernelError);

@@ -42,7 +42,7 @@ void run_router_case(const RouterCase& rc, int tokens, std::uint32_t seed) {
     bias = make_vector<C>(b, &bias_d);
   }
   Kokkos::View<int**, Kokkos::LayoutRight, Mem> ids("ids", tokens, cfg.top_k);
-  rk::RowTensor<T, Mem> weights("weights", tokens, cfg.top_k);
+  relayout::RowsView<T, Mem> weights("weights", tokens, cfg.top_k);
   rk::route(exec, logits.view, cfg, ids, weights, bias);
   const rr::Routing want = rr::route(logits.matrix, cfg, bias_d);
 
@@ -95,7 +95,7 @@ TEST_CASE_TEMPLATE_DEFINE("route breaks ties toward the lower expert id", C, rou
   l[8 + 7] = l[8 + 1] = 0.5;
   auto logits = make_tensor<C>(2, 8, l);
   Kokkos::View<int**, Kokkos::LayoutRight, Mem> ids("ids", 2, 4);
-  rk::RowTensor<T, Mem> weights("w", 2, 4);
+  relayout::RowsView<T, Mem> weights("w", 2, 4);
   for (auto scoring : {rk::Scoring::softmax, rk::Scoring::sigmoid}) {
     rk::route(exec, logits.view, {4, scoring, 1, 1, true, 1.0}, ids, weights);
     auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ids);
@@ -114,7 +114,7 @@ TEST_CASE_TEMPLATE_DEFINE("route breaks ties toward the lower expert id", C, rou
   std::vector<double> flat(8, 0.25);
   auto logits2 = make_tensor<C>(1, 8, flat);
   Kokkos::View<int**, Kokkos::LayoutRight, Mem> ids2("ids", 1, 3);
-  rk::RowTensor<T, Mem> w2("w", 1, 3);
+  relayout::RowsView<T, Mem> w2("w", 1, 3);
   rk::route(exec, logits2.view, {3, rk::Scoring::sigmoid, 4, 2, true, 1.0}, ids2, w2);
   auto h2 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ids2);
   CHECK(h2(0, 0) == 0);
@@ -127,9 +127,9 @@ TEST_CASE_TEMPLATE_DEFINE("route rejects bad configurations", C, router_errors) 
   using T = typename C::scalar;
   using Mem = typename C::mem;
   typename C::exec exec;
-  rk::RowTensor<T, Mem> logits("l", 3, 16);
+  relayout::RowsView<T, Mem> logits("l", 3, 16);
   Kokkos::View<int**, Kokkos::LayoutRight, Mem> ids("ids", 3, 4);
-  rk::RowTensor<T, Mem> w("w", 3, 4);
+  relayout::RowsView<T, Mem> w("w", 3, 4);
   using S = rk::Scoring;
   CHECK_THROWS_WITH_AS(rk::route(exec, logits, {4, S::softmax, 3, 1, true, 1.0}, ids, w),
                        doctest::Contains("n_group: must divide the number of experts 16"), rk::KernelError);
@@ -142,7 +142,7 @@ TEST_CASE_TEMPLATE_DEFINE("route rejects bad configurations", C, router_errors) 
   rk::Vector<T, Mem> bias("b", 15);
   CHECK_THROWS_WITH_AS(rk::route(exec, logits, {4, S::softmax, 1, 1, true, 1.0}, ids, w, bias),
                        doctest::Contains("correction_bias"), rk::KernelError);
-  rk::RowTensor<T, Mem> none("l", 3, 0);
+  relayout::RowsView<T, Mem> none("l", 3, 0);
   CHECK_THROWS_WITH_AS(rk::route(exec, none, {4, S::softmax, 1, 1, true, 1.0}, ids, w),
                        doctest::Contains("at least one expert"), rk::KernelError);
 }

@@ -28,8 +28,14 @@ int main() {
   return Layout<Tp<8>, Dp<4>, DpAttention<true>, A2a<Backend::flashinfer>>::attn_tp;
 #elif defined(RELAYOUT_CF_CASE_attn_dp_replicas)
   return Layout<Tp<8>, Dp<2>, AttnDp<4>>::attn_tp;
+#elif defined(RELAYOUT_CF_CASE_dspark_dp_lm_head)
+  // speculative_hook.py _handle_dspark: DP attention with dp > 1 needs --enable-dp-lm-head.
+  return Layout<Tp<8>, Dp<8>, DpAttention<true>, DraftModel<Draft::dense>>::attn_tp;
+#elif defined(RELAYOUT_CF_CASE_dspark_backend)
+  return Layout<Tp<8>, Dp<8>, DpAttention<true>, DpLmHead<true>, DraftModel<Draft::dense>,
+                A2a<Backend::deepep>>::attn_tp;
 #else
-  return Layout<Tp<32>, Dp<32>, DpAttention<true>, DraftModel<Draft::moe>>::attn_tp - 1 +
+  return Layout<Tp<32>, Dp<32>, DpAttention<true>, DpLmHead<true>, DraftModel<Draft::moe>>::attn_tp - 1 +
          Layout<Tp<8>, PrefillCp<true>, MoeDp<8>>::moe_tp - 1;
 #endif
 }

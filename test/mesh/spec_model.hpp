@@ -12,6 +12,8 @@ namespace relayout::spec_model {
 
 struct Expected {
   int attn_dp, attn_cp, attn_tp, moe_dp, moe_ep, moe_tp;
+  int dcp = 1;       // decode-CP block width
+  int dense_tp = 0;  // 0: tp
 };
 
 // SGLang's launch arithmetic restated step by step from its server-argument hooks, independent of
@@ -25,8 +27,9 @@ inline Sglang sglang_launch(const LayoutConfig& c) {
   using I = std::int64_t;
   const I cap = I{1} << 20;
   Sglang out;
-  for (I v : {I{c.tp}, I{c.dp}, I{c.cp}, I{c.ep}, I{c.moe_dp}})
+  for (I v : {I{c.tp}, I{c.dp}, I{c.cp}, I{c.ep}, I{c.moe_dp}, I{c.dcp}, I{c.pp}, I{c.nnodes}})
     if (v < 1 || v > cap) return out;
+  if (c.ep_num_redundant_experts < 0 || c.ep_num_redundant_experts > cap) return out;
   I tp = c.tp, dp = c.dp, attn_cp = c.cp;
   bool dp_attention = c.enable_dp_attention;
   // --attn-dp-size: the width itself; the old spelling is --dp-size N --enable-dp-attention.
@@ -38,18 +41,23 @@ inline Sglang sglang_launch(const LayoutConfig& c) {
     dp_attention = n > 1;
     if (n > 1) dp = n;
   }
-  // deepseek_v4_hook.py validate_deepseek_v4_cp
+  // overrides.py _data_parallelism_defaults: dp_size 1 turns DP attention and the DP LM head off.
+  bool dp_lm_head = c.enable_dp_lm_head;
+  if (dp == 1) dp_attention = dp_lm_head = false;
+  // moe_hook.py handle_a2a_moe: ascend_tp runs as none.
+  const Backend b = c.moe_a2a_backend == Backend::ascend_tp ? Backend::none : c.moe_a2a_backend;
+  I dense_tp = c.moe_dense_tp_size ? I{*c.moe_dense_tp_size} : tp;
+  // deepseek_v4_hook.py validate_deepseek_v4_cp (a missing --cp-strategy is not interleave)
   if (c.enable_prefill_cp) {
-    if (c.cp_strategy == CpStrategy::zigzag) return out;
+    if (c.cp_strategy != CpStrategy::interleave) return out;
     dp_attention = true;
+    dense_tp = 1;
     attn_cp = tp / dp;
     if (dp != 1 || tp > 8) return out;
-    const Backend b = c.moe_a2a_backend;
     if (b != Backend::none && b != Backend::deepep && b != Backend::megamoe && b != Backend::mori)
       return out;
   }
   // moe_hook.py handle_a2a_moe (overrides.py _a2a_ep_size forces ep = tp for every backend)
-  const Backend b = c.moe_a2a_backend;
   const I ep = b == Backend::none ? c.ep : tp;
   if ((b == Backend::flashinfer || b == Backend::flashinfer_megamoe) && !(dp_attention && dp == tp))
     return out;
@@ -60,13 +68,27 @@ inline Sglang sglang_launch(const LayoutConfig& c) {
   // parallel_hook.py handle_context_parallelism
   if (attn_cp > 1 && (tp % attn_cp != 0 || tp % (dp * attn_cp) != 0)) return out;
   if (c.moe_dp > 1) {
-    if (tp % c.moe_dp != 0 || ep * c.moe_dp > tp) return out;
+    if (tp % c.moe_dp != 0 || ep * c.moe_dp > tp || c.pp != 1) return out;
     if (ep > 1 && ep * c.moe_dp != tp) return out;
   }
   if (attn_cp != c.moe_dp && c.moe_dp != 1) return out;
+  // validation_hook.py check_server_args
+  if (dense_tp != 1 && dense_tp != tp) return out;
+  if (c.pp > 1 && c.draft != Draft::none) return out;
+  if ((tp * c.pp) % c.nnodes != 0) return out;
+  if (dp > 1 && c.nnodes != 1 && !dp_attention) return out;
+  // parallel_state.py initialize_model_parallel
+  if (tp % c.dcp != 0) return out;
+  // overrides.py _dp_lm_head_validation
+  if (dp_lm_head && !dp_attention) return out;
+  if (c.enable_tp_lm_head_all_to_all &&
+      (!dp_attention || dp_lm_head || tp != dp || attn_cp != 1))
+    return out;
+  // Redundant experts place extra expert copies over the EP ranks.
+  if (c.ep_num_redundant_experts > 0 && ep < 2) return out;
   out.starts = true;
-  out.w = {int(attn_dp), int(attn_cp), int(tp / attn_dp / attn_cp),
-           c.moe_dp, int(ep), int(tp / ep / c.moe_dp)};
+  out.w = {int(attn_dp), int(attn_cp), int(tp / attn_dp / attn_cp), c.moe_dp, int(ep),
+           int(tp / ep / c.moe_dp), c.dcp, int(dense_tp)};
   return out;
 }
 
@@ -83,6 +105,8 @@ inline RankCoords spec_coords(const Expected& e, int tp, int r) {
   k.moe_dp_rank = r / (tp / e.moe_dp);
   k.moe_ep_rank = (r % (tp / e.moe_dp)) / e.moe_tp;
   k.moe_tp_rank = r % e.moe_tp;
+  k.dcp_rank = r % e.dcp;
+  k.dense_tp_rank = r % (e.dense_tp > 0 ? e.dense_tp : tp);
   return k;
 }
 
@@ -95,6 +119,10 @@ inline std::tuple<int, int, int> group_key(GroupKind g, const RankCoords& k) {
     case GroupKind::moe_tp: return {k.moe_dp_rank, k.moe_ep_rank, 0};
     case GroupKind::moe_ep: return {k.moe_dp_rank, k.moe_tp_rank, 0};
     case GroupKind::moe_dp: return {k.moe_ep_rank, k.moe_tp_rank, 0};
+    // Blocks of consecutive ranks: the block number is the rank with its position taken off.
+    case GroupKind::dcp: return {k.rank - k.dcp_rank, 0, 0};
+    case GroupKind::dense_tp: return {k.rank - k.dense_tp_rank, 0, 0};
+    case GroupKind::pp: return {k.rank, 0, 0};  // inside one domain: every rank alone
   }
   return {};
 }
@@ -114,6 +142,9 @@ inline int expected_group_size(GroupKind g, const Expected& e, int tp) {
     case GroupKind::moe_tp: return e.moe_tp;
     case GroupKind::moe_ep: return e.moe_ep;
     case GroupKind::moe_dp: return e.attn_cp > e.moe_dp ? e.attn_cp : e.moe_dp;
+    case GroupKind::dcp: return e.dcp;
+    case GroupKind::dense_tp: return e.dense_tp > 0 ? e.dense_tp : tp;
+    case GroupKind::pp: return 1;
   }
   return 0;
 }

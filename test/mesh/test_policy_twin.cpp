@@ -36,6 +36,9 @@ constexpr void for_each_valid(F&& f) {
                   for (bool prefill : {false, true}) {
                     LayoutConfig c{tp, dp, cp, ep, moe_dp, dpa, b, d};
                     c.enable_prefill_cp = prefill;
+                    if (prefill) c.cp_strategy = CpStrategy::interleave;
+                    // speculative_hook.py _handle_dspark: DSpark under DP attention needs the DP LM head.
+                    c.enable_dp_lm_head = d != Draft::none && dpa && dp > 1;
                     const WidthsResult r = derive_widths(c);
                     if (r.rule == LayoutRule::ok && dspark_verdict(c, r.widths).allowed) f(c);
                   }
@@ -63,7 +66,7 @@ using PolicyAt = Layout<Tp<kConfigs[I].tp>, Dp<kConfigs[I].dp>, Cp<kConfigs[I].c
                         Ep<kConfigs[I].ep>, MoeDp<kConfigs[I].moe_dp>,
                         DpAttention<kConfigs[I].enable_dp_attention>,
                         A2a<kConfigs[I].moe_a2a_backend>, DraftModel<kConfigs[I].draft>,
-                        PrefillCp<kConfigs[I].enable_prefill_cp>>;
+                        PrefillCp<kConfigs[I].enable_prefill_cp>, DpLmHead<kConfigs[I].enable_dp_lm_head>>;
 
 // What a layout type answers, read out at run time so that the comparison below is compiled once.
 struct Answers {
@@ -86,10 +89,14 @@ int spec_mismatches(const LayoutConfig& c, const Answers& a) {
   bad += w.tp != c.tp || w.attn_dp != e.attn_dp || w.attn_cp != e.attn_cp || w.attn_tp != e.attn_tp;
   bad += w.moe_dp != e.moe_dp || w.moe_ep != e.moe_ep || w.moe_tp != e.moe_tp;
   bad += a.path != spec_path(e, c.moe_a2a_backend);
-  // docs/dspark.md: DP attention (prefill CP turns it on; the sweep sets no --attn-dp-size) + MoE draft
-  // needs attn_tp == 1. The sweep keeps what the library allows, so a too permissive rule shows here.
-  const bool dp_attention = c.enable_dp_attention || c.enable_prefill_cp;
-  bad += a.dspark_allowed != !(dp_attention && c.draft == Draft::moe && e.attn_tp > 1);
+  // docs/dspark.md: DP attention (prefill CP turns it on, --dp-size 1 turns it off; the sweep sets no
+  // --attn-dp-size) + MoE draft needs attn_tp == 1; speculative_hook.py _handle_dspark with dp > 1
+  // needs the DP LM head, backend none and attn_cp == 1. The sweep keeps what the library allows,
+  // so a too permissive rule shows here.
+  const bool dp_attention = (c.enable_dp_attention && c.dp > 1) || c.enable_prefill_cp;
+  const bool launch_ok = !(dp_attention && c.dp > 1 && c.draft != Draft::none) ||
+                         (c.enable_dp_lm_head && c.moe_a2a_backend == Backend::none && e.attn_cp == 1);
+  bad += a.dspark_allowed != (!(dp_attention && c.draft == Draft::moe && e.attn_tp > 1) && launch_ok);
   // docs/layout.md#what-is-checked: prefill CP deals token i to CP rank i mod cp; plain CP splits contiguously.
   bad += a.cp_split != (c.enable_prefill_cp ? CpTokenSplit::round_robin : CpTokenSplit::contiguous);
   for (int r = 0; r < c.tp; ++r) {

@@ -48,13 +48,22 @@ TEST_CASE("seed: DSpark MoE draft rejected at TP32/DP16, allowed at TP32/DP32, d
         "--dp-size == --tp). attn_tp > 1 corrupts the MoE-under-DP all-reduce.");
   CHECK_THROWS_AS(RuntimeLayout(dp16).require_dspark_allowed(), LayoutError);
 
+  // attn_tp == 1 passes the worker's rule; speculative_hook.py _handle_dspark then needs the DP
+  // LM head and the built-in TP MoE.
   LayoutConfig dp32 = dp16;
   dp32.dp = 32;
+  CHECK(RuntimeLayout(dp32).dspark().input == "--enable-dp-lm-head");
+  dp32.enable_dp_lm_head = true;
+  CHECK(RuntimeLayout(dp32).dspark().input == "--moe-a2a-backend");
+  dp32.moe_a2a_backend = Backend::none;
   CHECK(RuntimeLayout(dp32).dspark().allowed);
   CHECK(RuntimeLayout(dp32).dspark().error.empty());
 
+  // The MoE-draft rule leaves a dense draft alone; the launch hook's rules still apply.
   LayoutConfig dense = dp16;
   dense.draft = Draft::dense;
+  dense.enable_dp_lm_head = true;
+  dense.moe_a2a_backend = Backend::none;
   CHECK(RuntimeLayout(dense).dspark().allowed);
 
   LayoutConfig no_dp_attention = dp16;
@@ -126,14 +135,15 @@ TEST_CASE("bridge path: each (attn_dp, attn_tp, backend) case of docs/bridge.md"
         BridgePath::direct);
 }
 
-TEST_CASE("every backend but none spans EP over tp (docs/layout.md#derived-widths)") {
+TEST_CASE("every backend but none (and ascend_tp) spans EP over tp (docs/layout.md#derived-widths)") {
   for (const auto& [backend, name] : impl::kBackendNames.entries) {
     CAPTURE(name);
     CHECK(parse_backend(name) == backend);
     // dp == tp with DP attention satisfies every backend's own rule (flashinfer, pplx).
     const RuntimeLayout l({.tp = 8, .dp = 8, .ep = 2, .enable_dp_attention = true,
                            .moe_a2a_backend = backend});
-    CHECK(l.widths().moe_ep == (backend == Backend::none ? 2 : 8));
+    // ascend_tp runs as none (moe_hook.py handle_a2a_moe), so --ep 2 is honoured.
+    CHECK(l.widths().moe_ep == (backend == Backend::none || backend == Backend::ascend_tp ? 2 : 8));
   }
 }
 

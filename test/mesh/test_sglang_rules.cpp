@@ -8,30 +8,19 @@
 #include <string>
 #include <vector>
 
+#include "rejection.hpp"
+
 using namespace relayout;
+using relayout::test::contains;
+using relayout::test::Rejection;
+using relayout::test::rejection_of;
 
 namespace {
-
-struct Rejection {
-  std::string input, message;
-};
-
-Rejection rejection_of(const LayoutConfig& c) {
-  try {
-    RuntimeLayout l(c);
-  } catch (const LayoutError& e) {
-    return {e.input(), e.what()};
-  }
-  return {};
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 LayoutConfig prefill(int tp, Backend b = Backend::none) {
   LayoutConfig c{.tp = tp, .moe_a2a_backend = b};
   c.enable_prefill_cp = true;
+  c.cp_strategy = CpStrategy::interleave;
   return c;
 }
 
@@ -72,8 +61,11 @@ TEST_CASE("each rule rejects its layouts with the flag and its sentence") {
       {{.tp = 8, .moe_a2a_backend = Backend::pplx}, "--moe-a2a-backend",
        "--moe-a2a-backend pplx with --dp-size 1 without --enable-dp-attention (DP attention off)",
        RELAYOUT_RULE_BACKEND_PPLX},
+      // overrides.py _data_parallelism_defaults: --dp-size 1 turns DP attention off first.
       {{.tp = 8, .enable_dp_attention = true, .moe_a2a_backend = Backend::pplx}, "--moe-a2a-backend",
-       "(one DP group)", RELAYOUT_RULE_BACKEND_PPLX},
+       "(DP attention off: --dp-size 1 turns --enable-dp-attention off)", RELAYOUT_RULE_BACKEND_PPLX},
+      {with_attn_dp({.tp = 8, .moe_a2a_backend = Backend::pplx}, 1), "--moe-a2a-backend", "(DP attention off)",
+       RELAYOUT_RULE_BACKEND_PPLX},
       // --attn-dp-size.
       {with_attn_dp({.tp = 4, .dp = 2}, 2), "--attn-dp-size", "--attn-dp-size 2 with --dp-size 2",
        RELAYOUT_RULE_ATTN_DP_REPLICAS},
@@ -147,16 +139,21 @@ TEST_CASE("--attn-dp-size N resolves to the widths of --dp-size N --enable-dp-at
       }
   // The DSpark check sees DP attention through --attn-dp-size too.
   LayoutConfig c = with_attn_dp({.tp = 8, .draft = Draft::moe}, 4);
-  CHECK_FALSE(RuntimeLayout(c).dspark().allowed);
+  CHECK(RuntimeLayout(c).dspark().input == "--draft");
   c.attn_dp_size = 8;
+  CHECK(RuntimeLayout(c).dspark().input == "--enable-dp-lm-head");
+  c.enable_dp_lm_head = true;
   CHECK(RuntimeLayout(c).dspark().allowed);
 }
 
 TEST_CASE("--attn-dp-size gives the DSpark draft context of the old spelling") {
   for (Draft d : {Draft::dense, Draft::moe}) {
-    const auto old_spelling = spec::draft_context(
-        RuntimeLayout({.tp = 8, .dp = 8, .enable_dp_attention = true, .draft = d}));
-    const auto new_spelling = spec::draft_context(RuntimeLayout(with_attn_dp({.tp = 8, .draft = d}, 8)));
+    LayoutConfig old_config{.tp = 8, .dp = 8, .enable_dp_attention = true, .draft = d};
+    old_config.enable_dp_lm_head = true;
+    LayoutConfig new_config = with_attn_dp({.tp = 8, .draft = d}, 8);
+    new_config.enable_dp_lm_head = true;
+    const auto old_spelling = spec::draft_context(RuntimeLayout(old_config));
+    const auto new_spelling = spec::draft_context(RuntimeLayout(new_config));
     CHECK(new_spelling.sync_group == GroupKind::attn_tp);
     CHECK(new_spelling.sync_group == old_spelling.sync_group);
     CHECK(new_spelling.patched == old_spelling.patched);
@@ -172,7 +169,7 @@ TEST_CASE("prefill CP: DP attention on, attn_cp = tp / dp, every rank one CP ran
   CHECK(dp_attention_on(c));
   CHECK(cp_overridden(c));
   CHECK(l.widths() == Widths{.tp = 4, .attn_dp = 1, .attn_cp = 4, .attn_tp = 1, .moe_dp = 1,
-                             .moe_ep = 4, .moe_tp = 1});
+                             .moe_ep = 4, .moe_tp = 1, .dcp = 1, .dense_tp = 1});
   CHECK(l.groups(GroupKind::attn_cp) == std::vector<std::vector<int>>{{0, 1, 2, 3}});
   for (int r = 0; r < 4; ++r) CHECK(l.coords(r).attn_cp_rank == r);
   CHECK(l.cp_token_split() == CpTokenSplit::round_robin);
@@ -210,24 +207,24 @@ TEST_CASE("which CP rank holds which token") {
   ranks.clear();
   for (int i = 0; i < 10; ++i) ranks.push_back(c.cp_rank_of_token(i, 10));
   CHECK(ranks == std::vector<int>{0, 0, 0, 1, 1, 1, 2, 2, 3, 3});
-  CHECK(cp_chunk(10, 4, 0) == TokenRange{0, 3});
-  CHECK(cp_chunk(10, 4, 2) == TokenRange{6, 8});
-  CHECK(cp_chunk(10, 4, 3) == TokenRange{8, 10});
+  CHECK(cp_chunk(10, 4, 0) == Range{0, 3});
+  CHECK(cp_chunk(10, 4, 2) == Range{6, 2});
+  CHECK(cp_chunk(10, 4, 3) == Range{8, 2});
   // A request shorter than cp: ranks past its length hold nothing.
-  CHECK(cp_chunk(2, 4, 3) == TokenRange{2, 2});
+  CHECK(cp_chunk(2, 4, 3) == Range{2, 0});
   CHECK(c.cp_rank_of_token(1, 2) == 1);
   // Every token lands in the chunk of the rank it is assigned to, and counts agree for both splits.
   for (std::int64_t n = 0; n <= 40; ++n)
     for (int cp : {1, 2, 3, 5, 8}) {
       std::int64_t covered = 0;
       for (int r = 0; r < cp; ++r) {
-        const TokenRange t = cp_chunk(n, cp, r);
+        const Range t = cp_chunk(n, cp, r);
         CHECK(t.begin == covered);
-        covered = t.end;
-        CHECK(t.end - t.begin == cp_token_count(n, cp, r));
+        covered = t.end();
+        CHECK(t.count == cp_token_count(n, cp, r));
         std::int64_t dealt = 0;
         for (std::int64_t i = 0; i < n; ++i) {
-          if (i >= t.begin && i < t.end) CHECK(cp_chunk_rank_of_token(i, n, cp) == r);
+          if (t.contains(i)) CHECK(cp_chunk_rank_of_token(i, n, cp) == r);
           dealt += prefill_cp_rank_of_token(i, cp) == r;
         }
         CHECK(dealt == cp_token_count(n, cp, r));

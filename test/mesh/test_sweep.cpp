@@ -64,6 +64,8 @@ TEST_CASE("sweep: every valid layout with tp <= 64 matches the brute-force enume
     REQUIRE(w.moe_dp == e.moe_dp);
     REQUIRE(w.moe_ep == e.moe_ep);
     REQUIRE(w.moe_tp == e.moe_tp);
+    REQUIRE(w.dcp == 1);
+    REQUIRE(w.dense_tp == c.tp);
     REQUIRE(w.tp == w.attn_dp * w.attn_cp * w.attn_tp);
     REQUIRE(w.tp == w.moe_dp * w.moe_ep * w.moe_tp);
 
@@ -132,7 +134,7 @@ TEST_CASE("sweep: a config is accepted exactly when SGLang's launch rules say it
   CHECK(rejected > 1000);
 }
 
-// Every flag the layout engine reads, every backend, prefill CP off/interleave/zigzag and
+// Every flag the layout engine reads, every backend, prefill CP off/unset/interleave/zigzag and
 // --attn-dp-size absent or given: accept/reject, widths and the MoE-DP group of every rank equal the
 // restatement above. The counts are the README's figures.
 TEST_CASE("sweep: SGLang's launch rules over tp <= 32, every backend, prefill CP and --attn-dp-size") {
@@ -143,10 +145,11 @@ TEST_CASE("sweep: SGLang's launch rules over tp <= 32, every backend, prefill CP
   const std::optional<int> kAttnDps[] = {std::nullopt, 1, 2, 4, 0};
   struct Prefill {
     bool on;
-    CpStrategy strategy;
+    std::optional<CpStrategy> strategy;
   };
-  constexpr Prefill kPrefill[] = {{false, CpStrategy::interleave}, {true, CpStrategy::interleave},
-                                  {true, CpStrategy::zigzag}};
+  // parallel_hook.py handle_context_parallelism: prefill CP without a strategy does not start.
+  const Prefill kPrefill[] = {{false, std::nullopt}, {true, std::nullopt}, {true, CpStrategy::interleave},
+                              {true, CpStrategy::zigzag}};
   long accepted = 0, rejected = 0, aliased = 0, prefill_accepted = 0, throws_checked = 0;
   for (int tp = 1; tp <= 32; ++tp)
     for (int dp : kDps)

@@ -65,7 +65,7 @@ std::vector<LayoutConfig> layouts(int np) {
               if (derive_widths(c).rule == LayoutRule::ok) out.push_back(c);
             }
   for (Backend b : {Backend::none, Backend::deepep})  // DeepSeek-V4 prefill CP: attn_cp = tp
-    if (np > 1 && np <= kMaxPrefillCpTp) out.push_back({.tp = np, .moe_a2a_backend = b, .enable_prefill_cp = true});
+    if (np > 1 && np <= kMaxPrefillCpTp) out.push_back({.tp = np, .moe_a2a_backend = b, .enable_prefill_cp = true, .cp_strategy = CpStrategy::interleave});
   return out;
 }
 
@@ -105,13 +105,14 @@ struct Outcome {
   bool splits_match = true;  // each holds this rank's tensor_split chunk of its DP group's rows
 };
 
-Outcome run(const MpiCommunicator& world, const LayoutConfig& c, model::BridgeOptions opts) {
+Outcome run(const MpiCommunicator& world, const LayoutConfig& c, const BridgeOptions& bridge) {
   const RuntimeLayout layout(c);
   const ProcessGroups groups(layout, world);
   const Widths& w = layout.widths();
   model::ModelDims dims = tiny_dims();
   if (w.attn_cp > 1 && !c.enable_prefill_cp) dims.window = 2;  // masks by global position across CP ranks
   const model::Workload work = workload(w.attn_dp);
+  model::LayerOptions opts{bridge};
   opts.record_boundaries = true;
   model::DistributedModel<MpiCommunicator> net(groups, dims, opts);
   const model::LayerRows<> out = net.forward(work);
@@ -148,14 +149,14 @@ TEST_CASE("layer: every valid layout with tp = np matches the single-rank refere
   double worst = 0;
   for (const LayoutConfig& c : layouts(world.size())) {
     const BridgePath path = RuntimeLayout(c).bridge_path();
-    std::vector<model::BridgeOptions> variants{{}};
+    std::vector<BridgeOptions> variants{{}};
     if (path == BridgePath::dp_gather) {
       variants = {{.padding = PaddingMode::sum_len}, {.padding = PaddingMode::max_len},
-                  {.padding = PaddingMode::sum_len, .restore = model::Restore::scatter}};
+                  {.padding = PaddingMode::sum_len, .restore = BridgeRestore::scatter}};
       if (RuntimeLayout(c).widths().attn_cp > 1 && world.size() >= 8)  // one padding each, both over the sweep
         variants = {{.padding = checked % 2 ? PaddingMode::max_len : PaddingMode::sum_len}};
     }
-    for (const model::BridgeOptions& opts : variants) {
+    for (const BridgeOptions& opts : variants) {
       CAPTURE(c.tp);
       CAPTURE(c.dp);
       CAPTURE(c.ep);
@@ -212,23 +213,23 @@ TEST_CASE("layer: each injected bug is caught (wrong rows, or broken row conserv
   const int np = world.size();
   if (np < 2) return;  // every injected bug needs tp > 1 to show itself
   struct Case {
-    model::Inject inject;
+    BridgeFault inject;
     LayoutConfig layout;
   };
   const Case cases[] = {
-      {model::Inject::double_reduce, {.tp = np, .dp = np, .enable_dp_attention = true}},      // path A
-      {model::Inject::skip_reduce, {.tp = np, .dp = np, .enable_dp_attention = true}},        // path A
-      {model::Inject::double_reduce, {.tp = np, .ep = np}},                                    // tp_moe
-      {model::Inject::skip_reduce, {.tp = np, .ep = np}},                                      // tp_moe
-      {model::Inject::gather_partial, {.tp = np, .dp = np / 2, .enable_dp_attention = true}},  // attn_tp 2
-      {model::Inject::no_split, {.tp = np, .dp = np / 2, .enable_dp_attention = true,
+      {BridgeFault::double_reduce, {.tp = np, .dp = np, .enable_dp_attention = true}},      // path A
+      {BridgeFault::skip_reduce, {.tp = np, .dp = np, .enable_dp_attention = true}},        // path A
+      {BridgeFault::double_reduce, {.tp = np, .ep = np}},                                    // tp_moe
+      {BridgeFault::skip_reduce, {.tp = np, .ep = np}},                                      // tp_moe
+      {BridgeFault::gather_partial, {.tp = np, .dp = np / 2, .enable_dp_attention = true}},  // attn_tp 2
+      {BridgeFault::no_split, {.tp = np, .dp = np / 2, .enable_dp_attention = true,
                                  .moe_a2a_backend = Backend::deepep}},
   };
   for (const Case& c : cases) {
-    if (c.inject == model::Inject::gather_partial && np < 4) continue;  // needs attn_dp, attn_tp >= 2
+    if (c.inject == BridgeFault::gather_partial && np < 4) continue;  // needs attn_dp, attn_tp >= 2
     CAPTURE(to_string(c.inject));
-    model::BridgeOptions opts;
-    opts.inject = c.inject;
+    BridgeOptions opts;
+    opts.fault = c.inject;
     bool caught = false;
     try {
       const Outcome o = run(world, c.layout, opts);
@@ -244,7 +245,40 @@ TEST_CASE("layer: an injected bug on a layout where it cannot show itself is ref
   const MpiCommunicator world = MpiCommunicator::world();
   const RuntimeLayout layout({.tp = world.size()});
   const ProcessGroups groups(layout, world);
-  model::BridgeOptions opts;
-  opts.inject = model::Inject::no_split;  // tp_moe never splits rows
-  CHECK_THROWS_AS(model::DistributedModel<MpiCommunicator>(groups, tiny_dims(), opts), LayoutError);
+  model::LayerOptions opts;
+  opts.fault = BridgeFault::no_split;  // tp_moe never splits rows
+  CHECK_THROWS_WITH_AS(model::DistributedModel<MpiCommunicator>(groups, tiny_dims(), opts),
+                       doctest::Contains("fault no_split needs path a2a_split"), LayoutError);
+}
+
+TEST_CASE("layer: decode steps in DeepEP's low-latency mode give the normal mode's rows; over the capacity they stop") {
+  const MpiCommunicator world = MpiCommunicator::world();
+  const int np = world.size();
+  if (np < 2) return;
+  const RuntimeLayout layout(LayoutConfig{.tp = np, .moe_a2a_backend = Backend::deepep});  // attn_tp = np
+  REQUIRE(layout.bridge_path() == BridgePath::a2a_split);
+  const ProcessGroups groups(layout, world);
+  const model::Workload work = workload(1);  // 5 requests: one decode row each per step
+  const model::DecodePlan plan = model::DecodePlan::make(2, {}, work.requests());
+  const auto decode = [&](EpMode mode, std::int64_t capacity) {
+    model::LayerOptions opts;
+    opts.decode_ep_mode = mode;
+    opts.decode_ep_capacity = capacity;
+    model::DistributedModel<MpiCommunicator> net(groups, tiny_dims(), opts);
+    net.reserve_kv(work, 16);
+    model::LayerRows<> x = net.forward(work);  // the prefill dispatches in normal mode either way
+    for (int s = 1; s <= plan.steps; ++s) x = net.decode_step(work, plan, s, x);
+    return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x.view());
+  };
+  const auto normal = decode(EpMode::normal, 0);
+  const auto low = decode(EpMode::low_latency, work.requests());
+  REQUIRE(normal.extent(0) == 5);
+  REQUIRE(low.extent(0) == normal.extent(0));
+  bool same = true;
+  for (std::size_t i = 0; i < normal.extent(0); ++i)
+    for (std::size_t f = 0; f < normal.extent(1); ++f) same = same && low(i, f) == normal(i, f);
+  CHECK(same);
+  if (np < work.requests())  // attn_tp rank 0's chunk of the 5 decode rows holds 2 or more
+    CHECK_THROWS_WITH_AS(decode(EpMode::low_latency, 1), doctest::Contains("over the low-latency capacity of 1 rows per rank"),
+                         LayoutError);
 }

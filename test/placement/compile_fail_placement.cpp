@@ -1,6 +1,7 @@
 // Compiled once per RELAYOUT_CF_CASE_*: each forbidden transition must stop the compile with its
 // sentence. With no case defined the legal chain compiles.
 #include <relayout/comm.hpp>
+#include <relayout/bridge.hpp>
 #include <relayout/placement.hpp>
 
 using namespace relayout;
@@ -29,6 +30,11 @@ int main() {
   return static_cast<int>(split_rows(pg, partial).rows());
 #elif defined(RELAYOUT_CF_CASE_gather_replicate_twice)
   return static_cast<int>(dp_gather_replicate(pg, dp_gather_replicate(pg, replicated, slots), slots).rows());
+#elif defined(RELAYOUT_CF_CASE_bridge_partial)
+  MoeBridge<SingleRankCommunicator, float> bridge(pg, 1);
+  int router = 0, experts = 0;
+  bridge.run(Kokkos::DefaultExecutionSpace(), partial, router, experts);  // the attention all-reduce skipped
+  return 0;
 #else
   const auto global = dp_gather_replicate(pg, split_rows(pg, replicated).full_rows() == 2 ? replicated : replicated, slots);
   return static_cast<int>(dp_scatter(pg, global).rows() + reduce_scatterv(pg, moe_partial).rows()) - 4;

@@ -10,13 +10,13 @@ using namespace relayout;
 
 TEST_CASE("tensor_split ranges: earlier chunks are one row larger") {
   // torch.tensor_split(torch.arange(7), 3) -> [0,1,2] [3,4] [5,6]
-  CHECK(tensor_split_range(7, 3, 0) == RowRange{0, 3});
-  CHECK(tensor_split_range(7, 3, 1) == RowRange{3, 2});
-  CHECK(tensor_split_range(7, 3, 2) == RowRange{5, 2});
+  CHECK(tensor_split_range(7, 3, 0) == Range{0, 3});
+  CHECK(tensor_split_range(7, 3, 1) == Range{3, 2});
+  CHECK(tensor_split_range(7, 3, 2) == Range{5, 2});
   // More parts than rows: trailing chunks are empty.
-  CHECK(tensor_split_range(2, 4, 1) == RowRange{1, 1});
-  CHECK(tensor_split_range(2, 4, 3) == RowRange{2, 0});
-  CHECK(tensor_split_range(0, 2, 1) == RowRange{0, 0});
+  CHECK(tensor_split_range(2, 4, 1) == Range{1, 1});
+  CHECK(tensor_split_range(2, 4, 3) == Range{2, 0});
+  CHECK(tensor_split_range(0, 2, 1) == Range{0, 0});
   CHECK_THROWS_AS(tensor_split_range(4, 2, 2), LayoutError);
 }
 

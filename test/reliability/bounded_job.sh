@@ -5,8 +5,10 @@
 #
 #   bounded_job.sh BOUND_S (whole seconds) EXPECT_RC STDERR_REGEX STOP_AFTER_S PROGRAM_NAME -- COMMAND...
 #
-# STOP_AFTER_S: "none", or whole seconds after which one rank process (a descendant named PROGRAM_NAME,
-# the newest) gets SIGSTOP. STDERR_REGEX is an extended regex one line of stderr must match.
+# STOP_AFTER_S: "none"; whole seconds after which one rank process (a descendant named PROGRAM_NAME,
+# the newest) gets SIGSTOP; or "line:REGEX": stop it as soon as a line of the job's stderr matches the
+# extended regex REGEX (a progress line: the stop then lands mid-run on a fast machine as on a slow
+# one). STDERR_REGEX is an extended regex one line of stderr must match.
 set -u
 bound=$1 expect_rc=$2 regex=$3 stop_after=$4 program=$5
 shift 6
@@ -39,12 +41,20 @@ trap cleanup EXIT
 now_ms() { date +%s%3N; }
 start=$(now_ms)
 bound_ms=$((bound * 1000))
-stop_ms=$([[ $stop_after == none ]] && echo -1 || echo $((stop_after * 1000)))
+stop_line=""
+case $stop_after in
+  none) stop_ms=-1 ;;
+  line:*) stop_ms=-1 stop_line=${stop_after#line:} ;;
+  *) stop_ms=$((stop_after * 1000)) ;;
+esac
 stopped=""
 while kill -0 "$job" 2>/dev/null; do
   record
   t=$(($(now_ms) - start))
-  if ((stop_ms >= 0 && t >= stop_ms)) && [[ -z $stopped ]]; then
+  due=""
+  if ((stop_ms >= 0 && t >= stop_ms)); then due=1; fi
+  if [[ -n $stop_line ]] && grep -Eq -- "$stop_line" "$tmp/err"; then due=1; fi
+  if [[ -n $due && -z $stopped ]]; then
     victim=""
     for p in "${!seen[@]}"; do
       [[ "$(ps -o comm= -p "$p" 2>/dev/null)" == "$program" ]] && ((p > ${victim:-0})) && victim=$p
@@ -62,7 +72,7 @@ while kill -0 "$job" 2>/dev/null; do
     cat "$tmp/err" >&2
     exit 1
   fi
-  sleep 0.1
+  sleep 0.05
 done
 wait "$job"
 rc=$?

@@ -12,6 +12,12 @@
 //   fault_drill all-throw   every rank throws the same LayoutError: a clean exit 2, one message
 //   fault_drill mismatch    the last rank calls all_gather where the others call all_reduce: every
 //                           rank throws CollectiveMismatch, the job exits 2 with the diagnostic
+//   fault_drill stop-start  the last rank stops (SIGSTOP) before the job starts (before JobGuard):
+//                           the others' start under the deadline ends the job
+//   fault_drill stop-split  the last rank stops before a split the others make: their arrival
+//                           check names it
+//   fault_drill stop-host   the last rank stops before the programs' memory check counts the ranks
+//                           of this host (a shared-memory split): the same, from cli::memory_limit
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
@@ -22,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/memory.hpp"
 #include "demo/model/layer.hpp"
 
 using namespace relayout;
@@ -81,7 +88,7 @@ int throw_in_layer(const MpiCommunicator& world) {
   const ProcessGroups groups(layout, world);
   const model::ModelDims dims{.hidden = 16, .heads = 2, .head_dim = 8, .q_lora = 8, .experts = 4, .topk = 2,
                               .moe_inter = 8, .shared_inter = 0, .layers = 2};
-  model::BridgeOptions opts;
+  model::LayerOptions opts;
   opts.record_boundaries = true;
   model::DistributedModel<MpiCommunicator, Kokkos::DefaultExecutionSpace, FailingSink> net(groups, dims, opts);
   FailingSink sink;
@@ -101,6 +108,20 @@ int mismatch(const MpiCommunicator& world) {
   return 0;
 }
 
+// The last rank stops before a communicator is made from `world`'s duplicate; the others make it.
+int stop_before_split(const MpiCommunicator& world, bool host) {
+  MpiCommunicator c = world.dup();
+  c.set_name("drill");
+  if (c.rank() == c.size() - 1) std::raise(SIGSTOP);
+  if (host) {
+    cli::memory_limit(c, 0);
+  } else {
+    const MpiCommunicator half = c.split(c.rank() % 2, c.rank());
+  }
+  std::printf("unreachable: rank %d made a communicator without the last rank\n", c.rank());
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,8 +129,14 @@ int main(int argc, char** argv) {
   Kokkos::initialize(argc, argv);
   int rc = 0;
   {
-    JobGuard job;
     const std::string mode = argc > 1 ? argv[1] : "";
+    if (mode == "stop-start") {
+      int rank = 0, size = 1;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      MPI_Comm_size(MPI_COMM_WORLD, &size);
+      if (rank == size - 1) std::raise(SIGSTOP);
+    }
+    JobGuard job;
     rc = job.run([&] {
       const MpiCommunicator world = MpiCommunicator::world();
       if (world.size() < 2 || world.size() % 2 != 0)
@@ -119,7 +146,11 @@ int main(int argc, char** argv) {
       if (mode == "throw") return throw_in_layer(world);
       if (mode == "all-throw") throw LayoutError("--tp", "every rank rejects this layout the same way");
       if (mode == "mismatch") return mismatch(world);
-      throw LayoutError("mode", "unknown mode '" + mode + "': skip, stop, throw, all-throw or mismatch");
+      if (mode == "stop-split") return stop_before_split(world, false);
+      if (mode == "stop-host") return stop_before_split(world, true);
+      if (mode == "stop-start") throw std::runtime_error("unreachable: the job started without the last rank");
+      throw LayoutError("mode", "unknown mode '" + mode + "': skip, stop, throw, all-throw, mismatch, stop-start, "
+                                "stop-split or stop-host");
     });
   }
   Kokkos::finalize();

@@ -292,9 +292,20 @@ TEST_CASE("agreement: only plain numbers of seconds in [0, 1e6] are settings") {
   setenv("RELAYOUT_COLLECTIVE_TIMEOUT", "", 1);
   CHECK_THROWS_WITH_AS(impl::read_agreement_settings(), ("RELAYOUT_COLLECTIVE_TIMEOUT is set but empty" + rule).c_str(),
                        LayoutError);
-  for (const auto& [text, value] : std::vector<std::pair<const char*, double>>{{"0", 0}, {"2.5", 2.5}, {"1e6", 1e6}, {"0.001", 0.001}}) {
+  for (const auto& [text, value] : std::vector<std::pair<const char*, double>>{{"0", 0}, {"2.5", 2.5}, {"1e6", 1e6}, {"1", 1}}) {
     setenv("RELAYOUT_COLLECTIVE_TIMEOUT", text, 1);
     CHECK(impl::read_agreement_settings().timeout_s == value);
+  }
+  // A deadline that every healthy job would miss is refused, naming the minimum.
+  for (const char* short_deadline : {"0.001", "0.999", "1e-300"}) {
+    INFO(short_deadline);
+    setenv("RELAYOUT_COLLECTIVE_TIMEOUT", short_deadline, 1);
+    CHECK_THROWS_WITH_AS(impl::read_agreement_settings(),
+                         ("RELAYOUT_COLLECTIVE_TIMEOUT=" + std::string(short_deadline) +
+                          ": a deadline below the minimum of 1 s cannot work (the ranks' start-up and one collective "
+                          "on a loaded host take longer, so every job would be aborted); expected 0 (no deadline) or "
+                          "at least 1 s").c_str(),
+                         LayoutError);
   }
   unsetenv("RELAYOUT_COLLECTIVE_TIMEOUT");
   setenv("RELAYOUT_EXIT_GRACE", "1e309", 1);

@@ -43,8 +43,11 @@ TEST_CASE("SpecTpSync: a single-rank group skips the broadcast; disabled sites s
 }
 
 TEST_CASE("SpecTpSync group: attention-TP with DP attention, TP without") {
+  // One rank with DP attention on: --dp-size 1 turns --enable-dp-attention off (SGLang's
+  // _data_parallelism_defaults), prefill CP keeps it on.
   const ProcessGroupsOf<SingleRankCommunicator> groups(
-      RuntimeLayout({.tp = 1, .dp = 1, .enable_dp_attention = true, .draft = Draft::dense}), SingleRankCommunicator{});
+      RuntimeLayout({.tp = 1, .draft = Draft::dense, .enable_prefill_cp = true, .cp_strategy = CpStrategy::interleave}),
+      SingleRankCommunicator{});
   CHECK(SpecTpSyncOf<SingleRankCommunicator>(groups, SyncSites{}).group() == GroupKind::attn_tp);
 }
 

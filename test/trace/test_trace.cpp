@@ -208,6 +208,11 @@ TEST_CASE("trace diff: 0 agree (across layouts), 1 diverge, 2 unreadable") {
   std::ofstream(f, std::ios::trunc) << all.substr(0, third + 1);
   CHECK(diff(base, cut, &out, &err) == 2);
   CHECK(err.find("rank1.jsonl:2: the trace ends without its end line") != std::string::npos);
+  // A partial trace: where each rank stopped, never compared.
+  CHECK(err.find("is a partial trace") != std::string::npos);
+  CHECK(err.find("rank 0: layer 0 \"layer output\", step 0 (record 2, then its end line)") != std::string::npos);
+  CHECK(err.find("rank 1: layer 0 \"attention all_reduce\", step 0 (record 1, then the file ends)") != std::string::npos);
+  CHECK(out.find("agree") == std::string::npos);
 
   fs::remove(f);  // a rank file missing
   CHECK(diff(base, cut, &out, &err) == 2);
@@ -287,4 +292,82 @@ TEST_CASE("trace diff: steps that take different plans are each judged at their 
   CHECK(out.find("boundary \"reduce_scatterv\"") != std::string::npos);
   CHECK(out.find("row: request A (id 0), position 3, step 1") != std::string::npos);
   fs::remove_all(base.parent_path());
+}
+
+TEST_CASE("trace::Recorder: an engine's own boundaries become records trace diff reads, counts optional") {
+  using Comm = SingleRankCommunicator;
+  const ProcessGroupsOf<Comm> groups(RuntimeLayout({.tp = 1}), Comm{});
+  const int H = 8;
+  Kokkos::View<double**, Kokkos::HostSpace> v("v", 3, H);  // double rows: no float-only path
+  for (int i = 0; i < 3; ++i)
+    for (int f = 0; f < H; ++f) v(i, f) = 0.25 * (i + 1) + 0.01 * f;
+  const std::vector<std::int64_t> owners{trace::RowOwner::pack(0, 0), trace::RowOwner::kPad, trace::RowOwner::pack(1, 4)};
+  trace::MemorySink sink;
+  std::vector<std::string> seen;
+  trace::Recorder<Comm, trace::MemorySink> rec(groups, &sink, nullptr,
+                                               [&](int layer, std::string_view name, std::span<const std::int64_t> own) {
+                                                 seen.push_back(std::to_string(layer) + " " + std::string(name) + " " +
+                                                                std::to_string(own.size()));
+                                               });
+  rec.attention_output(2, owners, v);
+  rec.layer_output(2, owners, v);
+  rec.bridge_failed(2, "rows lost");
+  REQUIRE(sink.records.size() == 3);
+  const trace::Record& a = sink.records[0];
+  CHECK(a.layer == 2);
+  CHECK(a.boundary == "attention all_reduce");
+  CHECK(a.state == "attn_out");
+  CHECK(a.copies == 1);
+  CHECK(a.group == "attn_tp");
+  CHECK(a.handle == groups.handle_id(GroupKind::attn_tp));
+  CHECK(a.row_count == 3);
+  CHECK(a.pad_rows == 1);
+  CHECK(a.hidden == H);
+  CHECK(a.global_num_tokens.empty());  // not known: written empty
+  REQUIRE(a.rows.size() == 2);
+  CHECK(a.rows[1].request == 1);
+  CHECK(a.rows[1].position == 4);
+  double sum = 0;  // row 2 of v, summed here independently of row_sum
+  for (int f = 0; f < H; ++f) sum += 0.75 + 0.01 * f;
+  CHECK(a.rows[1].sum.sum == doctest::Approx(sum));
+  CHECK(sink.records[1].state == "layer_out");
+  CHECK(sink.records[1].group.empty());
+  CHECK(sink.records[2].error == "rows lost");
+  // The hook sees the attention output only (the layer output repeats its rows).
+  CHECK(seen == std::vector<std::string>{"2 attention all_reduce 3"});
+
+  // Written as JSON Lines, a one-rank run with empty global_num_tokens agrees with itself.
+  const fs::path dir = fresh_dir("recorder");
+  {
+    trace::JsonlSink file(dir.string(), 0, 1, "engine");
+    trace::Recorder<Comm, trace::JsonlSink> r2(groups, &file);
+    r2.attention_output(0, owners, v);
+    r2.layer_output(0, owners, v);
+  }
+  std::string out, err;
+  CHECK(diff(dir, dir, &out, &err) == 0);
+  CHECK(out.find("traces agree: 2 boundaries") != std::string::npos);
+  fs::remove_all(dir.parent_path());
+}
+
+TEST_CASE("trace::DirLock: one live run per directory tree, named to the others") {
+  const fs::path root = fresh_dir("locks");
+  const std::string a = (root / "a").string(), sub = (root / "a" / "sub").string();
+  trace::DirLock first, second;
+  REQUIRE(first.acquire(a, "one") == "");
+  CHECK(second.acquire(a, "two").find("another live run is writing a trace there (run one, pid ") == 0);
+  const std::string child = second.acquire(sub, "two");  // inside a live run's directory
+  CHECK(child.find("another live run is writing a trace in ") == 0);
+  CHECK(child.find("/a, around it (run one, pid ") != std::string::npos);
+  const auto over = trace::live_run_over(sub);
+  REQUIRE(over.has_value());
+  CHECK(over->holder.find("run one") == 0);
+  first.release();
+  CHECK(!trace::live_run_over(sub).has_value());  // the lock file stays, unheld: no live run
+  REQUIRE(second.acquire(sub, "two") == "");
+  const std::string parent = first.acquire(a, "one");  // around a live run's directory
+  CHECK(parent.find("/a/sub, inside it (run two, pid ") != std::string::npos);
+  second.release();
+  CHECK(first.acquire(a, "one") == "");
+  fs::remove_all(root.parent_path());
 }

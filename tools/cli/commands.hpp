@@ -2,14 +2,19 @@
 // the fuzz target. Subcommands: explain, plan, trace diff.
 #pragma once
 
+#include <algorithm>
+#include <cctype>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "cli/explain.hpp"
-#include "cli/layout_flags.hpp"
+#include "common/layout_flags.hpp"
+#include "cli/plan_deploy.hpp"
 #include "cli/plan_rank.hpp"
 #include "cli/plan_svg.hpp"
+#include "cli/plan_world.hpp"
 #include "cli/trace_diff.hpp"
 
 namespace relayout::cli {
@@ -36,21 +41,144 @@ inline std::string unknown_subcommand(const CLI::App& app, int argc, const char*
   return "";
 }
 
+// The flags of `relayout plan` that only the MLA model (--preset deepseek-v3 / deepseek-r1) takes,
+// and --expert-load, which the demo layer takes too.
+struct DeployFlags {
+  std::string phase = "prefill", deepep_mode = "auto", load_file;
+  int kv_len = 0, requests_per_gpu = 0, redundant = 0;
+  double imbalance = 1.0;
+  bool tbo = false;
+
+  void add_to(CLI::App& app) {
+    app.add_option("--phase", phase, "MLA presets: prefill (one forward of --batch-tokens) or decode (one step)");
+    add_int(app, "--kv-len", kv_len, "decode: tokens already cached per request", 1, 1 << 30);
+    add_int(app, "--requests-per-gpu", requests_per_gpu, "decode: requests each GPU steps (the decode batch per GPU)", 1, 1 << 20);
+    app.add_option("--deepep-mode", deepep_mode, "DeepEP kernels: normal, low_latency or auto (low_latency for decode)");
+    app.add_flag("--enable-two-batch-overlap", tbo, "two micro-batches, one's dispatch/combine behind the other's compute");
+    add_int(app, "--ep-num-redundant-experts", redundant, "extra physical experts (EPLB replicas) over moe_ep; needs ep > 1", 0, 1 << 16);
+    add_float(app, "--expert-imbalance", imbalance, "busiest EP rank's tokens over the mean (>= 1; default 1: balanced)", 1.0, 1e6);
+    app.add_option("--expert-load", load_file,
+                   "JSON of per-expert token counts ({\"experts\": E, \"loads\": [...]} or {\"experts\": E, \"layers\": [[...]]}, "
+                   "e.g. dsv4_layer --expert-load-out): the imbalance, max over mean tokens per rank");
+  }
+  static constexpr const char* kNames[] = {"--phase", "--kv-len", "--requests-per-gpu", "--deepep-mode",
+                                           "--enable-two-batch-overlap", "--ep-num-redundant-experts",
+                                           "--expert-imbalance"};
+};
+
+// The MLA model's input from the flags; throws LayoutError naming the flag that does not apply.
+inline DeployInput deploy_input(const CLI::App& plan, const DeployFlags& f, const std::string& preset, const PlanInput& demo,
+                                std::int64_t batch_tokens, int request_tokens) {
+  DeployInput in;
+  in.model = mla_preset(preset);
+  for (const ModelFlag& mf : kModelFlags)
+    if (plan.count(mf.name) > 0)
+      throw LayoutError(mf.name, std::string(mf.name) + ": --preset " + preset +
+                                     " is config.json's model; the model flags apply to the demo layer (--preset demo)");
+  for (const char* name : {"--requests", "--placement", "--padding", "--restore", "--dispatch-dtype"})
+    if (plan.count(name) > 0)
+      throw LayoutError(name, std::string(name) + ": applies to the demo layer's plan, not to --preset " + preset +
+                                  " (its dispatch is DeepEP's: FP8 out, BF16 back)");
+  in.phase = parse_phase(f.phase);
+  in.deepep_mode = parse_deepep_mode(f.deepep_mode);
+  in.two_batch_overlap = f.tbo;
+  in.redundant_experts = f.redundant;
+  in.imbalance = f.imbalance;
+  if (plan.count("--expert-load") > 0) {
+    if (plan.count("--expert-imbalance") > 0)
+      throw LayoutError("--expert-load", "--expert-load and --expert-imbalance both give the imbalance: give one of them");
+    in.load = read_load_file(f.load_file);
+  }
+  if (plan.count("--element-bytes") > 0) in.act_bytes = in.kv_bytes = demo.elem;
+  if (plan.count("--weight-bytes") > 0) in.weight_bytes = demo.weight_elem;
+  in.request_tokens = request_tokens;
+  if (in.phase == Phase::prefill) {
+    for (const char* name : {"--kv-len", "--requests-per-gpu"})
+      if (plan.count(name) > 0) throw LayoutError(name, std::string(name) + ": applies to --phase decode");
+    if (batch_tokens == 0)
+      throw LayoutError("--batch-tokens", "--batch-tokens: --preset " + preset + " --phase prefill needs the tokens of one forward");
+    in.batch_tokens = batch_tokens;
+  } else {
+    if (batch_tokens > 0) throw LayoutError("--batch-tokens", "--batch-tokens: --phase decode takes --requests-per-gpu and --kv-len instead");
+    if (f.kv_len == 0) throw LayoutError("--kv-len", "--kv-len: --phase decode needs the tokens cached per request");
+    if (f.requests_per_gpu == 0) throw LayoutError("--requests-per-gpu", "--requests-per-gpu: --phase decode needs the batch per GPU");
+    in.kv_len = f.kv_len;
+    in.requests_per_gpu = f.requests_per_gpu;
+  }
+  return in;
+}
+
+// The layout flags --gpus refuses: it ranks every layout itself.
+inline constexpr const char* kRankedLayoutFlags[] = {"--tp", "--dp", "--cp", "--ep", "--moe-dp-size", "--enable-dp-attention",
+                                                     "--attn-dp-size", "--enable-prefill-cp", "--moe-a2a-backend",
+                                                     "--pp-size", "--nnodes"};
+
+// `relayout plan --preset deepseek-v3|deepseek-r1`: one deployment over the world, or with --gpus the ranking.
+inline int deploy_command(const CLI::App& plan, LayoutFlags& flags, const DeployInput& in, int gpus, int top,
+                          double gpu_memory, const Cluster& cluster, const std::string& format, std::ostream& out,
+                          std::ostream& err) {
+  if (format == "svg") throw LayoutError("--format", "--format svg draws the demo layer's plan; use text or json with --preset " + in.model.name);
+  if (gpus > 0) {
+    for (const char* name : kRankedLayoutFlags)
+      if (plan.count(name) > 0)
+        throw LayoutError(name, std::string(name) + ": --gpus ranks every layout of " + std::to_string(gpus) +
+                                    " GPUs; give no layout flags with it");
+    const DeployRanking r = rank_deployments(gpus, in, cluster, gpu_memory);
+    if (format == "json") {
+      out << deploy_ranking_json(r, in).dump(2) << "\n";
+    } else {
+      std::string head = "ranking: " + std::to_string(gpus) + " GPUs, " + in.model.name + " " +
+                         (in.phase == Phase::prefill ? "prefill, " + std::to_string(in.batch_tokens) + " tokens in requests of " +
+                                                           std::to_string(in.request_tokens)
+                                                     : "decode, " + std::to_string(in.requests_per_gpu) + " requests per GPU at " +
+                                                           std::to_string(in.kv_len) + " cached tokens") +
+                         "; GPU memory " + bytes_text(gpu_memory) + "\n" + cluster_text(cluster) +
+                         "times per step, busiest rank; unit: replicas x (EP or TP width of one instance) and its attention DP, "
+                         "PPn before it: n pipeline stages of that width\n\n";
+      out << deploy_ranking_text(r, in, head, std::size_t(top));
+    }
+    double least = r.layouts.front().plan.memory.total();
+    for (const RankedDeployment& l : r.layouts) least = std::min(least, l.plan.memory.total());
+    if (least > gpu_memory) {
+      err << "error: --gpus " << gpus << ": no layout fits in --gpu-memory " << bytes_text(gpu_memory) << " (the smallest needs "
+          << bytes_text(least) << " per rank); use more GPUs or a smaller batch, or raise --gpu-memory\n";
+      return 2;
+    }
+    return 0;
+  }
+  const WorldLayout world = flags.world();
+  const bool nnodes_given = plan.count("--nnodes") > 0;
+  const Cluster timed = world_cluster(world, nnodes_given, cluster);
+  const Deployment d = plan_deployment(world, in, timed, nnodes_given);
+  if (format == "json")
+    out << deployment_json(d, in).dump(2) << "\n";
+  else
+    out << deployment_text(d, in, timed) << cluster_text(timed);
+  return 0;
+}
+
 // `relayout plan` after parsing: one layout's plan, or with --gpus the ranking of every layout.
 inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, const std::string& preset,
-                        std::int64_t batch_tokens, int request_tokens, int gpus, int top, double gpu_memory,
-                        Cluster cluster, const std::string& format, std::ostream& out, std::ostream& err) {
-  cluster.resolve();
-  if (!preset.empty()) {  // the preset's dims under the model flags given explicitly
-    const model::ModelDims p = preset_dims(preset);
-    for (const ModelFlag& f : kModelFlags)
-      if (plan.count(f.name) == 0) in.dims.*f.member = p.*f.member;
-  }
+                        const DeployFlags& deploy, std::int64_t batch_tokens, int request_tokens, int gpus, int top,
+                        double gpu_memory, Cluster cluster, const std::string& format, std::ostream& out, std::ostream& err) {
+  cluster.resolve(&plan);
+  if (plan.count("--gpu-memory") == 0) gpu_memory = cluster.memory;
   if (batch_tokens > 0 && plan.count("--requests") > 0)
     throw LayoutError("--batch-tokens", "--batch-tokens and --requests both give the batch: give one of them");
+  if (is_mla_preset(preset))
+    return deploy_command(plan, flags, deploy_input(plan, deploy, preset, in, batch_tokens, request_tokens), gpus, top,
+                          gpu_memory, cluster, format, out, err);
+  if (!preset.empty() && preset != "demo") mla_preset(preset);  // names the presets
+  for (const char* name : DeployFlags::kNames)
+    if (plan.count(name) > 0)
+      throw LayoutError(name, std::string(name) + ": applies to the MLA model (--preset deepseek-v3 or deepseek-r1), "
+                                                  "not to the demo layer's plan");
+  // --expert-load: the loads dsv4_layer measured (checked against --experts by plan_layer).
+  if (plan.count("--expert-load") > 0) in.load = read_load_file(deploy.load_file);
   if (gpus > 0) {
-    for (const char* name : {"--tp", "--dp", "--cp", "--ep", "--moe-dp-size", "--enable-dp-attention", "--attn-dp-size",
-                             "--enable-prefill-cp", "--moe-a2a-backend", "--requests", "--placement", "--padding"})
+    std::vector<const char*> refused(std::begin(kRankedLayoutFlags), std::end(kRankedLayoutFlags));
+    refused.insert(refused.end(), {"--requests", "--placement", "--padding"});
+    for (const char* name : refused)
       if (plan.count(name) > 0)
         throw LayoutError(name, std::string(name) + ": --gpus ranks every layout of " + std::to_string(gpus) +
                                     " GPUs with automatic padding; give no layout, request or padding flags with it");
@@ -66,7 +194,7 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
       out << ranking_text(r, "ranking: " + std::to_string(gpus) + " GPUs, " + model_flags(in.dims) + ", " + b + "; batch " +
                                  std::to_string(batch_tokens) + " tokens in requests of " + std::to_string(request_tokens) +
                                  "; GPU memory " + bytes_text(gpu_memory) + "\n" + cluster_text(cluster) +
-                                 "dispatch/combine: " + kRoutingNote + "\n\n",
+                                 "no overlap of communication and compute; dispatch/combine: " + kRoutingNote + "\n\n",
                           std::size_t(top));
     }
     double least = r.layouts.front().memory_per_rank;
@@ -79,18 +207,109 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
     }
     return 0;
   }
-  if (batch_tokens > 0) in.requests = batch_requests(batch_tokens, request_tokens);
-  const LayerPlan p = plan_layer(flags.layout(), in);
+  // The world: --requests are one micro-batch of a domain; --batch-tokens the world's, split evenly
+  // over the replicas and into pp micro-batches.
+  const WorldLayout world = flags.world();
+  if (format == "svg" && world.pp() > 1)
+    throw LayoutError("--format", "--format svg draws one domain's plan; --pp-size " + std::to_string(world.pp()) +
+                                      " plans " + std::to_string(world.pp()) + " stages: use text or json");
+  check_stages(in.dims.layers, world.pp(), "--layers " + std::to_string(in.dims.layers));
+  if (batch_tokens > 0) {
+    const std::int64_t per_replica = (batch_tokens + world.replicas() - 1) / world.replicas();
+    in.requests = batch_requests((per_replica + world.pp() - 1) / world.pp(), request_tokens);
+  }
+  const WorldPlan wp = plan_world(world, in, cluster, plan.count("--nnodes") > 0);
   if (format == "json")
-    out << timed_plan_json(p, cluster).dump(2) << "\n";
+    out << world_plan_json(wp).dump(2) << "\n";
   else if (format == "svg")
-    out << plan_svg(p, cluster);
+    out << plan_svg(wp.plans.front(), wp.cluster);
   else
-    out << timed_plan_text(p, cluster);
+    out << world_plan_text(wp);
   return 0;
 }
 
+// `relayout plan [flags] -- python3 -m sglang.launch_server ...`: the SGLang flags the plan reads
+// (the layout, DeepEP's mode, two-batch overlap, redundant experts, the disaggregation phase and
+// the model path, as a preset when known) become plan flags; the plan's own flags before `--` win.
+// Every other word is listed as ignored.
+struct SglangWords {
+  std::vector<std::string> flags, read, ignored;
+};
+
+inline SglangWords sglang_flags(const std::vector<std::string>& words, const std::vector<std::string>& given) {
+  static const char* const kValued[] = {"--tp", "--tp-size", "--dp", "--dp-size", "--ep", "--ep-size", "--moe-a2a-backend",
+                                        "--deepep-mode", "--ep-num-redundant-experts", "--attn-cp-size", "--moe-dp-size",
+                                        "--pp-size", "--pipeline-parallel-size", "--nnodes"};
+  static const char* const kSwitches[] = {"--enable-dp-attention", "--enable-two-batch-overlap"};
+  const auto in = [](const auto& list, const std::string& w) {
+    return std::find(std::begin(list), std::end(list), w) != std::end(list);
+  };
+  const auto user_gave = [&](const std::string& flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
+  SglangWords out;
+  std::size_t i = 0;
+  while (i < words.size() && words[i].rfind("--", 0) != 0) ++i;  // the program: python3 -m sglang.launch_server
+  for (; i < words.size(); ++i) {
+    std::string flag = words[i], value;
+    if (const auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0 && !in(kSwitches, flag)) {
+      value = words[++i];
+    }
+    const std::string shown = flag + (value.empty() ? "" : " " + value);
+    std::string mapped = flag;
+    if (flag == "--model-path" || flag == "--model") {
+      std::string lower = value;
+      for (char& ch : lower) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+      const bool r1 = lower.find("deepseek-r1") != std::string::npos, v3 = lower.find("deepseek-v3") != std::string::npos;
+      if (!r1 && !v3) {
+        out.ignored.push_back(shown + " (no preset for this model)");
+        continue;
+      }
+      mapped = "--preset";
+      value = r1 ? "deepseek-r1" : "deepseek-v3";
+    } else if (flag == "--disaggregation-mode" && (value == "prefill" || value == "decode")) {
+      mapped = "--phase";
+    } else if (!in(kValued, flag) && !in(kSwitches, flag)) {
+      out.ignored.push_back(shown);
+      continue;
+    }
+    if (user_gave(mapped)) {
+      out.ignored.push_back(shown + " (given before --)");
+      continue;
+    }
+    out.read.push_back(shown + (mapped != flag ? " (" + mapped + " " + value + ")" : ""));
+    out.flags.push_back(mapped);
+    if (in(kSwitches, flag)) {
+      if (!value.empty()) out.ignored.push_back(flag + "=" + value + " (a switch: its value is not read)");
+    } else {
+      out.flags.push_back(value);
+    }
+  }
+  return out;
+}
+
 inline int relayout_command(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  // An SGLang command after `relayout plan ... --`: planned with the flags it gives.
+  if (argc > 2 && std::string(argv[1]) == "plan")
+    for (int dash = 2; dash < argc; ++dash) {
+      if (std::string(argv[dash]) != "--") continue;
+      std::vector<std::string> words(argv + dash + 1, argv + argc), given(argv + 2, argv + dash);
+      const SglangWords sg = sglang_flags(words, given);
+      std::vector<std::string> args{argv[0], "plan"};
+      args.insert(args.end(), given.begin(), given.end());
+      args.insert(args.end(), sg.flags.begin(), sg.flags.end());
+      const auto list = [](const std::vector<std::string>& v) {
+        std::string t;
+        for (const std::string& w : v) t += (t.empty() ? "" : ", ") + w;
+        return t.empty() ? std::string("none") : t;
+      };
+      out << "sglang command: read " << list(sg.read) << "\nsglang command: ignored " << list(sg.ignored) << "\n\n";
+      std::vector<const char*> ptrs;
+      for (const std::string& a : args) ptrs.push_back(a.c_str());
+      return relayout_command(int(ptrs.size()), ptrs.data(), out, err);
+    }
+
   CLI::App app{"relayout: parallel layouts for DP-attention / EP-MoE inference engines"};
   app.require_subcommand(1);
 
@@ -105,9 +324,11 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
 
   // plan: the collectives, rows and memory per rank of the demo layer (plan.hpp), from dsv4_layer's flags.
   LayoutFlags plan_flags;  // its own: LayoutFlags keeps a pointer to the option it registered
+  plan_flags.add_redundant_experts = false;  // DeployFlags reads --ep-num-redundant-experts
   PlanInput plan_in;
   std::string plan_format = "text";
-  CLI::App* plan = app.add_subcommand("plan", "predicted collectives, rows and memory per rank of one forward of the demo layer");
+  CLI::App* plan = app.add_subcommand(
+      "plan", "predicted collectives, rows, memory and time per rank of one forward over the world (replicas x pipeline stages x a domain)");
   plan_flags.add_to(*plan);
   add_model_flags(*plan, plan_in.dims);
   add_int_list(*plan, "--requests", plan_in.requests, "prompt lengths, e.g. 5,3,4 (request i -> DP group i mod attn_dp)");
@@ -119,10 +340,13 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
   add_float(*plan, "--element-bytes", plan_in.elem, "bytes of one activation value (default 4: the demo layer's float)", 1.0, 64.0);
   add_float(*plan, "--weight-bytes", plan_in.weight_elem, "bytes of one weight (default: --element-bytes)", 0.125, 64.0);
   plan->add_option("--dispatch-dtype", plan_in.dispatch_dtype,
-                   "paths a2a_split and direct: dispatched rows as fp32 (the value type, default) or bf16 (2 bytes a value; "
-                   "with --gpus, the layouts that dispatch)");
+                   "paths a2a_split and direct: dispatched rows as fp32 (the value type, default), bf16 (2 bytes a value) "
+                   "or fp8 (e4m3 with a 4-byte scale per 128 values; with --gpus, the layouts that dispatch)");
   std::string preset;
-  plan->add_option("--preset", preset, "a published model configuration: deepseek-v3 (explicit model flags override it)");
+  plan->add_option("--preset", preset,
+                   "model: demo (the demo layer, default), deepseek-v3 or deepseek-r1 (config.json's MLA model, FP8 weights)");
+  DeployFlags deploy;
+  deploy.add_to(*plan);
   std::int64_t batch_tokens = 0;
   int request_tokens = 2048, gpus = 0, top = 20;
   add_int<std::int64_t>(*plan, "--batch-tokens", batch_tokens, "tokens of one forward over all GPUs, as requests of --request-tokens (instead of --requests)", 1, std::int64_t(1) << 24);
@@ -160,8 +384,8 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
 
   return run_main(app, argc, argv, out, err, [&] {
     if (diff->parsed()) return trace_diff(baseline, candidate, diff_opts, out, err);
-    if (plan->parsed()) return plan_command(*plan, plan_flags, plan_in, preset, batch_tokens, request_tokens, gpus,
-                                            top, double(gpu_memory), cluster, plan_format, out, err);
+    if (plan->parsed()) return plan_command(*plan, plan_flags, plan_in, preset, deploy, batch_tokens, request_tokens,
+                                            gpus, top, double(gpu_memory), cluster, plan_format, out, err);
     const RuntimeLayout layout = flags.layout();
     std::optional<int> focus;
     if (explain->count("--rank")) focus = layout.coords(rank).rank;  // throws when out of range

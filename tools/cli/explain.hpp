@@ -3,18 +3,28 @@
 // re-derives a formula.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "cli/plan_deploy.hpp"
 #include "cli/svg.hpp"
+#include "relayout/attention/plan.hpp"
 #include "relayout/bridge/plan.hpp"
 #include "relayout/mesh.hpp"
+#include "relayout/placement/expert_location.hpp"
 
 namespace relayout::cli {
+
+// The groups of one domain: the bridge's six, decode CP and the dense layers' TP group.
+inline constexpr std::array<GroupKind, 8> kDomainGroupKinds = {
+    GroupKind::tp,     GroupKind::attn_tp, GroupKind::attn_cp, GroupKind::moe_tp,
+    GroupKind::moe_ep, GroupKind::moe_dp,  GroupKind::dcp,     GroupKind::dense_tp};
 
 struct ExplainStep {
   std::string op;     // the collective or local step
@@ -29,13 +39,9 @@ struct ExplainStep {
 inline std::vector<ExplainStep> bridge_steps(const RuntimeLayout& l) {
   const Widths& w = l.widths();
   std::vector<ExplainStep> s;
-  if (w.attn_cp > 1)  // docs/cp.md: the attention's own collective under CP
-    s.push_back({"all_gatherv", "attn_cp", "every CP rank's kv rows (head_dim floats per token): the shared KV of its "
-                                           "DP group, attended by global position"});
-  if (w.attn_tp > 1)
-    s.push_back({"all_reduce", "attn_tp", "wo_b partial sums -> identical complete rows (Replicated)"});
-  else
-    s.push_back({"none", "local", "attn_tp == 1: wo_b output is already complete"});
+  for (const AttentionPlanStep& p : attention_plan(AttentionPhase::prefill, w.attn_cp > 1, w.attn_tp > 1))
+    if (p.group) s.push_back({std::string(p.name), std::string(to_string(*p.group)), std::string(p.what)});
+  if (w.attn_tp == 1) s.push_back({"none", "local", "attn_tp == 1: wo_b output is already complete"});
   const bool cp = w.attn_cp > 1;
   if (l.bridge_path() == BridgePath::dp_gather)
     s.push_back({"all_gather", "tp", cp ? "token counts of every CP rank of every attention-DP group (global_num_tokens)"
@@ -43,7 +49,7 @@ inline std::vector<ExplainStep> bridge_steps(const RuntimeLayout& l) {
   const auto plan = bridge_plan(l.bridge_path(), PaddingMode::sum_len, BridgeRestore::reduce, cp);
   for (const PlanStep& p : plan) {
     ExplainStep e{std::string(p.name), p.group ? std::string(to_string(*p.group)) : "local",
-                  std::string(p.what) + (p.placement.empty() ? "" : " -> " + std::string(p.placement))};
+                  std::string(p.what) + (p.placement ? " -> " + to_string(*p.placement) : std::string())};
     if (p.step == relayout::BridgeStep::local_experts && w.moe_tp > 1)
       e.what += " (moe_tp shards of the intermediate: partial sums)";
     if (p.step == relayout::BridgeStep::reduce_scatterv) {
@@ -56,6 +62,86 @@ inline std::vector<ExplainStep> bridge_steps(const RuntimeLayout& l) {
   return s;
 }
 
+// The further flags: the LM head, dense TP, decode CP, redundant experts, and the world around
+// the domain (replicas, pipeline stages, nodes).
+inline std::vector<std::string> further_steps(const RuntimeLayout& l) {
+  const LayoutConfig& c = l.config();
+  const Widths& w = l.widths();
+  const auto s = [](std::int64_t v) { return std::to_string(v); };
+  std::vector<std::string> out;
+  if (c.enable_dp_lm_head)
+    out.push_back(dp_lm_head_on(c) ? "--enable-dp-lm-head: the LM head's vocabulary is split over the attention-TP "
+                                     "group (" + s(w.attn_tp) + (w.attn_tp == 1 ? " rank" : " ranks") + "), no gather across DP groups"
+                                   : std::string("--enable-dp-lm-head with --dp-size 1: off (SGLang's "
+                                                 "_data_parallelism_defaults turns it off when dp == 1)"));
+  if (c.enable_tp_lm_head_all_to_all)
+    out.push_back("--enable-tp-lm-head-all-to-all: TP-sharded LM head over tp, an all-to-all in place of the "
+                  "gather and DP scatter; tp = dp = " + s(c.tp) + ", attn_cp = 1: holds");
+  if (c.moe_dense_tp_size && !c.enable_prefill_cp)
+    out.push_back("--moe-dense-tp-size " + s(*c.moe_dense_tp_size) + ": dense layers " +
+                  (w.dense_tp == 1 ? std::string("replicated on every rank (TP width 1)")
+                                   : "over the whole TP group (" + s(w.dense_tp) + " ranks)"));
+  if (w.dcp > 1)
+    out.push_back("--dcp-size " + s(w.dcp) + ": decode context parallelism, " + s(w.tp / w.dcp) +
+                  (w.tp / w.dcp == 1 ? " block of " : " blocks of ") + s(w.dcp) +
+                  " consecutive ranks inside the TP group");
+  if (c.ep_num_redundant_experts > 0)
+    out.push_back("--ep-num-redundant-experts " + s(c.ep_num_redundant_experts) + ": redundant expert replicas "
+                  "over moe_ep = " + s(w.moe_ep) + " ranks (needs moe_ep > 1: holds)");
+  const int replicas = replica_count(c);
+  if (replicas > 1 || c.pp > 1 || c.nnodes > 1)
+    out.push_back("world: " + s(replicas) + (replicas == 1 ? " replica" : " replicas") + " x pp " + s(c.pp) +
+                  " x tp " + s(c.tp) + " = " + s(std::int64_t{replicas} * c.pp * c.tp) + " ranks on " +
+                  s(c.nnodes) + (c.nnodes == 1 ? " node" : " nodes") + "; this domain is one stage of one replica");
+  return out;
+}
+
+// --ep-num-redundant-experts N: the static placement (ExpertLocation::identity) of DeepSeek-V3's
+// routed experts (the MLA preset's n_routed_experts) + N redundant over moe_ep: per member its
+// physical slots and, as ranges of consecutive ids, the logical expert each holds. Empty without
+// redundant experts; `error` says why the experts cannot be split (physical % moe_ep != 0).
+struct ExpertMapRow {
+  int member = 0, first_physical = 0, last_physical = 0;
+  std::vector<std::pair<int, int>> logical;  // ranges [a, b] in slot order
+  int replicas = 0;                          // slots holding a redundant copy (physical >= routed)
+};
+struct ExpertMap {
+  int routed = 0, redundant = 0, physical = 0, per_rank = 0;
+  std::string error;
+  std::vector<ExpertMapRow> members;
+};
+
+inline ExpertMap expert_map(const RuntimeLayout& l) {
+  ExpertMap m;
+  m.redundant = l.config().ep_num_redundant_experts;
+  if (m.redundant <= 0) return m;
+  m.routed = MlaModel{}.experts;
+  m.physical = m.routed + m.redundant;
+  try {
+    const ExpertLocation loc = ExpertLocation::identity(m.routed, m.redundant, l.widths().moe_ep);
+    m.per_rank = loc.per_rank();
+    for (int r = 0; r < loc.ep(); ++r) {
+      ExpertMapRow row{r, r * m.per_rank, (r + 1) * m.per_rank - 1, {}, 0};
+      for (int p = row.first_physical; p <= row.last_physical; ++p) {
+        const int e = loc.logical_of(p);
+        if (!row.logical.empty() && row.logical.back().second + 1 == e) ++row.logical.back().second;
+        else row.logical.push_back({e, e});
+        row.replicas += p >= m.routed;
+      }
+      m.members.push_back(std::move(row));
+    }
+  } catch (const LayoutError& e) {
+    m.error = e.what();
+  }
+  return m;
+}
+
+inline std::string id_ranges(const std::vector<std::pair<int, int>>& ranges) {
+  std::string s;
+  for (const auto& [a, b] : ranges) s += (s.empty() ? "" : " ") + std::to_string(a) + (a == b ? "" : "-" + std::to_string(b));
+  return s;
+}
+
 // How the flags resolve to the widths, step by step: --attn-dp-size, DeepSeek-V4 prefill CP, the
 // per-backend and CP rules SGLang checks, and the MoE-DP group that is the attention-CP group.
 inline std::vector<std::string> resolution_steps(const RuntimeLayout& l) {
@@ -64,6 +150,11 @@ inline std::vector<std::string> resolution_steps(const RuntimeLayout& l) {
   const auto s = [](std::int64_t v) { return std::to_string(v); };
   const std::string backend(to_string(c.moe_a2a_backend));
   std::vector<std::string> out;
+  if (dp_attention_dropped(c))
+    out.push_back("--enable-dp-attention with --dp-size 1: DP attention off (SGLang's "
+                  "_data_parallelism_defaults turns it off when dp == 1)");
+  if (c.moe_a2a_backend != l.backend())
+    out.push_back("--moe-a2a-backend " + backend + " runs as none (SGLang's handle_a2a_moe remaps it)");
   if (c.attn_dp_size) {
     const int n = *c.attn_dp_size;
     if (n > 1)
@@ -76,7 +167,7 @@ inline std::vector<std::string> resolution_steps(const RuntimeLayout& l) {
                               : std::string()));
   }
   if (c.enable_prefill_cp) {
-    out.push_back("--enable-prefill-cp --cp-strategy " + std::string(to_string(c.cp_strategy)) +
+    out.push_back("--enable-prefill-cp --cp-strategy " + std::string(to_string(*c.cp_strategy)) +
                   ": DeepSeek-V4 prefill CP, SGLang's round-robin-split");
     out.push_back("prefill CP turns DP attention on");
     out.push_back("prefill CP checks: dp = " + s(resolved_dp(c)) + " == 1, tp = " + s(c.tp) +
@@ -85,6 +176,9 @@ inline std::vector<std::string> resolution_steps(const RuntimeLayout& l) {
     out.push_back("attn_cp = tp / dp = " + s(c.tp) + " / " + s(resolved_dp(c)) + " = " + s(w.attn_cp) +
                   (cp_overridden(c) ? " (replaces --cp " + s(c.cp) + ")" : std::string()) +
                   "; attn_dp = 1, attn_tp = " + s(w.attn_tp));
+    out.push_back("prefill CP sets the dense layers' TP width to 1" +
+                  (dense_tp_overridden(c) ? " (replaces --moe-dense-tp-size " + s(*c.moe_dense_tp_size) + ")"
+                                          : std::string()));
   }
   if (needs_dp_equal_tp(c.moe_a2a_backend))
     out.push_back("--moe-a2a-backend " + backend + " needs DP attention with dp == tp: dp = " +
@@ -113,6 +207,7 @@ inline std::vector<std::string> resolution_steps(const RuntimeLayout& l) {
                                       s(w.moe_dp) + " == " + s(w.tp)
                                 : std::string()) +
                   ")");
+  for (std::string& step : further_steps(l)) out.push_back(std::move(step));
   return out;
 }
 
@@ -130,6 +225,25 @@ inline std::string bridge_reason(const RuntimeLayout& l) {
   return "";
 }
 
+// The world around the domain: replicas x pipeline stages x tp in SGLang's rank order, each
+// world rank's coordinates (up to 4096 ranks) and the pipeline groups.
+inline nlohmann::json world_json(const WorldLayout& world) {
+  using nlohmann::json;
+  constexpr int kMaxListedRanks = 4096;
+  json j = {{"replicas", world.replicas()}, {"pp", world.pp()},      {"tp", world.tp()},
+            {"nnodes", world.nnodes()},     {"size", world.size()}, {"ranks_per_node", world.ranks_per_node()},
+            {"rank_order", "(replica, pp, tp), tp fastest: rank = (replica * pp + pp_rank) * tp + tp_rank"}};
+  j["ranks"] = json::array();
+  for (int r = 0; r < world.size() && r < kMaxListedRanks; ++r) {
+    const WorldCoords k = world.coords(r);
+    j["ranks"].push_back({{"rank", r}, {"replica", k.replica}, {"pp_rank", k.pp_rank}, {"node", k.node},
+                          {"tp_rank", k.domain.rank}});
+  }
+  j["ranks_truncated"] = world.size() > kMaxListedRanks;
+  j["pp_groups"] = world.size() <= kMaxListedRanks ? json(world.groups(GroupKind::pp)) : json(nullptr);
+  return j;
+}
+
 inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> focus = std::nullopt) {
   using nlohmann::json;
   const LayoutConfig& c = l.config();
@@ -141,17 +255,29 @@ inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> fo
                  {"draft", std::string(to_string(c.draft))},
                  {"attn_dp_size", c.attn_dp_size ? json(*c.attn_dp_size) : json(nullptr)},
                  {"enable_prefill_cp", c.enable_prefill_cp},
-                 {"cp_strategy", std::string(to_string(c.cp_strategy))}};
+                 {"cp_strategy", c.cp_strategy ? json(std::string(to_string(*c.cp_strategy))) : json(nullptr)},
+                 {"enable_dp_lm_head", c.enable_dp_lm_head},
+                 {"enable_tp_lm_head_all_to_all", c.enable_tp_lm_head_all_to_all},
+                 {"moe_dense_tp_size", c.moe_dense_tp_size ? json(*c.moe_dense_tp_size) : json(nullptr)},
+                 {"dcp", c.dcp}, {"ep_num_redundant_experts", c.ep_num_redundant_experts},
+                 {"pp", c.pp}, {"nnodes", c.nnodes}};
+  // Every flag as SGLang resolves it.
   j["dp_attention"] = dp_attention_on(c);
+  j["moe_a2a_backend"] = std::string(to_string(l.backend()));
+  j["lm_head"] = {{"dp_lm_head", dp_lm_head_on(c)}, {"tp_all_to_all", c.enable_tp_lm_head_all_to_all},
+                  {"vocab_group", dp_lm_head_on(c) ? "attn_tp" : "tp"}};
   j["resolution"] = resolution_steps(l);
   j["widths"] = {{"tp", w.tp},         {"attn_dp", w.attn_dp}, {"attn_cp", w.attn_cp},
                  {"attn_tp", w.attn_tp}, {"moe_dp", w.moe_dp},   {"moe_ep", w.moe_ep},
-                 {"moe_tp", w.moe_tp}};
+                 {"moe_tp", w.moe_tp},   {"dcp", w.dcp},         {"dense_tp", w.dense_tp}};
   j["ep_overridden"] = ep_overridden(c);
   j["cp_overridden"] = cp_overridden(c);
   j["cp_token_split"] = l.cp_token_split() == CpTokenSplit::round_robin ? "round_robin" : "contiguous";
   j["moe_dp_group"] = {{"is_attn_cp_group", moe_dp_group_is_attn_cp(w)},
                        {"size", l.group_size(GroupKind::moe_dp)}};
+  j["notes"] = json::array();
+  for (const LayoutNote& n : l.notes())
+    j["notes"].push_back({{"kind", std::string(LayoutNote::kind_name(n.kind))}, {"text", n.text}});
   j["ranks"] = json::array();
   for (int r = 0; r < l.size(); ++r) {
     const RankCoords k = l.coords(r);
@@ -161,9 +287,26 @@ inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> fo
                           {"attn_tp_rank", k.attn_tp_rank},
                           {"moe_dp_rank", k.moe_dp_rank},
                           {"moe_ep_rank", k.moe_ep_rank},
-                          {"moe_tp_rank", k.moe_tp_rank}});
+                          {"moe_tp_rank", k.moe_tp_rank},
+                          {"dcp_rank", k.dcp_rank},
+                          {"dense_tp_rank", k.dense_tp_rank}});
   }
-  for (GroupKind g : kAllGroupKinds) j["groups"][std::string(to_string(g))] = l.groups(g);
+  for (GroupKind g : kDomainGroupKinds) j["groups"][std::string(to_string(g))] = l.groups(g);
+  j["world"] = world_json(WorldLayout(c));
+  if (const ExpertMap m = expert_map(l); m.redundant > 0) {
+    json e = {{"placement", "static"}, {"routed", m.routed}, {"redundant", m.redundant}, {"physical", m.physical},
+              {"per_rank", m.per_rank}, {"error", m.error.empty() ? json(nullptr) : json(m.error)},
+              {"members", json::array()}};
+    for (const ExpertMapRow& r : m.members) {
+      json ranges = json::array();
+      for (const auto& [a, b] : r.logical) ranges.push_back({a, b});
+      e["members"].push_back({{"moe_ep_rank", r.member},
+                              {"physical", {r.first_physical, r.last_physical}},
+                              {"logical", ranges},
+                              {"replicas", r.replicas}});
+    }
+    j["expert_map"] = e;
+  }
   j["bridge"]["path"] = std::string(to_string(l.bridge_path()));
   j["bridge"]["reason"] = bridge_reason(l);
   j["bridge"]["steps"] = json::array();
@@ -174,10 +317,11 @@ inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> fo
                              : "max_len if 2*sum(global_num_tokens) >= max*attn_dp else sum_len";
   const DsparkVerdict v = l.dspark();
   j["dspark"] = {{"allowed", v.allowed},
-                 {"error", v.allowed ? json(nullptr) : json(std::string(v.error))}};
+                 {"error", v.allowed ? json(nullptr) : json(std::string(v.error))},
+                 {"flag", v.allowed ? json(nullptr) : json(std::string(v.input))}};
   if (focus) {
     json f = j["ranks"][static_cast<std::size_t>(l.coords(*focus).rank)];
-    for (GroupKind g : kAllGroupKinds)
+    for (GroupKind g : kDomainGroupKinds)
       f["groups"][std::string(to_string(g))] = {{"index", l.group_index(g, *focus)},
                                                 {"group_rank", l.group_rank(g, *focus)},
                                                 {"members", l.group_members(g, *focus)}};
@@ -187,6 +331,11 @@ inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> fo
 }
 
 namespace impl {
+
+// A group name padded to the column of the Groups table (one space at least).
+inline std::string pad_name(std::string_view name) {
+  return std::string(name.size() < 8 ? 8 - name.size() : 1, ' ');
+}
 
 inline std::string rank_list(const std::vector<int>& members) {
   std::string out = "[";
@@ -202,6 +351,41 @@ inline std::string rank_list(const std::vector<int>& members) {
 
 }  // namespace impl
 
+// The world section of the text form: only when the world is more than this domain.
+inline std::string world_text(const WorldLayout& world) {
+  if (world.size() == world.tp() && world.nnodes() == 1) return "";
+  std::ostringstream o;
+  o << "World: " << world.replicas() << (world.replicas() == 1 ? " replica" : " replicas") << " x pp "
+    << world.pp() << " x tp " << world.tp() << " = " << world.size() << " ranks, " << world.nnodes()
+    << (world.nnodes() == 1 ? " node" : " nodes") << " of " << world.ranks_per_node() << " ranks\n";
+  o << "  rank order (replica, pp, tp), tp fastest: rank = (replica * pp + pp_rank) * tp + tp_rank\n";
+  o << "  world rank   replica  pp_rank  node  tp_rank\n";
+  constexpr int kMaxRows = 64;
+  for (int r = 0; r < world.size() && r < kMaxRows; ++r) {
+    const WorldCoords k = world.coords(r);
+    char line[96];
+    std::snprintf(line, sizeof line, "  %10d   %7d  %7d  %4d  %7d\n", r, k.replica, k.pp_rank, k.node, k.domain.rank);
+    o << line;
+  }
+  if (world.size() > kMaxRows) o << "  ... " << world.size() - kMaxRows << " more ranks (--format json lists them)\n";
+  const int count = world.group_count(GroupKind::pp);
+  o << "  pp groups: " << count << (count == 1 ? " group of " : " groups of ") << world.group_size(GroupKind::pp)
+    << ": ";
+  for (int id = 0; id < count; ++id) {
+    if (count > 8 && id == 6) {
+      o << "... ";
+      id = count - 2;
+    }
+    std::vector<int> members(static_cast<std::size_t>(world.group_size(GroupKind::pp)));
+    for (int p = 0; p < static_cast<int>(members.size()); ++p)
+      members[static_cast<std::size_t>(p)] = world.group_member(GroupKind::pp, id, p);
+    o << impl::rank_list(members) << " ";
+  }
+  o << "\n  every domain group (tp, attn_tp, ...) repeats in each (replica, pp) domain, offset by its first "
+       "world rank\n\n";
+  return o.str();
+}
+
 inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus = std::nullopt) {
   const LayoutConfig& c = l.config();
   const Widths& w = l.widths();
@@ -211,7 +395,14 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
     << " moe_dp=" << c.moe_dp << " dp_attention=" << (dp_attention_on(c) ? "on" : "off")
     << " moe_a2a_backend=" << backend << " draft=" << to_string(c.draft);
   if (c.attn_dp_size) o << " attn_dp_size=" << *c.attn_dp_size;
-  if (c.enable_prefill_cp) o << " prefill_cp=" << to_string(c.cp_strategy);
+  if (c.enable_prefill_cp) o << " prefill_cp=" << to_string(*c.cp_strategy);
+  if (c.dcp > 1) o << " dcp=" << c.dcp;
+  if (c.moe_dense_tp_size) o << " moe_dense_tp=" << *c.moe_dense_tp_size;
+  if (c.enable_dp_lm_head) o << " dp_lm_head=" << (dp_lm_head_on(c) ? "on" : "off");
+  if (c.enable_tp_lm_head_all_to_all) o << " tp_lm_head_all_to_all=on";
+  if (c.ep_num_redundant_experts > 0) o << " ep_redundant=" << c.ep_num_redundant_experts;
+  if (c.pp > 1) o << " pp=" << c.pp;
+  if (c.nnodes > 1) o << " nnodes=" << c.nnodes;
   o << "\n\n";
 
   if (const auto steps = resolution_steps(l); !steps.empty()) {
@@ -243,12 +434,14 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
   o << "\n";
   o << "  moe_tp  = tp / moe_ep / moe_dp = " << w.tp << " / " << w.moe_ep << " / " << w.moe_dp
     << " = " << w.moe_tp << "\n";
+  o << "  dcp     = --dcp-size = " << w.dcp << (w.dcp > 1 ? " (blocks of consecutive ranks inside tp)" : "") << "\n";
+  o << "  dense_tp = "
+    << (c.enable_prefill_cp ? "1 (--enable-prefill-cp)" : c.moe_dense_tp_size ? "--moe-dense-tp-size" : "tp (default)")
+    << " = " << w.dense_tp << "\n";
   o << "  check   " << w.tp << " = " << w.attn_dp << " x " << w.attn_cp << " x " << w.attn_tp
     << " (attention dp x cp x tp) = " << w.moe_dp << " x " << w.moe_ep << " x " << w.moe_tp
     << " (MoE dp x ep x tp)\n";
-  if (!dp_attention_on(c) && c.dp > 1)
-    o << "  note    dp = " << c.dp << " without DP attention: replicas outside this domain; this "
-      << "domain has tp = " << w.tp << " ranks\n";
+  for (const LayoutNote& n : l.notes()) o << "  note    " << n.text << "\n";
   o << "\n";
 
   o << "Ranks            attention          |  MoE\n";
@@ -267,9 +460,9 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
   o << "\n";
 
   o << "Groups\n";
-  for (GroupKind g : kAllGroupKinds) {
+  for (GroupKind g : kDomainGroupKinds) {
     const auto groups = l.groups(g);
-    o << "  " << to_string(g) << std::string(8 - to_string(g).size(), ' ') << groups.size()
+    o << "  " << to_string(g) << impl::pad_name(to_string(g)) << groups.size()
       << (groups.size() == 1 ? " group  of " : " groups of ") << l.group_size(g)
       << (g == GroupKind::moe_dp && moe_dp_group_is_attn_cp(w) ? " (= attn_cp groups)" : "") << ": ";
     for (std::size_t i = 0; i < groups.size(); ++i) {
@@ -287,8 +480,8 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
       << k.attn_tp_rank << ", attn_cp_rank " << k.attn_cp_rank << "); MoE ep rank "
       << k.moe_ep_rank << ", moe_tp_rank " << k.moe_tp_rank << ", moe_dp_rank " << k.moe_dp_rank
       << "\n";
-    for (GroupKind g : kAllGroupKinds)
-      o << "  " << to_string(g) << std::string(8 - to_string(g).size(), ' ') << "group #"
+    for (GroupKind g : kDomainGroupKinds)
+      o << "  " << to_string(g) << impl::pad_name(to_string(g)) << "group #"
         << l.group_index(g, *focus) << ", position " << l.group_rank(g, *focus) << " in "
         << impl::rank_list(l.group_members(g, *focus)) << "\n";
   }
@@ -308,6 +501,10 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
     }
     o << ": " << s.what << "\n";
   }
+  o << "  decode / extend rows (relayout::CpAttention):";
+  for (const AttentionPlanStep& p : attention_plan(AttentionPhase::extend, w.attn_cp > 1, w.attn_tp > 1))
+    o << " " << p.name << (p.group ? "@" + std::string(to_string(*p.group)) : std::string());
+  o << "\n";
   o << "  padding: "
     << (forces_max_len(c.moe_a2a_backend)
             ? "max_len always (" + backend + ")"
@@ -315,13 +512,43 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
                   (w.attn_cp > 1 ? " (under CP, one count per CP share: attn_dp * attn_cp in place of attn_dp)" : ""))
     << "\n\n";
 
+  if (const ExpertMap m = expert_map(l); m.redundant > 0) {
+    o << "Expert map (static placement, physical p holds logical p mod " << m.routed << "; DeepSeek-V3's " << m.routed
+      << " routed experts + " << m.redundant << " redundant = " << m.physical << " physical";
+    if (!m.error.empty()) {
+      o << ")\n  cannot place them: " << m.error << "\n\n";
+    } else {
+      o << ", " << m.per_rank << " per moe_ep rank)\n";
+      constexpr std::size_t kHead = 8, kTail = 2;
+      for (std::size_t i = 0; i < m.members.size(); ++i) {
+        if (m.members.size() > kHead + kTail + 1 && i == kHead) {
+          o << "  ... " << m.members.size() - kHead - kTail << " more moe_ep ranks (--format json lists them)\n";
+          i = m.members.size() - kTail;
+        }
+        const ExpertMapRow& r = m.members[i];
+        o << "  ep " << r.member << " (physical " << r.first_physical << "-" << r.last_physical
+          << "): logical " << id_ranges(r.logical);
+        if (r.replicas > 0) o << "   (" << r.replicas << (r.replicas == 1 ? " replica)" : " replicas)");
+        o << "\n";
+      }
+      o << "\n";
+    }
+  }
+  o << world_text(WorldLayout(c));
+
   const DsparkVerdict v = l.dspark();
   o << "DSpark start-up check (draft " << to_string(c.draft) << "): ";
   if (!v.allowed)
-    o << "REJECTED\n  " << v.error << "\n";
+    o << "REJECTED\n  " << v.error << "\n  (flag: " << v.input << ")\n";
   else if (c.draft == Draft::none)
+  {
+    LayoutConfig moe = c;
+    moe.draft = Draft::moe;
+    const DsparkVerdict hypothetical = dspark_verdict(moe, w);
     o << "allowed (no draft; a MoE draft here would be "
-      << (dp_attention_on(c) && w.attn_tp > 1 ? "rejected: attn_tp > 1" : "allowed") << ")\n";
+      << (hypothetical.allowed ? std::string("allowed") : "rejected: " + std::string(hypothetical.input))
+      << ")\n";
+  }
   else
     o << "allowed\n";
   return o.str();
@@ -393,26 +620,17 @@ inline HeldRows held_after(const RuntimeLayout& l, const PlanStep& p, int r) {
   const std::string g = "g" + std::to_string(k.attn_dp_rank) +
                         (w.attn_cp > 1 ? " cp " + std::to_string(k.attn_cp_rank + 1) + "/" + std::to_string(w.attn_cp) : "");
   const std::string chunk = g + " " + std::to_string(k.attn_tp_rank + 1) + "/" + std::to_string(w.attn_tp);
-  switch (p.step) {
-    case BridgeStep::dp_gather: return {"all groups", -1};
-    case BridgeStep::local_experts:
-      return {w.moe_dp > 1 ? "slice " + std::to_string(k.moe_dp_rank + 1) + "/" + std::to_string(w.moe_dp) + " partial"
-                           : "all, partial",
-              -1};
-    case BridgeStep::all_reduce:
-      return l.bridge_path() == BridgePath::dp_gather ? HeldRows{"all, summed", -1} : HeldRows{g + " summed", k.attn_dp_rank};
-    case BridgeStep::split_rows:
-    case BridgeStep::combine:
-    case BridgeStep::shared_expert: return {w.attn_tp > 1 ? chunk : g, k.attn_dp_rank};
-    case BridgeStep::route: return {"", -1};  // the rows of the step before, routed (explain_svg)
-    case BridgeStep::dispatch:
-    case BridgeStep::experts: return {"ep " + std::to_string(k.moe_ep_rank) + "'s experts", -1};
-    case BridgeStep::reduce_scatterv:
-    case BridgeStep::dp_reduce_scatter:
-    case BridgeStep::dp_scatter:
-    case BridgeStep::all_gather: return {g, k.attn_dp_rank};
-  }
-  return {"", -1};
+  // From the step's placement: none between dispatch and combine (the experts' rows).
+  if (p.step == BridgeStep::route) return {"", -1};  // the rows of the step before, routed
+  if (!p.placement) return {"ep " + std::to_string(k.moe_ep_rank) + "'s experts", -1};
+  const bool summed = p.step == BridgeStep::all_reduce;
+  if (p.placement->state == RowState::partial)
+    return {w.moe_dp > 1 ? "slice " + std::to_string(k.moe_dp_rank + 1) + "/" + std::to_string(w.moe_dp) + " partial"
+                         : "all, partial",
+            -1};
+  if (p.placement->scope == RowScope::dp_global) return {summed ? "all, summed" : "all groups", -1};
+  if (p.placement->state == RowState::row_shard) return {w.attn_tp > 1 ? chunk : g, k.attn_dp_rank};
+  return {summed ? g + " summed" : g, k.attn_dp_rank};
 }
 
 // The layout as a picture: the ranks as a grid in attention order (dp, cp; tp across) and in MoE
@@ -497,7 +715,7 @@ inline std::string explain_svg(const RuntimeLayout& l) {
     const RankCoords k = l.coords(r);
     d.text(12, top + r * ch + 15, "r" + std::to_string(r) + " (g" + std::to_string(k.attn_dp_rank) + ")", 10, "start", "rowlabel");
     d.rect(left, top + r * ch, sw - 2, ch - 2, svg::colour(k.attn_dp_rank, w.attn_dp), "held");
-    HeldRows h = held_after(l, PlanStep{BridgeStep::all_gather, std::nullopt, "", "", "", ""}, r);  // its own rows
+    HeldRows h = held_after(l, PlanStep{BridgeStep::all_gather, std::nullopt, "", "", Placement{RowState::replicated, GroupKind::attn_tp, RowScope::dp_local}, ""}, r);  // its own rows
     d.text(left + sw / 2, top + r * ch + 15, h.text, 10, "middle");
     for (std::size_t c = 0; c < plan.size(); ++c) {
       if (plan[c].step != BridgeStep::route) h = held_after(l, plan[c], r);

@@ -14,20 +14,24 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "cli/layout_flags.hpp"
-#include "cli/memory_estimate.hpp"
-#include "demo/model/config.hpp"
-#include "demo/model/workload.hpp"
+#include "common/layout_flags.hpp"
+#include "common/memory_estimate.hpp"
+#include "demo_model/config.hpp"
+#include "demo_model/workload.hpp"
 #include "relayout/bridge/plan.hpp"
 #include "relayout/mesh.hpp"
 #include "relayout/placement/dp_slots.hpp"
 #include "relayout/placement/ep_message.hpp"
+#include "relayout/placement/expert_load_json.hpp"
+#include "relayout/placement/expert_location.hpp"
 #include "relayout/placement/split.hpp"
 #include "relayout/placement/traffic.hpp"
 
@@ -42,8 +46,64 @@ struct PlanInput {
   std::string restore = "reduce";
   double elem = 4;         // bytes of one value: the demo layer computes in float
   double weight_elem = 0;  // bytes of one weight (0: elem)
-  std::string dispatch_dtype = "fp32";  // bf16: dispatched rows travel as 2-byte values (dsv4_layer --dispatch-dtype)
+  std::string dispatch_dtype = "fp32";  // bf16 / fp8: dispatched rows travel as 2-byte values / e4m3 (dsv4_layer --dispatch-dtype)
+  // --expert-load: per layer, per logical expert (the file dsv4_layer --expert-load-out writes);
+  // empty: uniform routing.
+  std::optional<std::vector<std::vector<double>>> load;
 };
+
+// The per-expert loads of a load file: the library's format {"experts": E, "loads": [E numbers]}
+// (relayout/placement/expert_load_json.hpp, what an engine exports), or one list per layer,
+// {"experts": E, "layers": [[E numbers], ...]}.
+inline std::vector<std::vector<double>> parse_load_layers(const std::string& text, const std::string& source) {
+  const auto bad = [&](const std::string& why) { return LayoutError("--expert-load", source + ": " + why); };
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_discarded() && j.is_object() && j.contains("layers")) {
+    if (!j.contains("experts") || !j["experts"].is_number_integer() || j["experts"].get<std::int64_t>() < 1)
+      throw bad("\"experts\" must be a whole number >= 1");
+    const std::size_t E = j["experts"].get<std::size_t>();
+    if (!j["layers"].is_array() || j["layers"].empty()) throw bad("\"layers\" must be a non-empty list of load lists");
+    std::vector<std::vector<double>> out;
+    for (const nlohmann::json& l : j["layers"]) {
+      if (!l.is_array() || l.size() != E) throw bad("each layer's list must hold experts = " + std::to_string(E) + " loads");
+      std::vector<double> v;
+      for (const nlohmann::json& x : l) {
+        if (!x.is_number() || !(x.get<double>() >= 0)) throw bad("a load must be a finite number >= 0");
+        v.push_back(x.get<double>());
+      }
+      out.push_back(std::move(v));
+    }
+    return out;
+  }
+  try {
+    return {parse_expert_load_json(text, -1, source)};
+  } catch (const LayoutError& e) {
+    throw LayoutError("--expert-load", e.what());
+  }
+}
+
+inline std::vector<std::vector<double>> read_load_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw LayoutError("--expert-load", "--expert-load: cannot read '" + path + "'");
+  std::stringstream text;
+  text << f.rdbuf();
+  return parse_load_layers(text.str(), "--expert-load '" + path + "'");
+}
+
+// Each moe_ep rank's (row, expert) pairs over the mean for logical per-expert loads, the experts
+// placed contiguously as the demo layer places them (ExpertLocation::identity: expert e on moe_ep
+// rank e / (experts / moe_ep)), averaged over the file's layers.
+inline std::vector<double> load_factors(const std::vector<std::vector<double>>& layers, int ep) {
+  std::vector<double> f(static_cast<std::size_t>(ep), 0.0);
+  for (const std::vector<double>& load : layers) {
+    const std::vector<double> member = expected_member_load(ExpertLocation::identity(int(load.size()), 0, ep), load);
+    double sum = 0;
+    for (double x : member) sum += x;
+    for (std::size_t r = 0; r < f.size(); ++r) f[r] += sum > 0 ? member[r] * ep / sum : 1.0;
+  }
+  for (double& x : f) x /= double(layers.size());
+  return f;
+}
 
 inline constexpr std::size_t kPlanSlots = TrafficLog::kOps * TrafficLog::kGroups;
 
@@ -85,7 +145,10 @@ struct LayerPlan {
   std::string dispatch_dtype = "fp32";
   EpMessage message;  // one dispatched row (ep_dispatch's message, with elem-byte values)
   double destinations_per_row = 0;  // expected moe_ep ranks a row is dispatched to (uniform routing)
+  std::vector<double> load_factors;  // per moe_ep rank: its (row, expert) pairs over the mean (1: uniform)
+  bool measured_load = false;        // the factors come from --expert-load
   std::vector<RankPlan> ranks;
+  double imbalance() const { return *std::max_element(load_factors.begin(), load_factors.end()); }
 };
 
 // Expected number of moe_ep ranks holding at least one of a row's top-k experts when the k
@@ -98,12 +161,6 @@ inline double expected_destinations(int experts, int k, int ep) {
   return ep * (1.0 - miss);
 }
 
-inline BridgeRestore parse_restore(const std::string& s) {
-  if (s != "reduce" && s != "scatter")
-    throw LayoutError("--restore", "--restore must be reduce or scatter, got '" + s + "'");
-  return s == "scatter" ? BridgeRestore::scatter : BridgeRestore::reduce;
-}
-
 // The plan of one forward (all layers) of the demo layer on `layout`. Throws LayoutError naming
 // the flag when the dims, requests or placement do not fit the layout (the layer's own checks).
 inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
@@ -114,7 +171,7 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
     std::snprintf(got, sizeof got, "%g", in.elem);
     throw LayoutError("--element-bytes", std::string("--element-bytes must be 1, 2, 4 or 8 (the bytes of one value type), got ") + got);
   }
-  const bool bf16_rows = dispatch_bf16(layout, in.dispatch_dtype);
+  const DispatchDtype rows_as = dispatch_dtype_of(layout, in.dispatch_dtype);
   const model::Workload work = model::Workload::make(in.requests, in.placement, w.attn_dp);
   LayerPlan p(layout);
   p.dims = in.dims;
@@ -122,15 +179,14 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
   p.weight_elem = in.weight_elem > 0 ? in.weight_elem : in.elem;
   p.dispatch_dtype = in.dispatch_dtype;
   p.path = layout.bridge_path();
-  p.restore = parse_restore(in.restore);
+  p.restore = relayout::parse_restore(in.restore, "--restore");
   // Under attention CP (attn_cp > 1) each rank holds its CP share of its DP group's rows, and the
-  // bridge moves every (DP group, CP rank) share as a DP group of its own (MoeBridge::cp_share_layout:
+  // bridge moves every (DP group, CP rank) share as a DP group of its own (cp_share_layout:
   // the same domain with attn_dp * attn_cp groups and no CP); global_num_tokens has one entry per
   // share, in rank order. Each share's rows: plain CP cuts every request into attn_cp chunks, prefill
   // CP deals the group's tokens round-robin (docs/cp.md); both give cp_token_count rows.
   const int C = w.attn_cp;
-  const RuntimeLayout shares =
-      C > 1 ? RuntimeLayout(LayoutConfig{.tp = w.tp, .dp = w.attn_dp * C, .enable_dp_attention = true}) : layout;
+  const RuntimeLayout shares = cp_share_layout(layout);
   const bool round_robin = layout.cp_token_split() == CpTokenSplit::round_robin;
   p.global_num_tokens.assign(std::size_t(w.attn_dp * C), 0);
   p.group_rows.assign(std::size_t(w.attn_dp), 0);
@@ -153,11 +209,26 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
   const double H = d.hidden, K = d.topk, e = in.elem, L = d.layers;
   const int A = w.attn_tp, ep = w.moe_ep;
   // The payload is the value type (ep_dispatch<T, T>) unless the rows are dispatched as bf16
-  // (ep_dispatch<T, bf16>); scalars are aligned to their size.
-  const std::int64_t payload = bf16_rows ? 2 : std::int64_t(e);
-  p.message = EpMessage::of(d.topk, d.hidden, std::int64_t(e), std::int64_t(e), payload, payload);
+  // (ep_dispatch<T, bf16>) or fp8 (ep_dispatch<T, fp8_e4m3>: EpMessage::of_fp8); scalars are
+  // aligned to their size.
+  const std::int64_t payload = rows_as == DispatchDtype::bf16 ? 2 : std::int64_t(e);
+  p.message = rows_as == DispatchDtype::fp8
+                  ? EpMessage::of_fp8(d.topk, d.hidden, std::int64_t(e), std::int64_t(e))
+                  : EpMessage::of(d.topk, d.hidden, std::int64_t(e), std::int64_t(e), payload, payload);
   p.destinations_per_row = ep > 1 ? expected_destinations(d.experts, d.topk, ep) : 1.0;
   const double hit = p.destinations_per_row / ep;  // P(a row goes to a given moe_ep rank)
+  // --expert-load: the file's experts must be the layer's; each moe_ep rank's pairs (and the rows
+  // it receives, at most every arriving row) scale by its load over the mean.
+  p.load_factors.assign(std::size_t(ep), 1.0);
+  if (in.load) {
+    const std::size_t experts = in.load->front().size();
+    if (experts != std::size_t(d.experts))
+      throw LayoutError("--expert-load", "--expert-load: the file holds the loads of " + std::to_string(experts) +
+                                             " experts; the demo layer routes over --experts " + std::to_string(d.experts) +
+                                             ": the file must come from a run with the same --experts");
+    p.load_factors = load_factors(*in.load, ep);
+    p.measured_load = true;
+  }
   const DpSlots slots(shares, p.global_num_tokens, p.padding);
   const double total = double(slots.total_rows());
   const auto multi = [&](GroupKind g) { return layout.group_size(g) > 1; };
@@ -200,7 +271,7 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
           const double rows = p.path == BridgePath::dp_gather ? total : n;
           rp.moe_rows = double(tensor_split_range(std::int64_t(rows), w.moe_dp, k.moe_dp_rank).count);
           rp.expert_rows = rp.moe_rows;
-          rp.expert_pairs = rp.moe_rows * K / ep;
+          rp.expert_pairs = rp.moe_rows * K / ep * p.load_factors[std::size_t(k.moe_ep_rank)];
           buffer_rows = rows;
           shared_here = d.shared_inter > 0 && k.moe_ep_rank == 0;
           break;
@@ -224,8 +295,9 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
             layer.add(TrafficOp::dispatch, *s.group, rp.moe_rows * p.destinations_per_row * double(p.message.bytes));
           // rows of every member of this rank's moe_ep group, each here with P(hit)
           const double arriving = ep_rows[std::size_t(layout.group_index(GroupKind::moe_ep, r))];
-          rp.expert_rows = arriving * hit;
-          rp.expert_pairs = arriving * K / ep;
+          const double f = p.load_factors[std::size_t(k.moe_ep_rank)];
+          rp.expert_rows = arriving * std::min(1.0, hit * f);
+          rp.expert_pairs = arriving * K / ep * f;
           buffer_rows = n + rp.moe_rows + rp.expert_rows;
           break;
         }
@@ -298,7 +370,7 @@ inline nlohmann::json plan_json(const LayerPlan& p) {
   nlohmann::json j;
   j["path"] = std::string(to_string(p.path));
   j["padding"] = p.path == BridgePath::dp_gather ? nlohmann::json(std::string(to_string(p.padding))) : nlohmann::json(nullptr);
-  j["restore"] = p.path == BridgePath::dp_gather ? nlohmann::json(p.restore == BridgeRestore::scatter ? "scatter" : "reduce")
+  j["restore"] = p.path == BridgePath::dp_gather ? nlohmann::json(std::string(to_string(p.restore)))
                                                  : nlohmann::json(nullptr);
   j["global_num_tokens"] = p.global_num_tokens;
   j["layers"] = p.dims.layers;
@@ -308,6 +380,10 @@ inline nlohmann::json plan_json(const LayerPlan& p) {
   j["routing"] = kRoutingNote;
   j["uniform_routing_ops"] = {"dispatch", "combine"};
   j["destinations_per_row"] = p.destinations_per_row;
+  if (p.measured_load) {
+    j["imbalance"] = p.imbalance();
+    j["expert_load_factors"] = p.load_factors;
+  }
   nlohmann::json steps = nlohmann::json::array();
   for (const PlanStep& s : p.steps)
     steps.push_back({{"step", std::string(s.name)}, {"group", s.group ? nlohmann::json(std::string(to_string(*s.group))) : nlohmann::json(nullptr)}});
@@ -330,16 +406,19 @@ inline nlohmann::json plan_json(const LayerPlan& p) {
   return j;
 }
 
-inline std::string plan_text(const LayerPlan& p) {
+// The head of the text form: the layout, the model (`layers` of them: the model's, which a
+// pipeline stage holds a share of), the DP groups' tokens and the bridge's steps.
+inline std::string plan_head_text(const LayerPlan& p, int layers) {
   const Widths& w = p.layout.widths();
-  const model::ModelDims& d = p.dims;
+  model::ModelDims d = p.dims;
+  d.layers = layers;
   std::ostringstream s;
   s << "plan: tp=" << w.tp << " attn dp x " << (w.attn_cp > 1 ? "cp x " : "") << "tp = " << w.attn_dp << " x "
     << (w.attn_cp > 1 ? std::to_string(w.attn_cp) + " x " : "") << w.attn_tp << ", moe dp x ep x tp = " << w.moe_dp
     << " x " << w.moe_ep << " x " << w.moe_tp << ", backend " << to_string(p.layout.backend()) << " -> bridge "
     << to_string(p.path);
   if (p.path == BridgePath::dp_gather)
-    s << ", padding " << to_string(p.padding) << ", restore " << (p.restore == BridgeRestore::scatter ? "scatter" : "reduce");
+    s << ", padding " << to_string(p.padding) << ", restore " << to_string(p.restore);
   s << "\nmodel: " << model_flags(d) << " (" << p.elem << "-byte values, " << p.weight_elem << "-byte weights)\n";
   s << "global_num_tokens: [";
   for (std::size_t g = 0; g < p.global_num_tokens.size(); ++g) s << (g ? " " : "") << p.global_num_tokens[g];
@@ -352,32 +431,52 @@ inline std::string plan_text(const LayerPlan& p) {
     std::snprintf(line, sizeof line, "%.3f", p.destinations_per_row);
     s << "note: " << kRoutingNote << ": a row goes to " << line << " of " << w.moe_ep << " moe_ep ranks on average\n";
   }
-  s << "\nPer rank, one forward (" << d.layers << " layers):\n";
-  for (const RankPlan& r : p.ranks) {
-    const RankCoords& k = r.coords;
-    char head[200];
-    std::snprintf(head, sizeof head, "rank %d (attn dp %d%s tp %d, moe ep %d): rows attention %.0f, moe %.0f, experts %.1f%s\n",
-                  k.rank, k.attn_dp_rank, w.attn_cp > 1 ? (" cp " + std::to_string(k.attn_cp_rank)).c_str() : "",
-                  k.attn_tp_rank, k.moe_ep_rank, r.attention_rows, r.moe_rows, r.expert_rows,
-                  p.path == BridgePath::a2a_split || p.path == BridgePath::direct ? " (expected)" : "");
-    s << head << "  collectives:";
-    bool any = false;
-    for (std::size_t op = 0; op < TrafficLog::kOps; ++op)
-      for (std::size_t g = 0; g < TrafficLog::kGroups; ++g) {
-        const std::size_t i = op * TrafficLog::kGroups + g;
-        if (r.calls[i] == 0) continue;
-        s << (any ? ";" : "") << " " << kTrafficOpNames[op] << "@" << to_string(kAllGroupKinds[g]) << " x" << r.calls[i]
-          << " " << bytes_text(r.bytes[i]) << (routing_dependent(TrafficOp(op)) ? " (expected, uniform routing)" : "");
-        any = true;
-      }
-    s << (any ? "" : " none") << "\n";
-    s << "  memory " << bytes_text(r.memory.total()) << ": weights " << bytes_text(r.weights.total()) << " (attention "
-      << bytes_text(r.weights.attention) << ", router " << bytes_text(r.weights.router) << ", experts "
-      << bytes_text(r.weights.experts) << ", shared expert " << bytes_text(r.weights.shared) << "), activations "
-      << bytes_text(r.memory.activations) << ", K/V " << bytes_text(r.memory.kv) << ", buffers "
-      << bytes_text(r.memory.buffers) << "; K/V per token " << bytes_text(r.kv_per_token) << "\n";
+  if (p.measured_load) {
+    char line[200];
+    std::snprintf(line, sizeof line, "%.3f", p.imbalance());
+    s << "expert load: from --expert-load, experts placed contiguously over moe_ep; the busiest moe_ep rank computes "
+      << line << "x the mean (row, expert) pairs\n";
   }
   return s.str();
+}
+
+// One rank's lines: its rows, its collectives (and `extra` ones, e.g. the pipeline's) and memory.
+inline std::string rank_text(const LayerPlan& p, const RankPlan& r, const std::string& extra = "") {
+  const Widths& w = p.layout.widths();
+  const RankCoords& k = r.coords;
+  std::ostringstream s;
+  char head[200];
+  std::snprintf(head, sizeof head, "rank %d (attn dp %d%s tp %d, moe ep %d): rows attention %.0f, moe %.0f, experts %.1f%s\n",
+                k.rank, k.attn_dp_rank, w.attn_cp > 1 ? (" cp " + std::to_string(k.attn_cp_rank)).c_str() : "",
+                k.attn_tp_rank, k.moe_ep_rank, r.attention_rows, r.moe_rows, r.expert_rows,
+                p.path == BridgePath::a2a_split || p.path == BridgePath::direct ? " (expected)" : "");
+  s << head << "  collectives:";
+  bool any = false;
+  for (std::size_t op = 0; op < TrafficLog::kOps; ++op)
+    for (std::size_t g = 0; g < TrafficLog::kGroups; ++g) {
+      const std::size_t i = op * TrafficLog::kGroups + g;
+      if (r.calls[i] == 0) continue;
+      s << (any ? ";" : "") << " " << kTrafficOpNames[op] << "@" << to_string(kAllGroupKinds[g]) << " x" << r.calls[i]
+        << " " << bytes_text(r.bytes[i]) << (routing_dependent(TrafficOp(op)) ? " (expected, uniform routing)" : "");
+      any = true;
+    }
+  if (!extra.empty()) {
+    s << (any ? ";" : "") << extra;
+    any = true;
+  }
+  s << (any ? "" : " none") << "\n";
+  s << "  memory " << bytes_text(r.memory.total()) << ": weights " << bytes_text(r.weights.total()) << " (attention "
+    << bytes_text(r.weights.attention) << ", router " << bytes_text(r.weights.router) << ", experts "
+    << bytes_text(r.weights.experts) << ", shared expert " << bytes_text(r.weights.shared) << "), activations "
+    << bytes_text(r.memory.activations) << ", K/V " << bytes_text(r.memory.kv) << ", buffers "
+    << bytes_text(r.memory.buffers) << "; K/V per token " << bytes_text(r.kv_per_token) << "\n";
+  return s.str();
+}
+
+inline std::string plan_text(const LayerPlan& p) {
+  std::string s = plan_head_text(p, p.dims.layers) + "\nPer rank, one forward (" + std::to_string(p.dims.layers) + " layers):\n";
+  for (const RankPlan& r : p.ranks) s += rank_text(p, r);
+  return s;
 }
 
 }  // namespace relayout::cli

@@ -1,6 +1,6 @@
 // `relayout plan --gpus N`: every valid layout of N GPUs for a model and a batch, each planned
-// (plan.hpp) and timed (plan_time.hpp), sorted by predicted time per forward (those that fit in
-// the GPU's memory first). Validity is the layout engine's (relayout::derive_widths) and the demo
+// and timed over its world (plan_world.hpp: replicas x pipeline stages x a domain), sorted by
+// predicted time per forward (those that fit in the GPU's memory first). Validity is the layout engine's (relayout::derive_widths) and the demo
 // layer's (model::validate). The all-to-all backends a layout accepts share one row: each spans EP
 // over tp and takes the same bridge path, so the plan's rows, bytes and time are the same for all.
 #pragma once
@@ -18,29 +18,9 @@
 
 #include "cli/plan.hpp"
 #include "cli/plan_time.hpp"
+#include "cli/plan_world.hpp"
 
 namespace relayout::cli {
-
-// Published model configurations. DeepSeek-V3: config.json of the deepseek-ai/DeepSeek-V3 model
-// repository (hidden_size 7168, num_hidden_layers 61, n_routed_experts 256, num_experts_per_tok 8,
-// n_shared_experts 1, moe_intermediate_size 2048, num_attention_heads 128, q_lora_rank 1536,
-// kv_lora_rank 512). The demo layer has one shared K/V row per token: kv_lora_rank is its width,
-// as MLA's latent in its absorbed form; the one shared expert has moe_intermediate_size. Every
-// layer is an MoE layer here (DeepSeek-V3's first 3 are dense).
-inline model::ModelDims preset_dims(const std::string& name) {
-  if (name != "deepseek-v3") throw LayoutError("--preset", "--preset: unknown model '" + name + "'; expected one of: deepseek-v3");
-  model::ModelDims d;
-  d.hidden = 7168;       // hidden_size
-  d.layers = 61;         // num_hidden_layers
-  d.experts = 256;       // n_routed_experts
-  d.topk = 8;            // num_experts_per_tok
-  d.moe_inter = 2048;    // moe_intermediate_size
-  d.shared_inter = 2048; // n_shared_experts (1) x moe_intermediate_size
-  d.heads = 128;         // num_attention_heads
-  d.q_lora = 1536;       // q_lora_rank
-  d.head_dim = 512;      // kv_lora_rank
-  return d;
-}
 
 // The batch as requests of `request_tokens` (the last one shorter), placed round-robin; at most
 // kMaxBatchRequests of them, so a ranking stays quick.
@@ -60,7 +40,8 @@ struct RankedLayout {
   std::string flags;
   LayoutConfig config;
   std::vector<Backend> backends;  // the backends of this row: none, or every all-to-all backend it accepts
-  int replicas = 1;  // domains of tp = gpus / replicas (--dp without DP attention)
+  int replicas = 1;  // pipelines of gpus / replicas ranks (--dp without DP attention)
+  int pp = 1;        // pipeline stages of a replica, each a domain of tp = gpus / replicas / pp
   BridgePath path = BridgePath::tp_moe;
   double bytes_per_rank = 0, memory_per_rank = 0;
   RankTime time;
@@ -76,9 +57,10 @@ struct Ranking {
 // The flags of a row; several backends are written a|b|c (any one of them).
 inline std::string layout_flags(const LayoutConfig& c, const std::vector<Backend>& backends) {
   std::string s = "--tp " + std::to_string(c.tp);
+  if (c.pp > 1) s += " --pp-size " + std::to_string(c.pp);
   if (c.dp > 1) s += " --dp " + std::to_string(c.dp);
   if (c.enable_dp_attention) s += " --enable-dp-attention";
-  if (c.enable_prefill_cp) s += " --enable-prefill-cp";
+  if (c.enable_prefill_cp) s += " --enable-prefill-cp --cp-strategy interleave";
   if (c.cp > 1) s += " --cp " + std::to_string(c.cp);
   if (c.ep > 1) s += " --ep " + std::to_string(c.ep);
   if (c.moe_dp > 1) s += " --moe-dp-size " + std::to_string(c.moe_dp);
@@ -100,9 +82,12 @@ inline std::vector<int> divisors(int n) {
   return d;
 }
 
-// Every layout of `gpus` GPUs: replicas of a smaller domain (DP without DP attention), DP
-// attention of every width, attention CP of every width and DeepSeek-V4 prefill CP, backend none
-// with every ep, every all-to-all backend (one row per layout for those it accepts), every moe_dp.
+// Every layout of `gpus` GPUs: replicas of a smaller pipeline (DP without DP attention), pipeline
+// stages up to the model's layers (each a domain), DP attention of every width, attention CP of
+// every width and DeepSeek-V4 prefill CP, backend none with every ep, every all-to-all backend
+// (one row per layout for those it accepts), every moe_dp. The batch is split evenly over the
+// replicas and, in a pipeline, into pp micro-batches; a layout's time per forward is then pp
+// times its slowest stage's (the steady state: one micro-batch leaves every slowest stage).
 // Throws LayoutError naming --gpus when none is valid.
 inline Ranking rank_layouts(int gpus, std::int64_t batch_tokens, int request_tokens, PlanInput base,
                             const Cluster& cluster, double gpu_memory) {
@@ -112,9 +97,11 @@ inline Ranking rank_layouts(int gpus, std::int64_t batch_tokens, int request_tok
   std::map<std::string, std::size_t> row_of;     // layout key -> its row in out.layouts
   std::map<std::string, std::pair<int, std::string>> dims_rule;
   std::set<std::string> refused;  // layouts the model's dims rule out, counted once
-  for (int replicas : divisors(gpus)) {
-    const int tp = gpus / replicas;
-    const std::int64_t tokens = (batch_tokens + replicas - 1) / replicas;
+  for (int replicas : divisors(gpus))
+    for (int pp : divisors(gpus / replicas)) {
+    if (pp > base.dims.layers) break;  // every stage needs a layer
+    const int tp = gpus / replicas / pp;
+    const std::int64_t tokens = ((batch_tokens + replicas - 1) / replicas + pp - 1) / pp;
     for (bool dpa : {false, true}) {
       if (dpa && replicas > 1) continue;  // SGLang: attention DP inside replicas of the domain is not supported
       for (int dp : dpa ? divisors(tp) : std::vector<int>{replicas}) {
@@ -123,14 +110,16 @@ inline Ranking rank_layouts(int gpus, std::int64_t batch_tokens, int request_tok
           for (int cp : prefill ? std::vector<int>{1} : divisors(tp))
             for (const auto& backend : relayout::impl::kBackendNames.entries)
               for (const Backend b = backend.first; int ep : b == Backend::none ? divisors(tp) : std::vector<int>{1})
+                if (b != Backend::ascend_tp)  // runs as backend none: its rows are none's
                 for (int moe_dp : divisors(tp)) {
-                  const LayoutConfig c{.tp = tp, .dp = dp, .cp = cp, .ep = ep, .moe_dp = moe_dp,
-                                       .enable_dp_attention = dpa, .moe_a2a_backend = b,
-                                       .enable_prefill_cp = prefill};
+                  LayoutConfig c{.tp = tp, .dp = dp, .cp = cp, .ep = ep, .moe_dp = moe_dp,
+                                 .enable_dp_attention = dpa, .moe_a2a_backend = b,
+                                 .enable_prefill_cp = prefill, .pp = pp};
+                  if (prefill) c.cp_strategy = CpStrategy::interleave;  // the one strategy CUDA runs
                   const WidthsResult wr = derive_widths(c);
                   if (wr.rule != LayoutRule::ok) continue;
                   const Widths& w = wr.widths;
-                  const std::string key = std::to_string(replicas) + "/" + std::to_string(w.attn_dp) + "/" +
+                  const std::string key = std::to_string(replicas) + "/" + std::to_string(pp) + "/" + std::to_string(w.attn_dp) + "/" +
                                           std::to_string(w.attn_cp) + "/" + std::to_string(prefill) + "/" +
                                           std::to_string(w.moe_ep) + "/" + std::to_string(w.moe_dp) + "/" +
                                           std::to_string(b != Backend::none);
@@ -158,18 +147,23 @@ inline Ranking rank_layouts(int gpus, std::int64_t batch_tokens, int request_tok
                   const RuntimeLayout layout(c);
                   if (layout.bridge_path() != BridgePath::a2a_split && layout.bridge_path() != BridgePath::direct)
                     in.dispatch_dtype = "fp32";
-                  const LayerPlan p = plan_layer(layout, in);
+                  const WorldPlan wp = plan_world(WorldLayout(c), in, cluster);
                   RankedLayout r;
                   r.config = c;
                   r.backends = {b};
                   r.flags = layout_flags(c, r.backends);
                   r.replicas = replicas;
-                  r.path = p.path;
-                  for (const RankPlan& rp : p.ranks) {
-                    r.bytes_per_rank = std::max(r.bytes_per_rank, rp.total_bytes());
-                    r.memory_per_rank = std::max(r.memory_per_rank, rp.memory.total());
-                  }
-                  r.time = forward_time(p, cluster);
+                  r.pp = pp;
+                  r.path = wp.plans.front().path;
+                  for (const WorldStage& st : wp.stages)
+                    for (const RankPlan& rp : wp.plan_of(st).ranks) {
+                      const Handover& h = wp.handover[std::size_t(rp.coords.rank)];
+                      const double piped = (st.sends ? h.sent : 0.0) + (st.receives ? h.gathered : 0.0);
+                      r.bytes_per_rank = std::max(r.bytes_per_rank, pp * (rp.total_bytes() + piped));
+                      r.memory_per_rank = std::max(r.memory_per_rank, rp.memory.total());
+                    }
+                  const RankTime slowest = wp.slowest_stage().time.time;
+                  r.time = {pp * slowest.comm, pp * slowest.compute};
                   r.fits = r.memory_per_rank <= gpu_memory;
                   row_of[key] = out.layouts.size();
                   out.layouts.push_back(r);
@@ -208,6 +202,7 @@ inline nlohmann::json ranking_json(const Ranking& r) {
     j["layouts"].push_back({{"flags", l.flags},
                             {"backends", backends_json(l.backends)},
                             {"replicas", l.replicas},
+                            {"pp", l.pp},
                             {"path", std::string(to_string(l.path))},
                             {"bytes_per_rank", l.bytes_per_rank},
                             {"memory_per_rank", l.memory_per_rank},

@@ -20,41 +20,100 @@
 #include <string>
 #include <vector>
 
-#include "cli/numbers.hpp"
+#include "common/numbers.hpp"
 #include "cli/plan.hpp"
 
 namespace relayout::cli {
 
-// Default assumptions, documented in docs/planning.md: an NVLink-class node (450 GB/s per GPU each
-// way, as NVLink 4 on an 8-GPU H100 board) and a 400 Gb/s-class NIC per GPU (50 GB/s), a few
-// microseconds of latency inside a node and ten across, and the dense BF16 peak of an H100 SXM.
+// GPU presets (--hardware), dense peaks without sparsity, each number cited in docs/planning.md:
+// NVLink bandwidth is per GPU and direction (half the datasheet's bidirectional figure), the NIC
+// the 400 Gb/s-class RDMA card each GPU has in these systems, gpus_per_node the NVLink domain.
+struct Hardware {
+  const char* name;
+  double bf16_tflops, fp8_tflops, hbm_gbs, memory_gib, nvlink_gbs, nic_gbs;
+  int gpus_per_node;
+};
+inline constexpr Hardware kHardware[] = {
+    {"h100", 989, 1979, 3350, 80, 450, 50, 8},
+    {"h800", 989, 1979, 3350, 80, 200, 50, 8},
+    {"h200", 989, 1979, 4800, 141, 450, 50, 8},
+    {"b200", 2250, 4500, 7700, 180, 900, 50, 8},
+    {"gb200", 2500, 5000, 8000, 186, 900, 50, 72},
+};
+
+inline const Hardware& hardware_preset(const std::string& name) {
+  std::string names;
+  for (const Hardware& h : kHardware) {
+    if (name == h.name) return h;
+    names += (names.empty() ? "" : ", ") + std::string(h.name);
+  }
+  throw LayoutError("--hardware", "--hardware: unknown GPU '" + name + "'; expected one of: " + names);
+}
+
+// Achieved shares of the peaks, from public microbenchmarks only (docs/planning.md#constants):
+// GEMMs (DeepGEMM's best FP8 GEMM on H800 is 1550 of 1979 TFLOP/s), MLA attention (FlashMLA: 660
+// of 989 TFLOP/s compute-bound, 3000 of 3350 GB/s memory-bound), and DeepEP's kernels, fitted to
+// its README's tables (test_plan reproduces them within 25%).
+struct Efficiency {
+  double gemm = 0.7, attention = 0.6, hbm = 0.85;
+  double normal_nvlink = 0.7, normal_rdma = 0.8, normal_latency = 25e-6;  // DeepEP normal kernels
+  double ll_nvlink = 0.8, ll_rdma = 0.88, ll_latency = 30e-6;              // DeepEP low-latency kernels
+};
+
+// The machine a plan is timed on: an --hardware preset (default h100), each number overridable by
+// its flag; the latencies are a few microseconds inside a node and ten across.
 struct Cluster {
   int gpus_per_node = 8;
-  double intra_bw = 450e9;  // bytes/s per GPU
+  double intra_bw = 450e9;  // bytes/s per GPU and direction
   double intra_latency = 3e-6;
   double inter_bw = 50e9;
   double inter_latency = 10e-6;
-  double gpu_flops = 989e12;  // flop/s
+  double gpu_flops = 989e12;  // flop/s, dense BF16
+  double fp8_flops = 1979e12;
+  double hbm_bw = 3350e9;     // bytes/s
+  double memory = 80.0 * double(std::uint64_t(1) << 30);  // bytes per GPU
+  std::string hardware = "h100";
+  Efficiency eff;
 
   void add_to(CLI::App& app) {
-    add_int(app, "--gpus-per-node", gpus_per_node, "GPUs per node (ranks are numbered node by node)", 1, 1 << 20);
-    add_float(app, "--intra-bw", intra_gbs, "intra-node bandwidth per GPU, GB/s (default 450: NVLink-class)", 1e-6, 1e9);
-    add_float(app, "--inter-bw", inter_gbs, "inter-node bandwidth per GPU, GB/s (default 50: a 400 Gb/s-class NIC)", 1e-6, 1e9);
+    app.add_option("--hardware", hardware, "GPU preset: h100 (default), h800, h200, b200 or gb200; the flags below override it");
+    add_int(app, "--gpus-per-node", gpus_per_node, "GPUs per node / NVLink domain (ranks are numbered node by node)", 1, 1 << 20);
+    add_float(app, "--intra-bw", intra_gbs, "NVLink bandwidth per GPU and direction, GB/s (h100: 450)", 1e-6, 1e9);
+    add_float(app, "--inter-bw", inter_gbs, "inter-node (NIC) bandwidth per GPU, GB/s (h100: 50, a 400 Gb/s NIC)", 1e-6, 1e9);
     add_float(app, "--intra-latency", intra_us, "intra-node latency per step, microseconds (default 3)", 0.0, 1e9);
     add_float(app, "--inter-latency", inter_us, "inter-node latency per step, microseconds (default 10)", 0.0, 1e9);
-    add_float(app, "--gpu-tflops", tflops, "flop rate per GPU, TFLOP/s (default 989: H100 SXM dense BF16 peak)", 1e-9, 1e9);
+    add_float(app, "--gpu-tflops", tflops, "dense BF16 flop rate per GPU, TFLOP/s (h100: 989)", 1e-9, 1e9);
+    add_float(app, "--fp8-tflops", fp8_tflops_, "dense FP8 flop rate per GPU, TFLOP/s (h100: 1979)", 1e-9, 1e9);
+    add_float(app, "--hbm-bw", hbm_gbs, "HBM bandwidth per GPU, GB/s (h100: 3350)", 1e-6, 1e9);
   }
-  // After parsing: the flags' units to bytes/s, seconds and flop/s.
-  void resolve() {
+  // After parsing: the preset under the flags given, in bytes/s, seconds and flop/s.
+  void resolve(const CLI::App* app = nullptr) {
+    const Hardware& h = hardware_preset(hardware);
+    const auto given = [&](const char* flag) { return app && app->count(flag) > 0; };
+    if (!given("--gpus-per-node")) gpus_per_node = h.gpus_per_node;
+    if (!given("--intra-bw")) intra_gbs = h.nvlink_gbs;
+    if (!given("--inter-bw")) inter_gbs = h.nic_gbs;
+    if (!given("--gpu-tflops")) tflops = h.bf16_tflops;
+    if (!given("--fp8-tflops")) fp8_tflops_ = h.fp8_tflops;
+    if (!given("--hbm-bw")) hbm_gbs = h.hbm_gbs;
+    memory = h.memory_gib * double(std::uint64_t(1) << 30);
     intra_bw = intra_gbs * 1e9;
     inter_bw = inter_gbs * 1e9;
     intra_latency = intra_us * 1e-6;
     inter_latency = inter_us * 1e-6;
     gpu_flops = tflops * 1e12;
+    fp8_flops = fp8_tflops_ * 1e12;
+    hbm_bw = hbm_gbs * 1e9;
+  }
+  static Cluster preset(const std::string& name) {
+    Cluster c;
+    c.hardware = name;
+    c.resolve();
+    return c;
   }
 
  private:
-  double intra_gbs = 450, inter_gbs = 50, intra_us = 3, inter_us = 10, tflops = 989;
+  double intra_gbs = 450, inter_gbs = 50, intra_us = 3, inter_us = 10, tflops = 989, fp8_tflops_ = 1979, hbm_gbs = 3350;
 };
 
 struct RankTime {
@@ -89,19 +148,28 @@ inline double collective_seconds(TrafficOp op, const std::vector<int>& members, 
   return collective_seconds(op, double(members.size()), on_one_node(members, c), calls, bytes, c);
 }
 
-// For each group kind and group index of a layout: whether the group lies on one node. One pass
-// over the ranks, so a ranking of thousands of GPUs stays linear in them.
+// One point-to-point send of `bytes` (a pipeline stage's hand-over): one latency and the bytes
+// over the link between the two ranks.
+inline double p2p_seconds(double bytes, bool one_node, const Cluster& c) {
+  if (bytes <= 0) return 0.0;
+  return one_node ? c.intra_latency + bytes / c.intra_bw : c.inter_latency + bytes / c.inter_bw;
+}
+
+// For each group kind and group index of a layout: whether the group lies on one node, the
+// domain's rank 0 being world rank `first` (ranks are numbered node by node). One pass over the
+// ranks, so a ranking of thousands of GPUs stays linear in them.
 struct GroupNodes {
   std::array<std::vector<char>, TrafficLog::kGroups> one_node;
-  GroupNodes(const RuntimeLayout& l, const Cluster& c) {
+  GroupNodes(const RuntimeLayout& l, const Cluster& c, std::int64_t first = 0) {
     for (std::size_t g = 0; g < TrafficLog::kGroups; ++g) {
       const GroupKind kind = kAllGroupKinds[g];
-      std::vector<int> node(std::size_t(l.group_count(kind)), -1);
-      one_node[g].assign(node.size(), 1);
+      std::vector<std::int64_t> node64(std::size_t(l.group_count(kind)), -1);
+      one_node[g].assign(node64.size(), 1);
       for (int r = 0; r < l.size(); ++r) {
         const std::size_t i = std::size_t(l.group_index(kind, r));
-        if (node[i] < 0) node[i] = r / c.gpus_per_node;
-        else if (node[i] != r / c.gpus_per_node) one_node[g][i] = 0;
+        const std::int64_t n = (first + r) / c.gpus_per_node;
+        if (node64[i] < 0) node64[i] = n;
+        else if (node64[i] != n) one_node[g][i] = 0;
       }
     }
   }
@@ -121,9 +189,9 @@ inline RankTime rank_time(const LayerPlan& p, const RankPlan& r, const Cluster& 
   return t;
 }
 
-// The forward of the domain: its slowest rank.
-inline RankTime forward_time(const LayerPlan& p, const Cluster& c) {
-  const GroupNodes nodes(p.layout, c);
+// The forward of the domain: its slowest rank (the domain's rank 0 at world rank `first`).
+inline RankTime forward_time(const LayerPlan& p, const Cluster& c, std::int64_t first = 0) {
+  const GroupNodes nodes(p.layout, c, first);
   RankTime worst;
   for (const RankPlan& r : p.ranks) {
     const RankTime t = rank_time(p, r, c, nodes);
@@ -135,10 +203,10 @@ inline RankTime forward_time(const LayerPlan& p, const Cluster& c) {
 inline std::string cluster_text(const Cluster& c) {
   char b[300];
   std::snprintf(b, sizeof b,
-                "time model: %d GPUs per node; intra-node %.0f GB/s, %.1f us; inter-node %.0f GB/s, %.1f us; %.0f TFLOP/s per GPU; "
-                "no overlap of communication and compute\n",
-                c.gpus_per_node, c.intra_bw / 1e9, c.intra_latency * 1e6, c.inter_bw / 1e9, c.inter_latency * 1e6,
-                c.gpu_flops / 1e12);
+                "time model (%s): %d GPUs per node; intra-node %.0f GB/s, %.1f us; inter-node %.0f GB/s, %.1f us; %.0f TFLOP/s "
+                "BF16, %.0f FP8, HBM %.0f GB/s per GPU\n",
+                c.hardware.c_str(), c.gpus_per_node, c.intra_bw / 1e9, c.intra_latency * 1e6, c.inter_bw / 1e9,
+                c.inter_latency * 1e6, c.gpu_flops / 1e12, c.fp8_flops / 1e12, c.hbm_bw / 1e9);
   return b;
 }
 
@@ -159,7 +227,7 @@ inline std::string timed_plan_text(const LayerPlan& p, const Cluster& c) {
   char b[200];
   std::snprintf(b, sizeof b, "\npredicted forward: %.6f s (slowest rank: communication %.6f s, compute %.6f s)\n", f.total(),
                 f.comm, f.compute);
-  return plan_text(p) + b + cluster_text(c);
+  return plan_text(p) + b + cluster_text(c) + "no overlap of communication and compute\n";
 }
 
 }  // namespace relayout::cli

@@ -1,12 +1,12 @@
 // The distributed DeepSeek-V4-like decoder layers on the ranks of one TP domain: attention with
 // query heads split over attn_tp (wq_b column-parallel, shared KV replicated, wo_b row-parallel and
 // completed by the attention-TP all-reduce), then the bridge (bridge.hpp) into the MoE and back.
-// Under attention context parallelism each CP rank holds its share of its DP group's rows and
-// all-gathers the shared KV over attn_cp (docs/cp.md).
+// The attention side (CP shares, the KV all-gather, decode and extend under attn_cp, the
+// attention-TP all-reduce) is the library's relayout::CpAttention (docs/cp.md).
 // With a KV cache (reserve_kv) the prefill keeps every layer's shared KV rows (under CP each CP rank
-// those of the positions it holds) and decode_step runs one new row per live request against them
-// (attention_decode through the block table; under CP partials merged by log-sum-exp, docs/kv_cache.md);
-// extend appends several rows per request, each attending causally (a speculative verify).
+// those of the positions it holds) and decode_step runs one new row per live request against them;
+// extend appends several rows per request, each attending causally (a speculative verify); which
+// positions each rank caches is the library's CpKvLedger (docs/kv_cache.md).
 // A trace sink (relayout/trace; none by default) receives a record after every boundary, including
 // the attention all-reduce and each layer's output.
 #pragma once
@@ -15,11 +15,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "relayout/attention.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/kernels/attention.hpp"
 #include "relayout/kernels/kv_cache.hpp"
@@ -27,10 +27,11 @@
 #include "relayout/kernels/moe.hpp"
 #include "relayout/kernels/rms_norm.hpp"
 #include "demo/model/bridge.hpp"
-#include "demo/model/config.hpp"
+#include "demo_model/config.hpp"
 #include "demo/model/layer_weights.hpp"
-#include "demo/model/wire.hpp"
-#include "demo/model/workload.hpp"
+#include "demo/model/router.hpp"
+#include "demo/model/traffic.hpp"
+#include "demo_model/workload.hpp"
 
 namespace relayout::model {
 
@@ -41,14 +42,19 @@ class DistributedModel {
   using View = RowsView<float, ExecSpace>;
   using Tracked = LayerRows<ExecSpace>;
   using Typed = typename Tracked::rows_type;
-  using Recorder = BoundaryRecorder<C, ExecSpace, Sink>;
+  using Recorder = trace::Recorder<C, Sink>;
 
-  DistributedModel(const ProcessGroupsOf<C>& groups, const ModelDims& dims, const BridgeOptions& opts = {},
+  DistributedModel(const ProcessGroupsOf<C>& groups, const ModelDims& dims, const LayerOptions& opts = {},
                    ExecSpace exec = ExecSpace())
       : groups_(groups), dims_(dims), opts_(opts), exec_(exec) {
     const Widths& w = groups_.layout().widths();
     validate(dims_, w);
-    check_inject(opts_.inject, groups_.layout().bridge_path(), w);
+    if (opts_.decode_ep_mode == EpMode::low_latency) {
+      relayout::BridgeOptions decode = opts_;
+      decode.ep_mode = EpMode::low_latency;
+      decode.ep_capacity = opts_.decode_ep_capacity;
+      decode_bridge_.emplace(groups_, dims_.experts, decode);
+    }
     for (int layer = 0; layer < dims_.layers; ++layer)
       shards_.push_back(LayerShard<ExecSpace>::make(exec_, dims_, layer, shard_spec()));
   }
@@ -64,6 +70,11 @@ class DistributedModel {
     s.head_begin = k.attn_tp_rank * s.heads;
     s.experts = dims_.experts / w.moe_ep;
     s.expert_begin = k.moe_ep_rank * s.experts;
+    if (const auto& loc = opts_.expert_location) {  // this member's physical experts, by logical id
+      s.experts = loc->per_rank();
+      s.expert_begin = k.moe_ep_rank * s.experts;
+      for (int p = s.expert_begin; p < s.expert_begin + s.experts; ++p) s.expert_ids.push_back(loc->logical_of(p));
+    }
     s.inter = dims_.moe_inter / w.moe_tp;
     s.inter_begin = k.moe_tp_rank * s.inter;
     const BridgePath path = groups_.layout().bridge_path();
@@ -79,7 +90,7 @@ class DistributedModel {
   // rows by owner, so owners must be tracked.
   void trace_to(Sink& sink) {
     if (!opts_.track_owners)
-      throw LayoutError("trace", "tracing needs BridgeOptions::track_owners: the trace names every row by its owner");
+      throw LayoutError("trace", "tracing needs LayerOptions::track_owners: the trace names every row by its owner");
     recorder_.attach(&sink);
   }
   // Speculative step and scaled global_num_tokens stamped on the records of the next forward.
@@ -95,26 +106,27 @@ class DistributedModel {
     std::vector<std::int64_t> owners = work.owners_of(k.attn_dp_rank, CpShare::of(groups_.layout(), k.attn_cp_rank));
     const View values = input(owners);
     const std::int64_t mine = std::int64_t(owners.size());
+    new_rows(owners);
     if (!opts_.track_owners) owners.clear();
     Tracked x(Typed(values), std::move(owners));
     gather_counts(mine);
-    const KvRows kv_rows = kv_rows_of(work);
+    const CpBatch batch = work.batch_of(k.attn_dp_rank, groups_.layout());
+    keys_ = attn_.prefill_keys(batch);
+    step_ = ExtendPlan{};
     if (cache_) {  // the prefill fills the cache: request j of the group is slot j, with the positions held here
-      for (int slot = 0; slot < cache_->shape().max_requests; ++slot) cache_->release(exec_, slot);
-      const std::vector<int> cu = work.cu_seqlens_of(k.attn_dp_rank);
-      kv_held_.assign(cu.size() - 1, {});
-      for (int row : work.positions_of(k.attn_dp_rank, CpShare::of(groups_.layout(), k.attn_cp_rank))) {
-        const std::size_t j = std::size_t(std::upper_bound(cu.begin(), cu.end(), row) - cu.begin()) - 1;
-        kv_held_[j].push_back(row - cu[j]);
+      for (int j = 0; j < batch.requests(); ++j) {
+        cache_->release(exec_, j);
+        std::vector<int> held = batch.positions_of(k.attn_cp_rank, j);
+        for (int p : held) {
+          step_.slot.push_back(j);
+          step_.position.push_back(p);
+        }
+        step_.append_slot.push_back(j);
+        step_.append_cu.push_back(step_.append_cu.back() + int(held.size()));
+        ledger_.prefilled(j, std::move(held), batch.lengths()[std::size_t(j)]);
       }
-      kv_cu_ = {0};
-      for (const auto& held : kv_held_) kv_cu_.push_back(kv_cu_.back() + int(held.size()));
-      kv_slots_.resize(kv_held_.size());
-      std::iota(kv_slots_.begin(), kv_slots_.end(), 0);
-      kv_len_.clear();
-      for (std::size_t j = 0; j + 1 < cu.size(); ++j) kv_len_.push_back(cu[j + 1] - cu[j]);
     }
-    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, kv_rows);
+    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, false);
     return x;
   }
 
@@ -127,8 +139,7 @@ class DistributedModel {
     const int rows = cp > 1 ? (rows_per_request + cp - 1) / cp + 1 : rows_per_request;
     const int blocks = (rows + block_size - 1) / block_size;
     cache_ = std::make_unique<Cache>(kernels::KvCacheShape{dims_.layers, dims_.head_dim, block_size, n * blocks, n, blocks});
-    kv_held_.assign(std::size_t(n), {});
-    kv_len_.assign(std::size_t(n), 0);
+    ledger_ = attn_.ledger(n);
   }
 
   // Decode step `step` (1-based): every live request of this rank's DP group feeds one row,
@@ -163,46 +174,41 @@ class DistributedModel {
     std::vector<float> all(order.size() * std::size_t(H));
     std::vector<int> elems;
     for (int c : counts) elems.push_back(c * H);
-    wire_.all_gatherv(GroupKind::attn_cp, std::span<const float>(inputs), std::span<float>(all), elems);
+    if (me.cp > 1) {
+      traffic_.add(Op::all_gatherv, GroupKind::attn_cp, std::int64_t(all.size() * sizeof(float)));
+      relayout::all_gatherv(groups_.comm(GroupKind::attn_cp), std::span<const float>(inputs), std::span<float>(all), elems);
+    } else {
+      all = inputs;
+    }
     at.assign(reqs.size(), -1);
     for (std::size_t i = 0; i < order.size(); ++i) at[std::size_t(order[i])] = int(i);
-    // This rank's rows, and every row of the group attended here (under CP, CP rank after CP rank).
+    // One new row per live request, at position p on CP rank p mod attn_cp (the ledger's rule).
+    std::vector<ExtendRequest> live;
+    for (int j = 0; j < int(reqs.size()); ++j)
+      if (plan.live(reqs[std::size_t(j)], step)) live.push_back({j, 1});
+    step_ = ledger_.extend(live, W);
     std::vector<float> rows;
     std::vector<std::int64_t> owners;
-    kv_slots_.clear();
-    kv_cu_ = {0};
-    std::vector<int> attended, first;
-    KvRows kr;
-    kr.counts.assign(std::size_t(me.cp), 0);
-    for (int c = 0; c < me.cp; ++c)
-      for (int j = 0; j < int(reqs.size()); ++j) {
-        const int r = reqs[std::size_t(j)], p = work.lengths[std::size_t(r)] + step - 1;
-        if (!plan.live(r, step) || work.cp_rank_of(r, p, me) != c) continue;
-        ++kr.counts[std::size_t(c)];
-        attended.push_back(j);
-        kv_len_[std::size_t(j)] = p + 1;
-        if (c != me.rank) continue;
-        rows.insert(rows.end(), all.begin() + std::ptrdiff_t(at[std::size_t(j)]) * H,
-                    all.begin() + std::ptrdiff_t(at[std::size_t(j)] + 1) * H);
-        owners.push_back(RowOwner::pack(r, p));
-        kv_held_[std::size_t(j)].push_back(p);
-        kv_slots_.push_back(j);
-        kv_cu_.push_back(int(kv_slots_.size()));
-      }
-    for (int j : attended) {  // where the window starts among the keys held here
-      const int start = W > 0 ? std::max(0, work.lengths[std::size_t(reqs[std::size_t(j)])] + step - W) : 0;
-      const auto& held = kv_held_[std::size_t(j)];
-      first.push_back(int(std::lower_bound(held.begin(), held.end(), start) - held.begin()));
+    for (int i = 0; i < step_.rows(); ++i) {
+      const int j = step_.slot[std::size_t(i)];
+      rows.insert(rows.end(), all.begin() + std::ptrdiff_t(at[std::size_t(j)]) * H,
+                  all.begin() + std::ptrdiff_t(at[std::size_t(j)] + 1) * H);
+      owners.push_back(RowOwner::pack(reqs[std::size_t(j)], step_.position[std::size_t(i)]));
     }
-    const std::size_t n = kv_slots_.size();
+    const std::size_t n = std::size_t(step_.rows());
     const View values("relayout::decode_input", n, std::size_t(H));
     Kokkos::deep_copy(values, Kokkos::View<const float**, Kokkos::LayoutRight, Kokkos::HostSpace,
                                            Kokkos::MemoryTraits<Kokkos::Unmanaged>>(rows.data(), n, std::size_t(H)));
     Tracked x(Typed(values), opts_.track_owners ? owners : std::vector<std::int64_t>{});
+    new_rows(owners);
     gather_counts(std::int64_t(n));
-    kr.cu = to_device(me.cp > 1 ? attended : kv_slots_, "relayout::decode_slots");
-    kr.positions = to_device(first, "relayout::decode_first");
-    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, kr, true);
+    rows_ = extend_rows<typename ExecSpace::memory_space>(step_);
+    decoding_ = true;  // the decode bridge, if there is one, for these layers
+    struct Reset {
+      bool& flag;
+      ~Reset() { flag = false; }
+    } reset{decoding_};
+    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, true);
     if (opts_.track_owners && x.owners != owners)
       throw LayoutError("bridge", "decode step " + std::to_string(step) + ": rows came back in another order");
     return x;
@@ -219,87 +225,51 @@ class DistributedModel {
   // like forward: a group or CP rank with no rows joins every collective with zero rows.
   Tracked extend(const std::vector<int>& counts, const View& inputs, const std::vector<std::int64_t>& owners) {
     if (!cache_) throw LayoutError("decode", "extend needs a KV cache: call reserve_kv first");
-    const CpShare me = CpShare::of(groups_.layout(), groups_.coords().attn_cp_rank);
-    if (counts.size() > kv_len_.size())
+    if (int(counts.size()) > ledger_.slots())
       throw LayoutError("decode", "extend: counts for " + std::to_string(counts.size()) + " requests; the cache holds " +
-                                      std::to_string(kv_len_.size()));
-    std::vector<int> row_slot;
+                                      std::to_string(ledger_.slots()));
+    std::vector<ExtendRequest> step;
+    std::size_t held = 0;  // the new rows this rank holds
     for (int j = 0; j < int(counts.size()); ++j) {
       if (counts[std::size_t(j)] < 0)
         throw LayoutError("decode", "extend: request " + std::to_string(j) + " has " +
                                         std::to_string(counts[std::size_t(j)]) + " new rows; a count must be >= 0");
-      for (int p = kv_len_[std::size_t(j)]; p < kv_len_[std::size_t(j)] + counts[std::size_t(j)]; ++p)
-        if (extend_cp_rank(p) == me.rank) row_slot.push_back(j);
+      step.push_back({j, counts[std::size_t(j)]});
+      for (std::int64_t p = ledger_.length(j); p < ledger_.length(j) + counts[std::size_t(j)]; ++p)
+        held += ledger_.rank_of(p) == ledger_.cp_rank();
     }
-    if (inputs.extent(0) != row_slot.size() || owners.size() != row_slot.size())
+    if (inputs.extent(0) != held || owners.size() != held)
       throw LayoutError("decode", "extend: " + std::to_string(inputs.extent(0)) + " input rows and " +
-                                      std::to_string(owners.size()) + " owners for the " + std::to_string(row_slot.size()) +
+                                      std::to_string(owners.size()) + " owners for the " + std::to_string(held) +
                                       " new rows held here");
-    // This rank's rows go into its cache: their positions held here, in order.
-    kv_slots_.clear();
-    kv_cu_ = {0};
-    const std::vector<int> base(kv_len_.begin(), kv_len_.begin() + std::ptrdiff_t(counts.size()));
-    for (int j = 0; j < int(counts.size()); ++j) {
-      auto& held = kv_held_[std::size_t(j)];
-      const std::size_t before = held.size();
-      for (int p = base[std::size_t(j)]; p < base[std::size_t(j)] + counts[std::size_t(j)]; ++p)
-        if (extend_cp_rank(p) == me.rank) held.push_back(p);
-      kv_len_[std::size_t(j)] = base[std::size_t(j)] + counts[std::size_t(j)];
-      const int n = int(held.size() - before);
-      if (n == 0) continue;
-      kv_slots_.push_back(j);
-      kv_cu_.push_back(kv_cu_.back() + n);
-    }
-    // Every row of the group attended here, CP rank after CP rank (without CP: this rank's rows):
-    // its slot, how many keys held here it sees (those at positions <= its own) and where its window
-    // starts among them.
-    const int W = dims_.window;
-    std::vector<int> attended, limit, first;
-    KvRows rows;
-    rows.counts.assign(std::size_t(me.cp), 0);
-    for (int c = 0; c < me.cp; ++c)
-      for (int j = 0; j < int(counts.size()); ++j) {
-        const auto& held = kv_held_[std::size_t(j)];
-        for (int p = base[std::size_t(j)]; p < base[std::size_t(j)] + counts[std::size_t(j)]; ++p) {
-          if (extend_cp_rank(p) != c) continue;
-          ++rows.counts[std::size_t(c)];
-          attended.push_back(j);
-          limit.push_back(int(std::upper_bound(held.begin(), held.end(), p) - held.begin()));
-          first.push_back(int(std::lower_bound(held.begin(), held.end(), W > 0 ? p - W + 1 : 0) - held.begin()));
-        }
-      }
+    step_ = ledger_.extend(step, dims_.window);
     Tracked x(Typed(inputs), opts_.track_owners ? owners : std::vector<std::int64_t>{});
-    gather_counts(std::int64_t(row_slot.size()));
-    rows.cu = to_device(attended, "relayout::extend_slots");
-    rows.limits = to_device(limit, "relayout::extend_limits");
-    rows.positions = to_device(first, "relayout::extend_first");
-    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, rows, true);
+    new_rows(owners);
+    gather_counts(std::int64_t(held));
+    rows_ = extend_rows<typename ExecSpace::memory_space>(step_);
+    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, true);
     if (opts_.track_owners && x.owners != owners)
       throw LayoutError("bridge", "extend: rows came back in another order");
     return x;
   }
   // The CP rank that holds position p of a request in extend (decode places its rows after the prompt so).
-  int extend_cp_rank(int p) const { return p % groups_.layout().widths().attn_cp; }
+  int extend_cp_rank(int p) const { return ledger_.rank_of(p); }
   // Keeps the first `length` positions of slot j in every layer: rolls back rejected speculative
   // rows. Under CP each CP rank keeps those of its held positions below `length`.
   void truncate_kv(int slot, std::int64_t length) {
-    if (slot < 0 || std::size_t(slot) >= kv_held_.size())
+    if (slot < 0 || slot >= ledger_.slots())
       throw LayoutError("decode", "truncate_kv: slot " + std::to_string(slot) + " is not in [0, " +
-                                      std::to_string(kv_held_.size()) + ")");
-    if (length < 0)
-      throw LayoutError("decode", "truncate_kv: length " + std::to_string(length) + " must be >= 0");
-    auto& held = kv_held_[std::size_t(slot)];
-    const auto keep = std::lower_bound(held.begin(), held.end(), length) - held.begin();
-    cache_->truncate(exec_, slot, keep);
-    held.resize(std::size_t(keep));
-    kv_len_[std::size_t(slot)] = int(std::min<std::int64_t>(kv_len_[std::size_t(slot)], length));
+                                      std::to_string(ledger_.slots()) + ")");
+    cache_->truncate(exec_, slot, ledger_.truncate(slot, length));
   }
   // Positions of slot j cached over the DP group (under CP spread over the CP ranks).
-  std::int64_t kv_length(int slot) const { return kv_len_.at(std::size_t(slot)); }
+  std::int64_t kv_length(int slot) const { return ledger_.length(slot); }
   // The kv rows of slot j this rank's cache holds (kv_length(j) without CP).
   std::int64_t kv_held(int slot) const { return cache_->length(0, slot); }
 
   const TrafficLog& traffic() const { return traffic_; }
+  // With redundant experts: this rank's (token, expert) pairs per physical expert, last layer run.
+  const ExpertLoad& expert_load() const { return bridge_.last_expert_load(); }
   void clear_traffic() { traffic_.clear(); }
   const std::vector<Boundary>& boundaries() const { return boundaries_; }
   const std::vector<std::int64_t>& global_num_tokens() const { return counts_; }
@@ -307,89 +277,6 @@ class DistributedModel {
   const ModelDims& dims() const { return dims_; }
 
  private:
-  using IntView = Kokkos::View<int*, typename ExecSpace::memory_space>;
-  static IntView to_device(const std::vector<int>& v, const char* label) {
-    IntView d(std::string(label), v.size());
-    Kokkos::deep_copy(d, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(v.data(), v.size()));
-    return d;
-  }
-
-  // The keys this rank's queries attend: its DP group's requests (cu), the kv row of each of its
-  // own rows (positions, by which causality and the window go) and, under CP, where the rows
-  // all-gathered over attn_cp (CP rank after CP rank) belong in the group's order. In decode: cu
-  // the cache slot of each query row attended here (under CP the group's rows, CP rank after CP
-  // rank), positions where its window starts among the keys held here, counts rows per CP rank;
-  // extend as decode, several rows per slot.
-  struct KvRows {
-    IntView cu, positions, order;
-    std::vector<int> counts;  // kv rows held by each CP rank
-    IntView limits;           // extend: query row b sees the first limits(b) rows held of slot cu(b)
-  };
-  KvRows kv_rows_of(const Workload& work) const {
-    const RankCoords k = groups_.coords();
-    KvRows r;
-    r.cu = to_device(work.cu_seqlens_of(k.attn_dp_rank), "relayout::cu_seqlens");
-    std::vector<int> order, mine;
-    for (int c = 0; c < groups_.layout().widths().attn_cp; ++c) {
-      const std::vector<int> pos = work.positions_of(k.attn_dp_rank, CpShare::of(groups_.layout(), c));
-      r.counts.push_back(int(pos.size()));
-      order.insert(order.end(), pos.begin(), pos.end());
-      if (c == k.attn_cp_rank) mine = pos;
-    }
-    r.positions = to_device(mine, "relayout::positions");
-    r.order = to_device(order, "relayout::kv_order");
-    return r;
-  }
-
-  // CP: every CP rank's kv rows, all-gathered over attn_cp and put in the group's row order.
-  View gather_kv(const View& kv, const KvRows& r) {
-    const std::size_t D = kv.extent(1), total = r.order.extent(0);
-    View cat("relayout::kv_cp", total, D), all("relayout::kv_group", total, D);
-    std::vector<int> counts;
-    for (int c : r.counts) counts.push_back(c * int(D));
-    exec_.fence();
-    wire_.all_gatherv(GroupKind::attn_cp, std::span<const float>(kv.data(), kv.size()),
-                      std::span<float>(cat.data(), cat.size()), counts);
-    const IntView order = r.order;
-    Kokkos::parallel_for(
-        "relayout::kv_order", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(total)),
-        KOKKOS_LAMBDA(const std::int64_t j) {
-          for (std::size_t f = 0; f < D; ++f) all(order(j), f) = cat(j, f);
-        });
-    return all;
-  }
-
-  // CP decode and extend: every CP rank attends all the group's rows (queries all-gathered over
-  // attn_cp) over the keys it holds; each row's partials (output and log-sum-exp per head) go back to the
-  // row's CP rank (all_to_allv), which merges them.
-  void cp_decode(int layer, const View& q, const KvRows& r, const View& o, kernels::AttentionParams params) {
-    const std::size_t HD = q.extent(1), heads = HD / std::size_t(dims_.head_dim), N = r.cu.extent(0), n = q.extent(0);
-    const int cp = int(r.counts.size());
-    View all_q("relayout::q_cp", N, HD), part("relayout::attn_partial", N, HD), lse("relayout::attn_lse", N, heads),
-        parts("relayout::attn_parts", std::size_t(cp) * n, HD), lses("relayout::attn_lses", std::size_t(cp) * n, heads);
-    std::vector<int> q_counts, o_send, o_recv, l_send, l_recv;
-    for (int c : r.counts) {
-      q_counts.push_back(c * int(HD));
-      o_send.push_back(c * int(HD));
-      l_send.push_back(c * int(heads));
-      o_recv.push_back(int(n * HD));
-      l_recv.push_back(int(n * heads));
-    }
-    exec_.fence();
-    wire_.all_gatherv(GroupKind::attn_cp, std::span<const float>(q.data(), q.size()),
-                      std::span<float>(all_q.data(), all_q.size()), q_counts);
-    params.window = 0;  // given per row by r.positions
-    // Extend: each row sees only the keys held here at positions up to its own (r.limits).
-    kernels::attention_decode_partial(exec_, all_q, r.limits.extent(0) > 0 ? causal_kv(layer, r) : cache_->view(layer, r.cu),
-                                      r.positions, part, lse, params);
-    exec_.fence();
-    wire_.all_to_allv(GroupKind::attn_cp, std::span<const float>(part.data(), part.size()), o_send,
-                      std::span<float>(parts.data(), parts.size()), o_recv);
-    wire_.all_to_allv(GroupKind::attn_cp, std::span<const float>(lse.data(), lse.size()), l_send,
-                      std::span<float>(lses.data(), lses.size()), l_recv);
-    kernels::attention_merge(exec_, parts, lses, o);
-  }
-
   View input(const std::vector<std::int64_t>& owners) const {
     const int H = dims_.hidden;
     const std::uint64_t seed = dims_.seed;
@@ -405,6 +292,14 @@ class DistributedModel {
     return x;
   }
 
+  // The skewed router keys its draws by owner: this forward's rows' owners, and (at its first layer)
+  // those of the rows the bridge will route here.
+  void new_rows(const std::vector<std::int64_t>& owners) {
+    if (dims_.expert_skew <= 0) return;
+    row_owners_ = owners;
+    routed_owners_ = {};
+  }
+
   // Every rank all-gathers its DP group's token count (relayout::gather_num_tokens, which checks
   // that the members of an attention-TP group agree); all pick the padding mode from the result.
   void gather_counts(std::int64_t mine) {
@@ -412,61 +307,31 @@ class DistributedModel {
     if (groups_.layout().size() > 1)
       traffic_.add(Op::all_gather_counts, GroupKind::tp, std::int64_t(groups_.layout().size() * sizeof(std::int64_t)));
     mode_ = bridge_.padding(counts_);
-    slots_ = groups_.layout().bridge_path() == BridgePath::dp_gather ? bridge_.slots(counts_) : nullptr;
   }
 
-  // Extend: query row b reads slot cu(b) through a block table of its own (a copy of the slot's)
-  // with length limits(b), so the decode kernel stops at the row's own position.
-  kernels::PagedKv<float, typename ExecSpace::memory_space> causal_kv(int layer, const KvRows& r) const {
-    const auto all = cache_->view(layer, r.cu);
-    const std::int64_t n = std::int64_t(r.cu.extent(0)), B = std::int64_t(all.block_table.extent(1));
-    Kokkos::View<int**, typename ExecSpace::memory_space> table("relayout::extend_table", n, B);
-    const IntView rows("relayout::extend_rows", n), cu = r.cu;
-    const auto src = all.block_table;
-    Kokkos::parallel_for(
-        "relayout::extend_table", Kokkos::RangePolicy<ExecSpace>(exec_, 0, n), KOKKOS_LAMBDA(const std::int64_t b) {
-          rows(b) = int(b);
-          for (std::int64_t i = 0; i < B; ++i) table(b, i) = src(cu(b), i);
-        });
-    return {all.pool, table, r.limits, rows, all.block_size};
-  }
-
-  // decode: kv_rows.cu holds the cache slot of each row and attention reads the cache.
-  Tracked layer_forward(int layer, const Tracked& x, const KvRows& kv_rows, bool decode = false) {
+  // decode: the rows of step_ (decode_step, extend) attend the cache; else a prefill (keys_).
+  Tracked layer_forward(int layer, const Tracked& x, bool decode) {
     const LayerShard<ExecSpace>& w = shards_[std::size_t(layer)];
     const std::size_t n = x.view().extent(0), H = std::size_t(dims_.hidden), Q = std::size_t(dims_.q_lora),
                       D = std::size_t(dims_.head_dim), HD = std::size_t(w.spec.heads) * D;
     View xn("relayout::xn", n, H), qa("relayout::qa", n, Q), qn("relayout::qn", n, Q), q("relayout::q", n, HD),
         kvr("relayout::kv_raw", n, D), kv("relayout::kv", n, D), o("relayout::o", n, HD), a("relayout::attn_out", n, H);
     kernels::rms_norm(exec_, x.view(), w.attn_norm, dims_.rms_eps, xn);
-    kernels::linear(exec_, xn, w.wq_a, qa);
+    w.wq_a(exec_, xn, qa);
     kernels::rms_norm(exec_, qa, w.q_norm, dims_.rms_eps, qn);
-    kernels::linear(exec_, qn, w.wq_b, q);
-    kernels::linear(exec_, xn, w.wkv, kvr);
+    w.wq_b(exec_, qn, q);
+    w.wkv(exec_, xn, kvr);
     kernels::rms_norm(exec_, kvr, w.kv_norm, dims_.rms_eps, kv);
     kernels::AttentionParams params;
     params.head_dim = dims_.head_dim;
     params.scale = kernels::default_softmax_scale(dims_.head_dim);
     params.window = dims_.window;
-    if (cache_)
-      for (std::size_t i = 0; i < kv_slots_.size(); ++i)
-        cache_->append(exec_, layer, kv_slots_[i], Kokkos::subview(kv, std::pair<int, int>(kv_cu_[i], kv_cu_[i + 1]), Kokkos::ALL));
-    if (decode && groups_.layout().widths().attn_cp > 1) {
-      cp_decode(layer, q, kv_rows, o, params);
-    } else if (decode && kv_rows.limits.extent(0) > 0) {
-      kernels::attention_decode(exec_, q, causal_kv(layer, kv_rows), o, params);
-    } else if (decode) {
-      kernels::attention_decode(exec_, q, cache_->view(layer, kv_rows.cu), o, params);
-    } else {
-      const View keys = groups_.layout().widths().attn_cp > 1 ? gather_kv(kv, kv_rows) : kv;
-      kernels::attention_prefill(exec_, q, keys, kv_rows.cu, kv_rows.positions, o, params);
-    }
-    kernels::linear(exec_, o, w.wo_b, a);  // Partial over attn_tp
-    exec_.fence();
-    wire_.all_reduce(GroupKind::attn_tp, std::span<float>(a.data(), a.size()));  // now Replicated
-    const int group_ranks = groups_.layout().widths().attn_tp;  // the holders of each row
-    recorder_(layer, {"attention all_reduce", "attn_out", RowState::replicated, group_ranks, GroupKind::attn_tp},
-              x.owners, a);
+    if (cache_) append_extend(exec_, *cache_, layer, step_, kv);
+    if (decode) attn_.extend(exec_, step_, rows_, q, o, *cache_, layer, params);
+    else attn_.prefill(exec_, keys_, q, kv, o, params);
+    w.wo_b(exec_, o, a);  // Partial over attn_tp
+    a = attn_.all_reduce(exec_, Rows<float, Partial<AttnTp>, DpLocal, ExecSpace>(a)).view();
+    recorder_.attention_output(layer, x.owners, a);
 
     View residual("relayout::residual", n, H);
     Kokkos::deep_copy(exec_, residual, x.view());
@@ -482,46 +347,59 @@ class DistributedModel {
         "relayout::residual_add", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(n * H)),
         KOKKOS_LAMBDA(const std::int64_t i) { residual.data()[i] += yv.data()[i]; });
     exec_.fence();
-    recorder_(layer, {"layer output", "layer_out", RowState::replicated, group_ranks, {}, false}, y.owners, residual);
+    recorder_.layer_output(layer, y.owners, residual);
     return Tracked(Typed(residual), y.owners);
   }
 
   // The hand-over through the library's bridge, with this model's router and SwiGLU experts.
   Tracked moe(int layer, const LayerShard<ExecSpace>& w, const View& a, const std::vector<std::int64_t>& owners) {
-    const int group_ranks = groups_.layout().widths().attn_tp;
-    recorder_(layer, {"bridge input", "moe_in", RowState::replicated, group_ranks, {}, false}, owners, a);
-    const kernels::LinearTopkRouter<float, ExecSpace> router{w.router, dims_.router()};
-    const kernels::SwigluExperts<float, ExecSpace> experts{w.experts, w.shared};
+    recorder_.bridge_input(layer, owners, a);
+    DemoRouter<ExecSpace> router{{w.router, dims_.router()}, skew_routing(dims_), dims_.expert_skew > 0, routed_owners_};
+    if (router.skewed && layer == 0) {  // once per forward: every layer routes these rows
+      const std::vector<std::int64_t> ids = routed_owners(bridge_, groups_, counts_, row_owners_);
+      routed_owners_ = Kokkos::View<std::int64_t*, typename ExecSpace::memory_space>("relayout::routed_owners", ids.size());
+      Kokkos::deep_copy(routed_owners_, Kokkos::View<const std::int64_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(ids.data(), ids.size()));
+      router.tokens = routed_owners_;
+    }
+    const auto& experts = w.experts();  // fp32 or bf16 weights (ModelDims::weights)
     std::vector<std::int64_t> out_owners = owners;
     try {
-      Typed y = bridge_.run(exec_, Typed(a), slots_, router, experts, opts_.track_owners ? &out_owners : nullptr,
-                            RecordBoundaries<Recorder>{recorder_, layer}, &traffic_);
+      auto& bridge = decoding_ && decode_bridge_ ? *decode_bridge_ : bridge_;
+      Typed y = bridge.run(exec_, Typed(a), router, experts,
+                            {.global_num_tokens = counts_,
+                             .owners = opts_.track_owners ? &out_owners : nullptr,
+                             .observer = recorder_.observer(layer),
+                             .traffic = &traffic_});
       return Tracked(std::move(y), std::move(out_owners));
     } catch (const LayoutError& e) {
       if (e.input() == "bridge")
-        recorder_.fail(layer, {"row conservation", "moe_out", RowState::replicated, group_ranks, {}, false}, e.what());
+        recorder_.bridge_failed(layer, e.what());
       throw LayoutError(e.input(), "layer " + std::to_string(layer) + ": " + e.what());
     }
   }
 
   const ProcessGroupsOf<C>& groups_;
   ModelDims dims_;
-  BridgeOptions opts_;
+  LayerOptions opts_;
   ExecSpace exec_;
-  relayout::MoeBridge<C, float, ExecSpace> bridge_{groups_, dims_.experts, bridge_options(opts_)};
-  DpSlotsPtr slots_;
+  relayout::MoeBridge<C, float, ExecSpace> bridge_{groups_, dims_.experts, opts_};
+  std::optional<relayout::MoeBridge<C, float, ExecSpace>> decode_bridge_;  // LayerOptions::decode_ep_mode low_latency
+  bool decoding_ = false;
   std::vector<LayerShard<ExecSpace>> shards_;
   TrafficLog traffic_;
-  Wire<C> wire_{groups_, &traffic_};
   std::vector<Boundary> boundaries_;
   std::vector<std::int64_t> counts_;
-  Recorder recorder_{groups_, opts_, &boundaries_, nullptr, &counts_};
+  std::vector<std::int64_t> row_owners_;  // ModelDims::expert_skew > 0: this forward's rows' owners (new_rows)
+  Kokkos::View<std::int64_t*, typename ExecSpace::memory_space> routed_owners_;  // those the bridge routes here
+  Recorder recorder_{groups_, nullptr, &counts_, keep_boundaries(opts_, &boundaries_)};
   PaddingMode mode_ = PaddingMode::sum_len;
   using Cache = kernels::PagedKvCache<float, typename ExecSpace::memory_space>;
   std::unique_ptr<Cache> cache_;
-  std::vector<int> kv_slots_, kv_cu_;  // this forward's rows [kv_cu_[i], kv_cu_[i + 1]) go to slot kv_slots_[i]
-  std::vector<std::vector<int>> kv_held_;  // the positions of request slot j cached here, in order
-  std::vector<int> kv_len_;                // the positions of request slot j cached over the DP group
+  CpAttention<C, float, ExecSpace> attn_{groups_, &traffic_};
+  CpKvLedger ledger_{0, 1, 0};                       // the positions of each slot cached here (reserve_kv)
+  PrefillKeys<typename ExecSpace::memory_space> keys_;  // this prefill's keys
+  ExtendPlan step_;                                   // this forward's new rows (the prefill's: to cache)
+  ExtendRows<typename ExecSpace::memory_space> rows_;  // decode / extend: the rows attended here
 };
 
 }  // namespace relayout::model

@@ -4,12 +4,15 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "relayout/kernels/reference.hpp"
 #include "demo/model/layer_weights.hpp"
-#include "demo/model/workload.hpp"
+#include "demo/model/router.hpp"
+#include "demo_model/workload.hpp"
 
 namespace relayout::model {
 
@@ -18,6 +21,47 @@ struct ReferenceRows {
   std::vector<std::int64_t> owners;   // owner of each row
 };
 
+// The --check tolerance of the distributed layer against this reference (which reads the weights
+// as generated, fp32 values in double). fp32 weights: 1e-4 (fp32 sums over K products err by about
+// sqrt(K) 2^-24 of sum |w x|, far below). bf16 weights (ModelDims::weights): each weight is rounded
+// to nearest even with 8 significant bits, w^ = w (1 + d), |d| <= u = 2^-8 (half an ulp, 2^-7 at
+// 1), and a value uniform within its ulp has d of mean 0 and spread sigma_d <= u / sqrt(3). One
+// output of a K-length dot product y = sum_k w_k x_k, accumulated in fp32, errs by
+//   dy = sum_k d_k w_k x_k  (+ the fp32 sum's own <= K 2^-24 sum |w_k x_k|, 2^-15 of it at K = 512),
+// at worst u sum |w_k x_k| (about u sqrt(K) |y| for products of random sign: 0.09 |y| at K = 512, no
+// use), and for independent roundings a sum of K zero-mean terms of spread
+//   sigma(dy) = sigma_d sqrt(sum_k w_k^2 x_k^2) <= (u / sqrt(3)) sqrt(sum_k w_k^2 x_k^2).
+// The demo's weights are uniform in +-1/sqrt(K) (init_scale) and its rows have rms r <= 1 (inputs
+// in [-1, 1), rms-normalised projections), so sum_k w_k^2 x_k^2 ~ r^2 / 3 and sigma(dy) <= u / 3
+// for any K: the error does not grow with K, the fp32 sum's does (negligible here).
+// A layer output collects the errors of every bf16 GEMM on its path, G of them: wq_a, wq_b, wkv,
+// wo_b, the experts' w13 and w2, the shared expert's w13 and w2 (G = 8; 6 without one); rms_norm
+// and the softmax pass relative errors on with gain <= 1, the combine's weights sum to
+// routed_scaling. Over L layers, G L independent errors of spread <= u / 3 each add in
+// quadrature: sigma(out) <= (u / 3) sqrt(G L). --check takes the largest error over N <= 2^20
+// outputs; z = 6 spreads (a normal tail of 2e-9 per output) covers that maximum, so
+//   tol(bf16) = 6 (u / 3) sqrt(G L) + 1e-4 = 2^-7 sqrt(G L) + 1e-4,
+// 0.031 for the default demo (G 8, L 2), 0.022 for one layer. Decode step s reads next_input of
+// step s - 1's output (rms-normalised, gain <= 1) and the cached kv of the prompt, so its rows hold
+// (s + 1) G L such errors: the decode check of S steps takes tol sqrt(1 + S).
+// Outside every rounding bound: a row whose k-th and (k+1)-th router scores lie closer than its
+// router input's error may pick another expert than the reference (the gate stays fp32, its input
+// does not); its error is then that of a different expert, of order 1, and carries on into the
+// request's later decode steps.
+inline constexpr const char* kCheckToleranceRule =
+    "bf16 weights round by up to 2^-8 relative; a dot product's error has spread <= 2^-8 / 3 of rows of rms 1, "
+    "a layer adds G = 8 such GEMMs (6 without a shared expert), so the bound is 2^-7 sqrt(G layers) + 1e-4";
+
+// The prefill's tolerance for the weights of `d`, and that of the rows of `decode_steps` steps.
+inline double check_tolerance(const ModelDims& d) {
+  if (d.weights == WeightDtype::fp32) return 1e-4;
+  const int gemms = d.shared_inter > 0 ? 8 : 6;
+  return std::ldexp(1.0, -7) * std::sqrt(double(gemms) * d.layers) + 1e-4;
+}
+inline double decode_check_tolerance(const ModelDims& d, double tolerance, int decode_steps) {
+  return d.weights == WeightDtype::fp32 ? tolerance : tolerance * std::sqrt(1.0 + decode_steps);
+}
+
 inline reference::Matrix input_rows(const ModelDims& d, const std::vector<std::int64_t>& owners) {
   reference::Matrix x(int(owners.size()), d.hidden);
   for (int i = 0; i < x.rows; ++i)
@@ -25,9 +69,10 @@ inline reference::Matrix input_rows(const ModelDims& d, const std::vector<std::i
   return x;
 }
 
-// One decoder layer on every row: attention (per request, causal), residual, MoE, residual.
+// One decoder layer on every row: attention (per request, causal), residual, MoE, residual. The
+// skewed router (ModelDims::expert_skew > 0) needs the rows' owners.
 inline reference::Matrix reference_layer(const ModelDims& d, const LayerFull& w, const reference::Matrix& x,
-                                         const std::vector<int>& cu) {
+                                         const std::vector<int>& cu, std::span<const std::int64_t> owners = {}) {
   namespace ref = relayout::reference;
   const ref::Matrix xn = ref::rms_norm(x, w.attn_norm, d.rms_eps);
   const ref::Matrix q = ref::linear(ref::rms_norm(ref::linear(xn, w.wq_a), w.q_norm, d.rms_eps), w.wq_b);
@@ -35,7 +80,9 @@ inline reference::Matrix reference_layer(const ModelDims& d, const LayerFull& w,
   const ref::Matrix o = ref::attention_prefill(q, kv, cu, d.head_dim,
                                                kernels::default_softmax_scale(d.head_dim), d.window);
   const ref::AddRmsNormResult h = ref::add_rms_norm(ref::linear(o, w.wo_b), x, w.ffn_norm, d.rms_eps);
-  const ref::Routing routing = ref::route(ref::linear(h.out, w.router), d.router());
+  ref::Matrix logits = ref::linear(h.out, w.router);
+  if (d.expert_skew > 0) logits = skewed_logits(d, std::move(logits), owners);
+  const ref::Routing routing = ref::route(logits, d.router());
   ref::Matrix y = ref::moe(h.out, routing.ids, routing.weights, w.w1, w.w3, w.w2);
   if (d.shared_inter > 0) {
     const ref::Matrix s = ref::swiglu_ffn(h.out, w.shared_w1, w.shared_w3, w.shared_w2);
@@ -55,7 +102,7 @@ inline ReferenceRows reference_forward(const ModelDims& d, const Workload& work)
   }
   r.rows = input_rows(d, r.owners);
   for (int layer = 0; layer < d.layers; ++layer)
-    r.rows = reference_layer(d, LayerFull::make(d, layer), r.rows, cu);
+    r.rows = reference_layer(d, LayerFull::make(d, layer), r.rows, cu, r.owners);
   return r;
 }
 
@@ -78,6 +125,7 @@ inline std::vector<ReferenceRows> reference_decode(const ModelDims& d, const Wor
   for (int s = 1; s <= plan.steps; ++s) {
     ReferenceRows out;
     std::vector<int> live, cu{0};
+    std::vector<std::int64_t> owners;  // of every row of x: each live request's positions 0, 1, ...
     for (int i = 0; i < work.requests(); ++i) {
       if (!plan.live(i, s)) continue;
       reference::Matrix& m = seq[std::size_t(i)];
@@ -86,13 +134,14 @@ inline std::vector<ReferenceRows> reference_decode(const ModelDims& d, const Wor
       ++m.rows;
       live.push_back(i);
       cu.push_back(cu.back() + m.rows);
+      for (int p = 0; p < m.rows; ++p) owners.push_back(RowOwner::pack(i, p));
       out.owners.push_back(RowOwner::pack(i, work.lengths[std::size_t(i)] + s - 1));
     }
     reference::Matrix x(cu.back(), d.hidden);
     for (std::size_t j = 0; j < live.size(); ++j)
       std::copy(seq[std::size_t(live[j])].data.begin(), seq[std::size_t(live[j])].data.end(),
                 x.data.begin() + std::ptrdiff_t(std::size_t(cu[j]) * d.hidden));
-    for (int layer = 0; layer < d.layers; ++layer) x = reference_layer(d, LayerFull::make(d, layer), x, cu);
+    for (int layer = 0; layer < d.layers; ++layer) x = reference_layer(d, LayerFull::make(d, layer), x, cu, owners);
     out.rows = reference::Matrix(int(live.size()), d.hidden);
     for (std::size_t j = 0; j < live.size(); ++j) {
       const double* r = x.row(cu[j + 1] - 1);

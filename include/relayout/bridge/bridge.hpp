@@ -8,6 +8,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <source_location>
@@ -20,24 +21,10 @@
 #include "relayout/bridge/plan.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/placement/ep.hpp"
+#include "relayout/placement/expert_location.hpp"
 #include "relayout/placement/transitions.hpp"
 
 namespace relayout {
-
-// The engine's router: fills out.ids / out.weights (rows x top_k()) for the rows x.
-template <class R, class T, class Space>
-concept RouterFor = requires(R& r, const Space& exec, const impl::RowsView<T, Space>& x, TopK<T, Space>& out) {
-  { r.top_k() } -> std::convertible_to<int>;
-  r(exec, x, out);
-};
-
-// An engine's experts may have a shared expert: shared(exec, x, y) adds its output for rows x to y.
-// On paths a2a_split and direct it is called on every rank with that rank's own rows (the whole
-// shared expert); on dp_gather and tp_moe only on moe_ep rank 0 of each MoE replica, and the
-// engine adds its moe_tp share there (the bridge sums the partials over tp).
-template <class E, class T, class Space>
-concept HasSharedExpert = requires(E& e, const Space& exec, const impl::RowsView<T, Space>& x,
-                                   const impl::RowsView<T, Space>& y) { e.shared(exec, x, y); };
 
 // Known bugs, wired on purpose so a verification can be shown to catch them. Never in production.
 enum class BridgeFault : std::uint8_t {
@@ -47,19 +34,98 @@ enum class BridgeFault : std::uint8_t {
   gather_partial,  // complete rows gathered as if they were partial sums (x attn_tp)
   no_split,        // every attn_tp member dispatches every row (rows processed attn_tp times)
 };
+inline constexpr impl::NameTable<BridgeFault, 5> kBridgeFaultNames{{{{BridgeFault::none, "none"},
+                                                                   {BridgeFault::double_reduce, "double_reduce"},
+                                                                   {BridgeFault::skip_reduce, "skip_reduce"},
+                                                                   {BridgeFault::gather_partial, "gather_partial"},
+                                                                   {BridgeFault::no_split, "no_split"}}}};
+constexpr std::string_view to_string(BridgeFault f) { return kBridgeFaultNames.name(f); }
+// A fault by name; `input` names the flag or field in the error.
+inline BridgeFault parse_fault(std::string_view text, const char* input = "fault") {
+  return impl::parse_name(kBridgeFaultNames, text, input, "injected bug");
+}
 
-// The type the rows travel as in the EP dispatch (paths a2a_split and direct): the element type
-// itself, or a 16-bit storage type (half the row bytes; the experts see the rows rounded to it).
-// The router weights and the combine stay in the element type.
-enum class DispatchDtype : std::uint8_t { compute, bf16, fp16 };
+// A wired fault must be able to show itself on the layout it is wired into: one that the path
+// never reaches would make a verification "pass" without having been tested. MoeBridge checks it.
+inline void check_fault(BridgeFault fault, const RuntimeLayout& layout, const char* input = "fault") {
+  const Widths& w = layout.widths();
+  const BridgePath path = layout.bridge_path();
+  const auto refuse = [&](const std::string& rule) {
+    throw LayoutError(input, std::string(input) + " " + std::string(to_string(fault)) + " " + rule +
+                                 "; this layout takes path " + std::string(to_string(path)) + " with tp = " +
+                                 std::to_string(w.tp) + ", attn_tp = " + std::to_string(w.attn_tp));
+  };
+  switch (fault) {
+    case BridgeFault::none: return;
+    case BridgeFault::double_reduce:
+    case BridgeFault::skip_reduce:
+      if ((path != BridgePath::dp_gather && path != BridgePath::tp_moe) || w.tp < 2)
+        refuse("needs a layout whose MoE partials are summed over tp > 1 (path dp_gather or tp_moe)");
+      return;
+    case BridgeFault::gather_partial:
+      if (path != BridgePath::dp_gather || w.attn_tp < 2) refuse("needs path dp_gather with attn_tp > 1");
+      return;
+    case BridgeFault::no_split:
+      if (path != BridgePath::a2a_split) refuse("needs path a2a_split (attn_tp > 1 with an all-to-all backend)");
+      return;
+  }
+}
+
+// The rule for an EP mode: low_latency shapes the dispatch, so it needs a path that dispatches rows
+// (elsewhere it would silently do nothing). MoeBridge and the programs' flag both check with it.
+inline void check_ep_mode(EpMode mode, BridgePath path, const char* input = "ep_mode") {
+  if (mode == EpMode::normal || dispatches_rows(path)) return;
+  throw LayoutError(input, std::string(input) + " " + std::string(to_string(mode)) +
+                               " needs a path that dispatches rows (a2a_split or direct: --moe-a2a-backend deepep); "
+                               "this layout takes path " + std::string(to_string(path)));
+}
+
+// The rule for two-batch overlap: it overlaps one micro-batch's dispatch or combine with the other's
+// compute, so it needs a path that dispatches rows. SGLang refuses --enable-two-batch-overlap with
+// --moe-a2a-backend none (its paths dp_gather and tp_moe) the same way. MoeBridge and the programs'
+// flag both check with it.
+inline void check_two_batch_overlap(bool on, BridgePath path, const char* input = "two_batch_overlap") {
+  if (!on || dispatches_rows(path)) return;
+  throw LayoutError(input, std::string(input) +
+                               " needs a path that dispatches rows (a2a_split or direct: --moe-a2a-backend deepep; "
+                               "SGLang refuses it with moe_a2a_backend none); this layout takes path " +
+                               std::string(to_string(path)));
+}
+
+// How two-batch overlap splits this rank's n rows (its attn_tp chunk): as SGLang splits a decode
+// batch, the first micro-batch takes n / 2 rows and the second the rest. A rank with fewer than 2
+// rows runs an empty first micro-batch (and with none, two empty ones): it still joins every
+// exchange, and its rows are the one-batch run's.
+inline Range two_batch_range(std::int64_t n, int micro_batch) {
+  const std::int64_t first = n / 2;
+  return micro_batch == 0 ? Range{0, first} : Range{first, n - first};
+}
 
 struct BridgeOptions {
-  std::optional<PaddingMode> padding;  // forced; otherwise the layout's rule on global_num_tokens
+  std::optional<PaddingMode> padding{};  // forced; otherwise the layout's rule on global_num_tokens
   BridgeRestore restore = BridgeRestore::reduce;
   BridgeFault fault = BridgeFault::none;
   // Validate the router's output every layer (ids in range, weights finite: EpOptions::check_route).
   bool check_route = true;
   DispatchDtype dispatch_dtype = DispatchDtype::compute;
+  // Paths a2a_split and direct: the dispatch's EP mode and, for low_latency, the most rows one rank
+  // dispatches per run (its attn_tp chunk), fixed for the bridge's life (its own workspace's).
+  EpMode ep_mode = EpMode::normal;
+  std::int64_t ep_capacity = 0;
+  // Redundant experts (paths a2a_split and direct): the engine's logical -> physical map, the same
+  // on every rank (it stays the engine's; replace it between steps to rebalance). The router's
+  // logical ids become physical ones (to_physical, with replica_choice) before the dispatch, so
+  // the experts' batch is grouped by physical expert: first_expert + e is a physical id, whose
+  // weights are those of expert_location->logical_of(first_expert + e). Null: physical = logical.
+  std::shared_ptr<const ExpertLocation> expert_location{};
+  ReplicaChoice replica_choice = ReplicaChoice::by_token;
+  // Two-batch overlap (SGLang's --enable-two-batch-overlap; paths a2a_split and direct): this
+  // rank's rows run as two micro-batches (two_batch_range), the second's routing and dispatch
+  // issued while the first's dispatch is in flight, the first's combine while the second's experts
+  // run, the second's combine while the first's shared expert runs (nonblocking exchanges, tested
+  // on the caller's instance between the steps). Same rows out as one batch; the router and the
+  // experts are called once per micro-batch, the second on a workspace of the bridge's own.
+  bool two_batch_overlap = false;
 };
 
 // What an observer sees at each boundary: the plan step, this rank's rows' owners (when an owner
@@ -75,16 +141,30 @@ struct BoundaryInfo {
   std::string_view name;
 };
 
+// An observer of a run's boundaries: called with the step, the owners of this rank's rows there
+// (when an owner column is carried) and its values; rows [first, first + owners.size()) of
+// `values` are the rows of `owners`.
 template <class O, class T, class Space>
 concept BridgeObserverFor = requires(O& o, const BoundaryInfo& b, std::span<const std::int64_t> owners,
-                                     const impl::RowsView<T, Space>& values, std::int64_t first) {
-  { O::enabled } -> std::convertible_to<bool>;
+                                     const RowsView<T, Space>& values, std::int64_t first) {
   o(b, owners, values, first);
 };
-struct NoObserver {
-  static constexpr bool enabled = false;
-  template <class... A>
-  void operator()(const A&...) {}
+
+// What a run takes beside the rows, router and experts; all of it optional.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+struct BridgeRunOptions {
+  using observer_type =
+      std::function<void(const BoundaryInfo&, std::span<const std::int64_t>, const RowsView<T, Space>&, std::int64_t)>;
+  // This step's token counts (gather_num_tokens; the same on every rank), used by path dp_gather
+  // to lay out its gathered buffer. Empty: the bridge gathers them itself there (one all_gather
+  // over tp). Layers of one step share the counts, so an engine gathers them once per step.
+  std::span<const std::int64_t> global_num_tokens = {};
+  // The owner column of the rows: moved with them, checked for conservation and replaced by the
+  // owners of the output rows (which must equal them).
+  std::vector<std::int64_t>* owners = nullptr;
+  // Called at every boundary (tracing); empty: nothing is computed for it.
+  observer_type observer = {};
+  TrafficLog* traffic = nullptr;  // counts the bytes this rank sends
 };
 
 template <class C, class T, class Space = Kokkos::DefaultExecutionSpace>
@@ -92,24 +172,35 @@ class MoeBridge {
  public:
   using In = Rows<T, Replicated<AttnTp>, DpLocal, Space>;
   using Out = In;
-  using view_type = impl::RowsView<T, Space>;
+  using view_type = RowsView<T, Space>;
 
   // experts: the model's routed experts (global ids [0, experts)), split evenly over moe_ep.
   // Under attention context parallelism (attn_cp > 1) the constructor is collective over the
   // domain: it makes the groups of the CP shares (cp_share_layout).
   MoeBridge(const ProcessGroupsOf<C>& pg, int experts, BridgeOptions opts = {})
-      : pg_(pg), experts_(experts), opts_(opts) {
+      : pg_(pg), experts_(experts), opts_(opts), own_ws_(opts.ep_mode, opts.ep_capacity),
+        second_ws_(opts.two_batch_overlap ? opts.ep_mode : EpMode::normal, opts.two_batch_overlap ? opts.ep_capacity : 0) {
     const Widths& w = pg.layout().widths();
     if (w.attn_cp > 1)
-      shares_ = std::make_shared<const ProcessGroupsOf<C>>(cp_share_layout(pg.layout()), pg.tp());
+      shares_ = std::make_shared<const ProcessGroupsOf<C>>(relayout::cp_share_layout(pg.layout()), pg.tp());
     if (experts < 1 || experts % w.moe_ep != 0)
       throw LayoutError("experts", "MoeBridge: " + std::to_string(experts) + " experts cannot be split evenly over moe_ep = " +
                                        std::to_string(w.moe_ep));
-    check_fault();
-    if (opts_.dispatch_dtype != DispatchDtype::compute && path() != BridgePath::a2a_split && path() != BridgePath::direct)
-      throw LayoutError("dispatch_dtype", "MoeBridge: a 16-bit dispatch dtype needs a path that dispatches rows "
-                                          "(a2a_split or direct); this layout takes path " +
-                                              std::string(to_string(path())));
+    check_fault(opts_.fault, pg.layout());
+    check_dispatch_dtype(opts_.dispatch_dtype, path());
+    if (const auto& loc = opts_.expert_location) {
+      if (!dispatches_rows(path()))
+        throw LayoutError("expert_location", "MoeBridge: an expert location (redundant experts) needs a path that "
+                                             "dispatches rows (a2a_split or direct); this layout takes path " +
+                                                 std::string(to_string(path())));
+      if (loc->routed() != experts || loc->ep() != w.moe_ep)
+        throw LayoutError("expert_location", "MoeBridge: the expert location maps " + std::to_string(loc->routed()) +
+                                                 " routed experts over moe_ep = " + std::to_string(loc->ep()) +
+                                                 "; the bridge routes " + std::to_string(experts) +
+                                                 " experts over moe_ep = " + std::to_string(w.moe_ep));
+    }
+    check_ep_mode(opts_.ep_mode, path());
+    check_two_batch_overlap(opts_.two_batch_overlap, path());
   }
 
   BridgePath path() const { return pg_.layout().bridge_path(); }
@@ -117,7 +208,16 @@ class MoeBridge {
   // the bridge keeps one. Either way, runs after the first allocate no EP buffer that fits.
   void use_workspace(EpWorkspace<T, Space>& ws) { external_ws_ = &ws; }
   EpWorkspace<T, Space>& workspace() { return external_ws_ ? *external_ws_ : own_ws_; }
+  // Two-batch overlap: the second micro-batch's EP buffers (always the bridge's own).
+  EpWorkspace<T, Space>& second_workspace() { return second_ws_; }
   const BridgeOptions& options() const { return opts_; }
+  // With an expert location: the (token, expert) pairs this rank routed in the last run, per
+  // physical expert (count_expert_load; sum_expert_load over moe_ep gives the step's load, and
+  // ExpertLoad::logical is what ExpertLocation::rebalanced and write_expert_load take). Empty
+  // before the first run or without a location.
+  const ExpertLoad& last_expert_load() const { return load_; }
+  // Physical experts the dispatch addresses: routed + redundant.
+  int physical_experts() const { return opts_.expert_location ? opts_.expert_location->physical() : experts_; }
   // The plan this layout runs with these token counts.
   std::span<const PlanStep> plan(std::span<const std::int64_t> global_num_tokens = {}) const {
     return bridge_plan(path(), path() == BridgePath::dp_gather ? padding(global_num_tokens) : PaddingMode::sum_len,
@@ -134,73 +234,55 @@ class MoeBridge {
   // global_num_tokens of this step: every rank passes how many rows it holds. One entry per
   // attention-DP group; under CP one per (DP group, CP rank) share, in rank order.
   std::vector<std::int64_t> gather_num_tokens(std::int64_t local_tokens) const {
-    return relayout::gather_num_tokens(dp_groups(), local_tokens);
+    return relayout::gather_num_tokens(pg_, local_tokens);
   }
   // The groups path dp_gather's steps run on: the domain's own, or under CP those of
   // cp_share_layout, whose attention-DP groups are the CP shares.
   const ProcessGroupsOf<C>& dp_groups() const { return shares_ ? *shares_ : pg_; }
 
-  // Ranks run (attn_dp, attn_cp, attn_tp), fastest last, so the ranks holding one CP share of one
-  // DP group are attn_tp consecutive ranks, like an attention-DP group with attn_cp == 1: the same
-  // domain with attn_dp * attn_cp DP groups and no CP moves every share as a group of its own.
-  static RuntimeLayout cp_share_layout(const RuntimeLayout& l) {
-    const Widths& w = l.widths();
-    return RuntimeLayout(LayoutConfig{.tp = w.tp, .dp = w.attn_dp * w.attn_cp, .enable_dp_attention = true});
-  }
+  using RunOptions = BridgeRunOptions<T, Space>;
 
   // One layer's hand-over. Collective over the TP domain: every rank calls it, also with zero rows.
-  // `slots` (path dp_gather only; may be null otherwise) come from slots(global_num_tokens).
-  // `owners`, when given, is the owner column of x's rows: moved with the rows, checked for
-  // conservation and replaced by the owners of the output rows (which must equal them).
-  template <RouterFor<T, Space> R, ExpertsFor<T, Space> E, class Obs = NoObserver>
-  Out run(const Space& exec, const In& x, const DpSlotsPtr& slots, R& router, E& experts,
-          std::vector<std::int64_t>* owners = nullptr, Obs&& obs = {}, TrafficLog* traffic = nullptr) {
-    Exec<R, E, std::remove_cvref_t<Obs>> run{*this, workspace(), exec, router, experts, obs, traffic, owners};
+  // Each path builds what it needs (path dp_gather its slot table from opts.global_num_tokens).
+  template <RouterFor<T, Space> R, ExpertsFor<T, Space> E>
+  Out run(const Space& exec, const In& x, R& router, E& experts, const RunOptions& opts = {}) {
+    Exec<R, E> run{*this, workspace(), second_ws_, exec, router, experts, opts.observer, opts.traffic, opts.owners};
+    DpSlotsPtr slots;
+    if (path() == BridgePath::dp_gather)
+      slots = opts.global_num_tokens.empty() ? this->slots(gather_num_tokens(x.rows())) : this->slots(opts.global_num_tokens);
     return run.go(x, slots);
+  }
+  // The rows must be the attention's complete output for this DP group: a sentence, not "cannot
+  // convert", for any other placement.
+  template <RowsType X, class... Rest>
+    requires(!std::same_as<std::remove_cvref_t<X>, In>)
+  void run(const Space&, const X&, Rest&&...) {
+    using St = typename std::remove_cvref_t<X>::state_type;
+    static_assert(St::state != RowState::partial,
+                  "relayout: MoeBridge::run needs complete rows, Replicated<AttnTp>, and these are Partial sums (the "
+                  "attention's wo_b output before its all-reduce): call all_reduce(exec, pg, rows) first");
+    static_assert(St::state == RowState::partial,
+                  "relayout: MoeBridge::run takes this DP group's complete rows as Rows<T, Replicated<AttnTp>, "
+                  "DpLocal, Space> of the bridge's T and Space (the attention all-reduce's output): all_gather "
+                  "RowShard rows first, dp_scatter DpGlobal rows first");
   }
 
  private:
-  void check_fault() const {
-    const Widths& w = pg_.layout().widths();
-    const auto refuse = [&](const std::string& rule) {
-      throw LayoutError("fault", std::string("fault ") + fault_name(opts_.fault) + " " + rule + "; this layout takes path " +
-                                     std::string(to_string(path())) + " with tp = " + std::to_string(w.tp) +
-                                     ", attn_tp = " + std::to_string(w.attn_tp));
-    };
-    switch (opts_.fault) {
-      case BridgeFault::none: return;
-      case BridgeFault::double_reduce:
-      case BridgeFault::skip_reduce:
-        if ((path() != BridgePath::dp_gather && path() != BridgePath::tp_moe) || w.tp < 2)
-          refuse("needs a layout whose MoE partials are summed over tp > 1 (path dp_gather or tp_moe)");
-        return;
-      case BridgeFault::gather_partial:
-        if (path() != BridgePath::dp_gather || w.attn_tp < 2) refuse("needs path dp_gather with attn_tp > 1");
-        return;
-      case BridgeFault::no_split:
-        if (path() != BridgePath::a2a_split) refuse("needs path a2a_split (attn_tp > 1 with an all-to-all backend)");
-        return;
-    }
-  }
-  static const char* fault_name(BridgeFault f) {
-    constexpr const char* names[] = {"none", "double_reduce", "skip_reduce", "gather_partial", "no_split"};
-    return names[static_cast<int>(f)];
-  }
-
   // One run: the plan's steps in order, each checked against the plan as it is taken.
-  template <class R, class E, class Obs>
+  template <class R, class E>
   struct Exec {
     using OwnerSpace = Kokkos::DefaultHostExecutionSpace;
     template <class St, class Sc>
     using OwnerRows = Rows<std::int64_t, St, Sc, OwnerSpace>;
-    using OwnerView = impl::RowsView<std::int64_t, OwnerSpace>;
+    using OwnerView = RowsView<std::int64_t, OwnerSpace>;
 
     const MoeBridge& b;
     EpWorkspace<T, Space>& ws;
+    EpWorkspace<T, Space>& ws2;  // two-batch overlap: the second micro-batch's
     const Space& exec;
     R& router;
     E& experts;
-    Obs& obs;
+    const typename RunOptions::observer_type& obs;
     TrafficLog* traffic;
     std::vector<std::int64_t>* owners;
     std::span<const PlanStep> plan{};
@@ -219,8 +301,7 @@ class MoeBridge {
     template <class V>
     void see(const PlanStep& s, RowState sharing, int copies, std::span<const std::int64_t> own, const V& values,
              std::int64_t first = 0, std::string_view name = {}) {
-      if constexpr (std::remove_cvref_t<Obs>::enabled)
-        obs(BoundaryInfo{&s, sharing, copies, name.empty() ? s.name : name}, own, values, first);
+      if (obs) obs(BoundaryInfo{&s, sharing, copies, name.empty() ? s.name : name}, own, values, first);
     }
     int group_ranks() const { return widths().attn_tp; }  // holders of a row outside the MoE
     int moe_holders() const { return widths().tp / widths().moe_dp; }
@@ -244,6 +325,9 @@ class MoeBridge {
 
     TopK<T, Space> route(const view_type& x) {
       step(BridgeStep::route);
+      return route_rows(x);
+    }
+    TopK<T, Space> route_rows(const view_type& x) {
       TopK<T, Space> r(static_cast<std::int64_t>(x.extent(0)), router.top_k());
       router(exec, x, r);
       return r;
@@ -292,7 +376,7 @@ class MoeBridge {
       see(g_step, RowState::replicated, widths().tp, span_of(g_owners), global.view());
 
       // This rank's moe_dp slice of the global rows (tensor_split over moe_dp).
-      const RowRange mine = tensor_split_range(global.rows(), widths().moe_dp, pg().coords().moe_dp_rank);
+      const Range mine = tensor_split_range(global.rows(), widths().moe_dp, pg().coords().moe_dp_rank);
       auto partial = moe_partial(global.view(), mine);
       const PlanStep& e_step = step(BridgeStep::local_experts);
       see(e_step, RowState::partial, moe_holders(), span_of(g_owners, mine.begin, mine.count), partial, mine.begin);
@@ -339,7 +423,7 @@ class MoeBridge {
 
     // No DP attention, no all-to-all backend: every rank holds every row; partials summed over tp.
     Out tp_moe(const In& x) {
-      const RowRange mine = tensor_split_range(x.rows(), widths().moe_dp, pg().coords().moe_dp_rank);
+      const Range mine = tensor_split_range(x.rows(), widths().moe_dp, pg().coords().moe_dp_rank);
       auto partial = moe_partial(x.view(), mine);
       const PlanStep& e_step = step(BridgeStep::local_experts);
       const std::vector<std::int64_t> own = owners ? *owners : std::vector<std::int64_t>{};
@@ -356,7 +440,7 @@ class MoeBridge {
     }
 
     // Rows [mine) of x through route + this rank's experts (+ its shared share): Partial<tp> rows.
-    view_type moe_partial(const view_type& x, RowRange mine) {
+    view_type moe_partial(const view_type& x, Range mine) {
       auto partial = impl::alloc_rows<T, Space>("relayout::moe_partial", static_cast<std::int64_t>(x.extent(0)),
                                                 impl::hidden_of(x.extent(1)));
       Kokkos::deep_copy(exec, partial, T(0));
@@ -388,31 +472,67 @@ class MoeBridge {
       }
       see(s_step, RowState::replicated, 1, span_of(c_owners), chunk.view());
 
-      const TopK<T, Space> r = route(chunk.view());
+      // One batch, or two micro-batches whose exchanges overlap the other's compute.
+      const bool two = b.opts_.two_batch_overlap;
+      const std::int64_t m = chunk.rows(), H = impl::hidden_of(chunk.view().extent(1));
+      Micro mb[2];
+      for (int i = 0; i < (two ? 2 : 1); ++i) {
+        Micro& u = mb[i];
+        u.range = two ? two_batch_range(m, i) : Range{0, m};
+        u.x = impl::row_slice(chunk.view(), u.range.begin, u.range.count);
+        u.ws = i == 0 ? &ws : &ws2;
+        if (owners)
+          u.owners.assign(c_owners.begin() + u.range.begin, c_owners.begin() + u.range.begin + u.range.count);
+      }
+      step(BridgeStep::route);
       const PlanStep& d_step = step(BridgeStep::dispatch);
-      const Dispatched<T, Space> d = dispatch(chunk, r, EpOptions{traffic, owners ? &c_owners : nullptr, b.opts_.check_route});
       static_cast<void>(d_step);
+      begin_dispatch(mb[0], x.rows(), chunk.full_rows(), false);
+      if (two) {
+        begin_dispatch(mb[1], x.rows(), chunk.full_rows(), true);  // behind the first one's exchange
+        mb[0].pd->test();
+      }
+      finish_dispatch(mb[0]);  // and its experts: behind the second one's exchange
       const PlanStep& e_step = step(BridgeStep::experts);
-      const auto y = ws.expert_outputs(d.batch.rows(), impl::hidden_of(chunk.view().extent(1)));
-      experts(exec, d.batch, y);
-      if constexpr (std::remove_cvref_t<Obs>::enabled) {
+      if (two) {
+        begin_combine(mb[0]);
+        finish_dispatch(mb[1]);  // and its experts: behind the first one's combine
+      }
+      if (obs) {
         // One owner per (row, local expert): over all ranks each row appears top_k times.
-        std::vector<std::int64_t> batch_owners(static_cast<std::size_t>(d.batch.rows()));
-        if (owners) {
+        std::vector<std::int64_t> batch_owners;
+        for (int i = 0; i < (two ? 2 : 1); ++i) {
+          const Dispatched<T, Space>& d = *mb[i].d;
+          const std::size_t at = batch_owners.size();
+          batch_owners.resize(at + static_cast<std::size_t>(d.batch.rows()));
+          if (!owners) continue;
           auto so = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), d.slot_of);
-          for (std::size_t i = 0; i < so.extent(0); ++i)
+          for (std::size_t r = 0; r < so.extent(0); ++r)
             for (std::size_t j = 0; j < so.extent(1); ++j)
-              if (so(i, j) >= 0) batch_owners[static_cast<std::size_t>(so(i, j))] = d.tags[i];
+              if (so(r, j) >= 0) batch_owners[at + static_cast<std::size_t>(so(r, j))] = d.tags[r];
         }
         see(e_step, RowState::replicated, router.top_k(), owners ? span_of(batch_owners) : std::span<const std::int64_t>{}, view_type());
       }
       const PlanStep& c_step = step(BridgeStep::combine);
-      Rows<T, RowShard<AttnTp>, DpLocal, Space> combined = ep_combine(exec, pg(), d, y, traffic);
       const PlanStep& h_step = step(BridgeStep::shared_expert);
-      if constexpr (HasSharedExpert<E, T, Space>) experts.shared(exec, chunk.view(), combined.view());
-      exec.fence();
-      see(c_step, RowState::replicated, 1, span_of(c_owners), combined.view());
       static_cast<void>(h_step);
+      view_type joined;
+      if (two) {
+        begin_combine(mb[1]);
+        finish_combine(mb[0]);  // and its shared expert: behind the second one's combine
+        finish_combine(mb[1]);
+        joined = impl::alloc_rows<T, Space>("relayout::two_batch_combined", m, H);
+        for (const Micro& u : mb)
+          if (u.range.count > 0)
+            Kokkos::deep_copy(exec, impl::row_slice(joined, u.range.begin, u.range.count), u.combined);
+      } else {
+        begin_combine(mb[0]);
+        finish_combine(mb[0]);
+        joined = mb[0].combined;
+      }
+      exec.fence();
+      const Rows<T, RowShard<AttnTp>, DpLocal, Space> combined(joined, chunk.full_rows());
+      see(c_step, RowState::replicated, 1, span_of(c_owners), combined.view());
       const PlanStep& g_step = step(BridgeStep::all_gather);
       Out o = all_gather(exec, pg(), combined, traffic);
       if (owners) {
@@ -423,15 +543,85 @@ class MoeBridge {
       return o;
     }
 
-    // ep_dispatch with the rows travelling as BridgeOptions::dispatch_dtype.
-    Dispatched<T, Space> dispatch(const Rows<T, RowShard<AttnTp>, DpLocal, Space>& chunk, const TopK<T, Space>& r,
-                                  const EpOptions& o) {
+    // One micro-batch of this rank's chunk (the whole chunk without two-batch overlap) on its way
+    // through route, dispatch, experts, combine and the shared expert. Not moved once started: a
+    // combine in flight points at its Dispatched.
+    struct Micro {
+      Range range{};
+      view_type x;
+      std::vector<std::int64_t> owners;  // of its rows, when carried
+      EpWorkspace<T, Space>* ws = nullptr;
+      std::optional<PendingDispatch<T, Space>> pd;
+      std::optional<Dispatched<T, Space>> d;
+      view_type y;
+      std::optional<PendingCombine<T, Space>> pc;
+      view_type combined;
+    };
+
+    // Route, then start the dispatch (the rows' exchange left in flight).
+    void begin_dispatch(Micro& u, std::int64_t group_rows, std::int64_t full_rows, bool accumulate_load) {
+      const TopK<T, Space> r = to_physical_ids(route_rows(u.x), group_rows, u.range.begin, accumulate_load);
+      const Rows<T, RowShard<AttnTp>, DpLocal, Space> rows(u.x, full_rows);
+      u.pd.emplace(dispatch_start(rows, r, *u.ws, EpOptions{traffic, owners ? &u.owners : nullptr, b.opts_.check_route}));
+    }
+    // Wait for the rows, run the experts on them.
+    void finish_dispatch(Micro& u) {
+      u.d.emplace(ep_dispatch_finish(exec, pg(), std::move(*u.pd)));
+      u.pd.reset();
+      u.y = u.ws->expert_outputs(u.d->batch.rows(), impl::hidden_of(u.x.extent(1)));
+      experts(exec, u.d->batch, u.y);
+    }
+    void begin_combine(Micro& u) { u.pc.emplace(ep_combine_start(exec, pg(), *u.d, u.y, traffic)); }
+    // Wait for the outputs, sum them, add the shared expert's.
+    void finish_combine(Micro& u) {
+      u.combined = ep_combine_finish(exec, std::move(*u.pc)).view();
+      u.pc.reset();
+      if constexpr (HasSharedExpert<E, T, Space>) experts.shared(exec, u.x, u.combined);
+    }
+
+    // With an expert location: the router's logical ids as physical ones (same weights), the
+    // replica of by_token chosen by the row's index in its DP group (its chunk's offset plus the
+    // row: the same on every rank), and this run's load counted.
+    // offset: the rows' first row in this rank's chunk (a micro-batch's); accumulate: add this
+    // load to the run's (the second micro-batch).
+    TopK<T, Space> to_physical_ids(TopK<T, Space> r, std::int64_t group_rows, std::int64_t offset = 0,
+                                   bool accumulate = false) {
+      const auto& loc = b.opts_.expert_location;
+      if (!loc) return r;
+      if (!b.replicas_) b.replicas_ = replica_table(exec, *loc, pg().coords().moe_ep_rank, b.opts_.replica_choice);
+      const std::int64_t first =
+          tensor_split_range(group_rows, widths().attn_tp, pg().coords().attn_tp_rank).begin + offset;
+      TopK<T, Space> p(typename TopK<T, Space>::ids_view(
+                           Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::physical_ids")),
+                           r.ids.extent(0), r.ids.extent(1)),
+                       r.weights);
+      try {
+        relayout::to_physical(exec, *b.replicas_, r.ids, first, p.ids);
+      } catch (const LayoutError&) {
+        // An id out of range is now -1: the dispatch's route check refuses it on every member
+        // together (throwing here alone would leave the others waiting in the exchange).
+        if (!b.opts_.check_route) throw;
+      }
+      ExpertLoad load = count_expert_load(exec, *loc, p.ids);
+      if (accumulate && b.load_.physical.size() == load.physical.size()) {
+        for (std::size_t e = 0; e < load.physical.size(); ++e) load.physical[e] += b.load_.physical[e];
+        load = ExpertLoad(*loc, std::move(load.physical));
+      }
+      b.load_ = std::move(load);
+      return p;
+    }
+
+    // ep_dispatch_start with the rows travelling as BridgeOptions::dispatch_dtype.
+    PendingDispatch<T, Space> dispatch_start(const Rows<T, RowShard<AttnTp>, DpLocal, Space>& rows, const TopK<T, Space>& r,
+                                             EpWorkspace<T, Space>& w, const EpOptions& o) {
+      const int physical = b.physical_experts();
       switch (b.opts_.dispatch_dtype) {
-        case DispatchDtype::bf16: return ep_dispatch<relayout::bf16>(exec, pg(), chunk, r, b.experts_, ws, o);
-        case DispatchDtype::fp16: return ep_dispatch<relayout::fp16>(exec, pg(), chunk, r, b.experts_, ws, o);
+        case DispatchDtype::bf16: return ep_dispatch_start<relayout::bf16>(exec, pg(), rows, r, physical, w, o);
+        case DispatchDtype::fp16: return ep_dispatch_start<relayout::fp16>(exec, pg(), rows, r, physical, w, o);
+        case DispatchDtype::fp8: return ep_dispatch_start<relayout::fp8_e4m3>(exec, pg(), rows, r, physical, w, o);
         case DispatchDtype::compute: break;
       }
-      return ep_dispatch(exec, pg(), chunk, r, b.experts_, ws, o);
+      return ep_dispatch_start(exec, pg(), rows, r, physical, w, o);
     }
 
     // Row conservation: every row that entered leaves exactly once, in order. A broken invariant
@@ -460,8 +650,12 @@ class MoeBridge {
   int experts_;
   BridgeOptions opts_;
   EpWorkspace<T, Space> own_ws_;
+  EpWorkspace<T, Space> second_ws_;  // two-batch overlap: the second micro-batch's
   EpWorkspace<T, Space>* external_ws_ = nullptr;
   std::shared_ptr<const ProcessGroupsOf<C>> shares_;  // attn_cp > 1: cp_share_layout's groups
+  // The expert location's device table (built on the first run's instance) and the last run's load.
+  mutable std::optional<ReplicaTable<typename Space::memory_space>> replicas_;
+  mutable ExpertLoad load_;
 };
 
 }  // namespace relayout

@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "relayout/mesh/names.hpp"
+#include "relayout/placement/tags.hpp"
 
 namespace relayout {
 
@@ -19,6 +21,37 @@ namespace relayout {
 // sum_len padding, dp_reduce_scatter with max_len), or an all-reduce over tp and a copy
 // (dp_scatter). Either way the partials are summed exactly once.
 enum class BridgeRestore : std::uint8_t { reduce, scatter };
+inline constexpr impl::NameTable<BridgeRestore, 2> kBridgeRestoreNames{
+    {{{BridgeRestore::reduce, "reduce"}, {BridgeRestore::scatter, "scatter"}}}};
+constexpr std::string_view to_string(BridgeRestore r) { return kBridgeRestoreNames.name(r); }
+// A restore by name ("reduce", "scatter"); `input` names the flag or field in the error.
+inline BridgeRestore parse_restore(std::string_view text, const char* input = "restore") {
+  return impl::parse_name(kBridgeRestoreNames, text, input, "restore");
+}
+
+// The type the rows travel as in the EP dispatch (paths a2a_split and direct): the element type
+// itself, a 16-bit storage type (half the row bytes; the experts see the rows rounded to it), or
+// fp8: e4m3 values with one fp32 scale per 128 values (EpMessage::of_fp8; each value within its
+// block's amax / 28 after the round trip). The router weights and the combine stay in the element type.
+enum class DispatchDtype : std::uint8_t { compute, bf16, fp16, fp8 };
+inline constexpr impl::NameTable<DispatchDtype, 4> kDispatchDtypeNames{{{{DispatchDtype::compute, "compute"},
+                                                                         {DispatchDtype::bf16, "bf16"},
+                                                                         {DispatchDtype::fp16, "fp16"},
+                                                                         {DispatchDtype::fp8, "fp8"}}}};
+constexpr std::string_view to_string(DispatchDtype d) { return kDispatchDtypeNames.name(d); }
+
+// Whether a path sends rows through the EP dispatch: only there does a dispatch dtype apply.
+constexpr bool dispatches_rows(BridgePath path) { return path == BridgePath::a2a_split || path == BridgePath::direct; }
+
+// The one rule for a dispatch dtype: a 16-bit or fp8 one needs a path that dispatches rows (elsewhere no
+// row is dispatched, so the setting would silently do nothing). MoeBridge and the programs' flag
+// both check with it; `input` names the option or flag in the error.
+inline void check_dispatch_dtype(DispatchDtype dtype, BridgePath path, const char* input = "dispatch_dtype") {
+  if (dtype == DispatchDtype::compute || dispatches_rows(path)) return;
+  throw LayoutError(input, std::string(input) + " " + std::string(to_string(dtype)) +
+                               " needs a path that dispatches rows (a2a_split or direct: --moe-a2a-backend deepep); "
+                               "this layout takes path " + std::string(to_string(path)));
+}
 
 enum class BridgeStep : std::uint8_t {
   dp_gather,          // dp_gather_replicate over tp: one contributor per attention-TP group
@@ -41,64 +74,72 @@ struct PlanStep {
   std::optional<GroupKind> group;  // the collective's group; nullopt for a local step
   std::string_view name;           // boundary name (trace records, explain)
   std::string_view state;          // what the values mean afterwards: moe_in, moe_partial, dispatched, moe_out
-  std::string_view placement;      // the rows' placement afterwards
+  // The rows' placement afterwards; none where no row placement describes them: after route (the
+  // rows of the step before, routed) and between dispatch and combine (rows grouped by local
+  // expert on the experts' ranks).
+  std::optional<Placement> placement;
   std::string_view what;           // one sentence for people
 };
 
 namespace impl {
 using G = GroupKind;
-inline constexpr PlanStep kRoute{BridgeStep::route, std::nullopt, "route", "moe_in", "", "the engine's router picks each row's top-k experts"};
+inline constexpr Placement kReplicatedAttnTp{RowState::replicated, G::attn_tp, RowScope::dp_local};
+inline constexpr Placement kRowShardAttnTp{RowState::row_shard, G::attn_tp, RowScope::dp_local};
+inline constexpr Placement kPartialTpLocal{RowState::partial, G::tp, RowScope::dp_local};
+inline constexpr Placement kPartialTpGlobal{RowState::partial, G::tp, RowScope::dp_global};
+inline constexpr Placement kReplicatedTpGlobal{RowState::replicated, G::tp, RowScope::dp_global};
+inline constexpr PlanStep kRoute{BridgeStep::route, std::nullopt, "route", "moe_in", std::nullopt, "the engine's router picks each row's top-k experts"};
 // The experts on gathered rows (dp_gather paths): partial sums until the step that follows.
 inline constexpr PlanStep kExpertsGlobal{BridgeStep::local_experts, std::nullopt, "experts", "moe_partial",
-                                         "Partial<tp>, DpGlobal",
+                                         kPartialTpGlobal,
                                          "this rank's experts (and moe_tp share) on its moe_dp slice of the rows; no sum yet"};
 
 inline constexpr std::array<PlanStep, 4> kPlanGatherSum{{
-    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
+    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", kReplicatedTpGlobal,
      "every DP group's rows into one buffer (attn_tp_rank 0 of each group contributes; sum_len: packed)"},
     kRoute,
     kExpertsGlobal,
-    {BridgeStep::reduce_scatterv, G::tp, "reduce_scatterv", "moe_out", "Replicated<attn_tp>, DpLocal",
+    {BridgeStep::reduce_scatterv, G::tp, "reduce_scatterv", "moe_out", kReplicatedAttnTp,
      "sums the partials over tp and returns each DP group its rows, in one collective (the only sum)"},
 }};
 inline constexpr std::array<PlanStep, 4> kPlanGatherMax{{
-    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
+    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", kReplicatedTpGlobal,
      "every DP group's rows into one buffer, each group padded to the longest (max_len)"},
     kRoute,
     kExpertsGlobal,
-    {BridgeStep::dp_reduce_scatter, G::tp, "dp_reduce_scatter", "moe_out", "Replicated<attn_tp>, DpLocal",
+    {BridgeStep::dp_reduce_scatter, G::tp, "dp_reduce_scatter", "moe_out", kReplicatedAttnTp,
      "reduce-scatter over tp of equal slots, all-gather over attn_tp, padding dropped (the only sum)"},
 }};
 inline constexpr std::array<PlanStep, 5> kPlanGatherScatter{{
-    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
+    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", kReplicatedTpGlobal,
      "every DP group's rows into one buffer (attn_tp_rank 0 of each group contributes)"},
     kRoute,
     kExpertsGlobal,
-    {BridgeStep::all_reduce, G::tp, "all_reduce", "moe_out", "Replicated<tp>, DpGlobal",
+    {BridgeStep::all_reduce, G::tp, "all_reduce", "moe_out", kReplicatedTpGlobal,
      "the MoE sums its partials over tp (the only sum)"},
-    {BridgeStep::dp_scatter, std::nullopt, "dp_scatter", "moe_out", "Replicated<attn_tp>, DpLocal",
+    {BridgeStep::dp_scatter, std::nullopt, "dp_scatter", "moe_out", kReplicatedAttnTp,
      "copy this DP group's rows out of the global buffer (no sum)"},
 }};
 inline constexpr std::array<PlanStep, 3> kPlanTpMoe{{
     kRoute,
-    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", "Partial<tp>, DpLocal",
+    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", kPartialTpLocal,
      "this rank's experts (and moe_tp share) on every row; no sum yet"},
-    {BridgeStep::all_reduce, G::tp, "all_reduce", "moe_out", "Replicated<attn_tp>, DpLocal",
+    {BridgeStep::all_reduce, G::tp, "all_reduce", "moe_out", kReplicatedAttnTp,
      "sums the partials over tp (attn_tp == tp here; the only sum)"},
 }};
 inline constexpr std::array<PlanStep, 7> kPlanA2a{{
-    {BridgeStep::split_rows, std::nullopt, "split_rows", "moe_in", "RowShard<attn_tp>, DpLocal",
+    {BridgeStep::split_rows, std::nullopt, "split_rows", "moe_in", kRowShardAttnTp,
      "keep this rank's tensor_split chunk of its group's replicated rows (earlier chunks one row larger)"},
     kRoute,
-    {BridgeStep::dispatch, G::moe_ep, "dispatch", "dispatched", "rows grouped by local expert",
+    {BridgeStep::dispatch, G::moe_ep, "dispatch", "dispatched", std::nullopt,
      "each row to every moe_ep rank holding one of its experts, once per rank, with their weights"},
-    {BridgeStep::experts, std::nullopt, "dispatch+experts", "dispatched", "expert outputs",
+    {BridgeStep::experts, std::nullopt, "dispatch+experts", "dispatched", std::nullopt,
      "the engine's experts on the rows that arrived"},
-    {BridgeStep::combine, G::moe_ep, "combine", "moe_out", "RowShard<attn_tp>, DpLocal",
+    {BridgeStep::combine, G::moe_ep, "combine", "moe_out", kRowShardAttnTp,
      "weighted sums back to the rows' owners, summed over destination ranks: complete rows"},
-    {BridgeStep::shared_expert, std::nullopt, "shared_expert", "moe_out", "RowShard<attn_tp>, DpLocal",
+    {BridgeStep::shared_expert, std::nullopt, "shared_expert", "moe_out", kRowShardAttnTp,
      "the shared expert on this rank's own rows, added"},
-    {BridgeStep::all_gather, G::attn_tp, "all_gather", "moe_out", "Replicated<attn_tp>, DpLocal",
+    {BridgeStep::all_gather, G::attn_tp, "all_gather", "moe_out", kReplicatedAttnTp,
      "concatenate the chunks over attn_tp (restores split rows; not a sum)"},
 }};
 
@@ -106,34 +147,35 @@ inline constexpr std::array<PlanStep, 7> kPlanA2a{{
 // holds only its share of its DP group's rows, so the CP partners share rows before the MoE (the
 // MoE-DP group is the attention-CP group) and each gets its own share back. The ranks run
 // (attn_dp, attn_cp, attn_tp), so every (DP group, CP rank) pair is one block of the gathered
-// buffer and the DP steps run unchanged with those blocks as groups.
+// buffer and the DP steps run unchanged with those blocks as groups: DpLocal there means the CP
+// share (the share's own DP group in cp_share_layout).
 inline constexpr std::array<PlanStep, 4> kPlanCpGatherSum{{
-    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
+    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", kReplicatedTpGlobal,
      "every CP rank's share of every DP group into one buffer: the CP partners share their rows "
      "(attn_tp_rank 0 of each CP rank contributes; sum_len: packed)"},
     kRoute,
     kExpertsGlobal,
-    {BridgeStep::reduce_scatterv, G::tp, "reduce_scatterv", "moe_out", "Replicated<attn_tp>, CP share",
+    {BridgeStep::reduce_scatterv, G::tp, "reduce_scatterv", "moe_out", kReplicatedAttnTp,
      "sums the partials over tp and returns each CP rank its own share, in one collective (the only sum)"},
 }};
 inline constexpr std::array<PlanStep, 4> kPlanCpGatherMax{{
-    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
+    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", kReplicatedTpGlobal,
      "every CP rank's share of every DP group into one buffer, each share padded to the longest "
      "(max_len): the CP partners share their rows"},
     kRoute,
     kExpertsGlobal,
-    {BridgeStep::dp_reduce_scatter, G::tp, "dp_reduce_scatter", "moe_out", "Replicated<attn_tp>, CP share",
+    {BridgeStep::dp_reduce_scatter, G::tp, "dp_reduce_scatter", "moe_out", kReplicatedAttnTp,
      "reduce-scatter over tp of equal slots, all-gather over attn_tp: each CP rank its own share, "
      "padding dropped (the only sum)"},
 }};
 inline constexpr std::array<PlanStep, 5> kPlanCpGatherScatter{{
-    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", "Replicated<tp>, DpGlobal",
+    {BridgeStep::dp_gather, G::tp, "dp_gather", "moe_in", kReplicatedTpGlobal,
      "every CP rank's share of every DP group into one buffer: the CP partners share their rows"},
     kRoute,
     kExpertsGlobal,
-    {BridgeStep::all_reduce, G::tp, "all_reduce", "moe_out", "Replicated<tp>, DpGlobal",
+    {BridgeStep::all_reduce, G::tp, "all_reduce", "moe_out", kReplicatedTpGlobal,
      "the MoE sums its partials over tp (the only sum)"},
-    {BridgeStep::dp_scatter, std::nullopt, "dp_scatter", "moe_out", "Replicated<attn_tp>, CP share",
+    {BridgeStep::dp_scatter, std::nullopt, "dp_scatter", "moe_out", kReplicatedAttnTp,
      "copy this CP rank's own share out of the global buffer (no sum)"},
 }};
 }  // namespace impl

@@ -10,7 +10,9 @@
 //                                    RELAYOUT_CHECK_COLLECTIVES=0|1 at compile time to change it)
 //   RELAYOUT_COLLECTIVE_TIMEOUT=S    seconds a member waits for the others (0 or unset: forever),
 //                                    at the arrival check and inside the MPI collective itself
-//                                    (mpi.hpp); a deadline turns the check on
+//                                    (mpi.hpp), when a communicator is made and at the end of the
+//                                    job (job.hpp); a deadline turns the check on. At least
+//                                    kMinCollectiveTimeout: a shorter one aborts healthy jobs
 //   RELAYOUT_EXIT_GRACE=S            seconds a failed rank waits for the others at exit (job.hpp;
 //                                    0: it does not wait)
 // A value that is empty, not a plain number, negative, not finite or above 1e6 is a LayoutError
@@ -77,6 +79,10 @@ class CollectiveMismatch : public LayoutError {
   explicit CollectiveMismatch(const std::string& message) : LayoutError("collective", message) {}
 };
 
+// The shortest deadline accepted: below it the ranks' own start-up skew and one collective on a
+// loaded host already take longer, so every job would be aborted at its first collective.
+inline constexpr double kMinCollectiveTimeout = 1.0;
+
 struct AgreementSettings {
   bool check = RELAYOUT_CHECK_COLLECTIVES != 0;
   double timeout_s = 0;     // 0: wait forever
@@ -113,6 +119,12 @@ inline AgreementSettings read_agreement_settings() {
                             ": expected 1|on|true or 0|off|false");
   }
   s.timeout_s = env_seconds("RELAYOUT_COLLECTIVE_TIMEOUT", 0, "no deadline");
+  if (s.timeout_s > 0 && s.timeout_s < kMinCollectiveTimeout)
+    throw LayoutError("RELAYOUT_COLLECTIVE_TIMEOUT",
+                      "RELAYOUT_COLLECTIVE_TIMEOUT=" + std::string(std::getenv("RELAYOUT_COLLECTIVE_TIMEOUT")) +
+                          ": a deadline below the minimum of 1 s cannot work (the ranks' start-up and one collective "
+                          "on a loaded host take longer, so every job would be aborted); expected 0 (no deadline) or "
+                          "at least 1 s");
   // A failed rank waits less than its peers' watchdog, so its own message comes first.
   s.exit_grace_s = env_seconds("RELAYOUT_EXIT_GRACE", s.timeout_s > 0 ? s.timeout_s / 2 : 10,
                                "a failed rank does not wait");

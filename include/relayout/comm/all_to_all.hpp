@@ -1,10 +1,13 @@
 // all_to_all: block j of rank i's send buffer becomes block i of rank j's recv buffer (equal blocks).
 // Each form also takes an execution-space instance as its first argument (see all_reduce.hpp).
+// all_to_all_start is the nonblocking form (request.hpp), checked and agreed when it starts.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "relayout/comm/impl/args.hpp"
+#include "relayout/comm/request.hpp"
 
 namespace relayout {
 
@@ -17,8 +20,10 @@ inline void require_blocks(std::size_t size, std::size_t n, const char* what, co
 }
 
 template <class F, Communicator C, CommBuffer S, WritableBuffer R>
-void all_to_all_on(const F& fence, const C& comm, const S& send, R&& recv, std::source_location site) {
+CollectiveRequest all_to_all_on(const F& fence, const C& comm, const S& send, R&& recv, std::source_location site,
+                                bool start = false) {
   RELAYOUT_SAME_ELEMENT_ASSERT(S, R);
+  CollectiveRequest request;
   run_collective(fence, comm, CollectiveKind::all_to_all, dtype_of<R>(), site, [&](auto& scope) {
     const auto in = read_span(fence, send, "send");
     const auto out = write_span(fence, recv, "recv");
@@ -29,8 +34,17 @@ void all_to_all_on(const F& fence, const C& comm, const S& send, R&& recv, std::
     require_disjoint(in, out, "all_to_all");
     scope.call.count = static_cast<std::int64_t>(in.size() / n);
     scope.agree();
+    using E = std::remove_const_t<buffer_element_t<R>>;
+    if constexpr (NonblockingAllToAll<C, E>) {
+      if (start) {
+        request = comm.start_all_to_all(in, out);
+        request.keep(std::make_shared<Held<int, S, R>>(0, 0, send, recv));
+        return;
+      }
+    }
     transfer<S, R>(fence, comm, in, out, [&] { comm.all_to_all(in, out); });
   });
+  return request;
 }
 
 template <class F, Communicator C, WritableBuffer B>
@@ -56,6 +70,14 @@ template <ExecutionSpaceInstance E, Communicator C, CommBuffer S, WritableBuffer
 void all_to_all(const E& space, const C& comm, const S& send, R&& recv,
                 std::source_location site = std::source_location::current()) {
   impl::all_to_all_on(space, comm, send, recv, site);
+}
+
+// The nonblocking form: starts the exchange and returns its request (wait() before reading recv or
+// writing send). The caller's instance is fenced first, as for the blocking call.
+template <ExecutionSpaceInstance E, Communicator C, CommBuffer S, WritableBuffer R>
+[[nodiscard]] CollectiveRequest all_to_all_start(const E& space, const C& comm, const S& send, R&& recv,
+                                                 std::source_location site = std::source_location::current()) {
+  return impl::all_to_all_on(space, comm, send, recv, site, true);
 }
 
 template <Communicator C, WritableBuffer B>

@@ -18,12 +18,19 @@
 // not hang the others; the first member whose deadline passes asks the others which of them are
 // still waiting, prints the communicator, the call site and the members not heard from, and aborts
 // the job (exit code 3).
+//
+// Nonblocking forms (start_all_to_all, start_all_to_allv; the free all_to_all_start and
+// all_to_allv_start in all_to_all.hpp / all_to_allv.hpp): always the nonblocking MPI call, returned
+// as a CollectiveRequest whose wait() tests it until it completes or the deadline passes (the same
+// report and abort as above); without a deadline it waits as long as it takes. The communicator
+// must outlive its requests.
 #pragma once
 
 #include <mpi.h>
 
 #include <algorithm>
 #include <memory>
+#include <source_location>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,6 +40,7 @@
 #include "relayout/comm/agreement.hpp"
 #include "relayout/comm/impl/mpi_agreement.hpp"
 #include "relayout/comm/impl/mpi_types.hpp"
+#include "relayout/comm/request.hpp"
 #include "relayout/comm/scalar.hpp"
 
 // The blocking call B and its nonblocking twin NB with the same arguments, on comm_.
@@ -95,21 +103,47 @@ class MpiCommunicator {
     agreement_->agree(comm_, rank_, size_, name(), call);
   }
 
-  MpiCommunicator dup() const {
+  // Collective over this communicator, like the collectives: with checks or a deadline on, the
+  // members first pass the arrival check (a member that never comes is named when the deadline
+  // passes), then make the new communicator (dup: nonblocking, under the deadline too).
+  MpiCommunicator dup(std::source_location site = std::source_location::current()) const {
     MPI_Comm out = MPI_COMM_NULL;
     {
       const ErrorsReturn scope(*this);
-      RELAYOUT_MPI_CHECK(MPI_Comm_dup(comm_, &out));
+      arrive(CollectiveKind::comm_dup, site);
+      const double timeout_s = agreement_settings().timeout_s;
+      if (timeout_s <= 0 || size_ == 1) {
+        RELAYOUT_MPI_CHECK(MPI_Comm_dup(comm_, &out));
+      } else {
+        MPI_Request request = MPI_REQUEST_NULL;
+        RELAYOUT_MPI_CHECK(MPI_Comm_idup(comm_, &out, &request));
+        bool expired = false;
+        impl::mpi_check(impl::wait_one(request, timeout_s, expired), "MPI_Comm_idup(comm_, &out, &request)",
+                        __FILE__, __LINE__);
+        if (expired) stalled("MPI_Comm_idup", agreement_ ? agreement_->take_pending() : nullptr, timeout_s);
+      }
     }
     return MpiCommunicator(out, true).with_agreement_channel();
   }
   // Collective over this communicator: ranks with the same color form one new communicator,
-  // ordered by key (then by rank here).
-  MpiCommunicator split(int color, int key) const {
+  // ordered by key (then by rank here). MPI has no nonblocking split: the arrival check before it
+  // is what the deadline covers.
+  MpiCommunicator split(int color, int key, std::source_location site = std::source_location::current()) const {
     MPI_Comm out = MPI_COMM_NULL;
     {
       const ErrorsReturn scope(*this);
+      arrive(CollectiveKind::comm_split, site);
       RELAYOUT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &out));
+    }
+    return MpiCommunicator(out, true).with_agreement_channel();
+  }
+  // Collective: the members that share memory with this one (MPI_COMM_TYPE_SHARED: one host).
+  MpiCommunicator split_shared(std::source_location site = std::source_location::current()) const {
+    MPI_Comm out = MPI_COMM_NULL;
+    {
+      const ErrorsReturn scope(*this);
+      arrive(CollectiveKind::comm_split_shared, site);
+      RELAYOUT_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &out));
     }
     return MpiCommunicator(out, true).with_agreement_channel();
   }
@@ -176,6 +210,28 @@ class MpiCommunicator {
                    std::span<const int> recv_counts, std::span<const int> recv_displs) const {
     RELAYOUT_MPI_COLLECTIVE(MPI_Alltoallv, MPI_Ialltoallv, in.data(), send_counts.data(), send_displs.data(), type<T>(),
                             out.data(), recv_counts.data(), recv_displs.data(), type<T>());
+  }
+  // The nonblocking forms: the arrays of counts and displacements, and the buffers, must stay
+  // valid until the request completes (the free *_start functions see to it).
+  template <CommScalar T>
+  CollectiveRequest start_all_to_all(std::span<const T> in, std::span<T> out) const {
+    const int block = static_cast<int>(in.size() / static_cast<std::size_t>(size_));
+    return start("MPI_Ialltoall", "MPI_Ialltoall(in.data(), block, type, out.data(), block, type, comm_, &request)",
+                 __LINE__, [&](MPI_Request* request) {
+                   return MPI_Ialltoall(in.data(), block, type<T>(), out.data(), block, type<T>(), comm_, request);
+                 });
+  }
+  template <CommScalar T>
+  CollectiveRequest start_all_to_allv(std::span<const T> in, std::span<const int> send_counts,
+                                      std::span<const int> send_displs, std::span<T> out,
+                                      std::span<const int> recv_counts, std::span<const int> recv_displs) const {
+    return start("MPI_Ialltoallv",
+                 "MPI_Ialltoallv(in.data(), send_counts, send_displs, type, out.data(), recv_counts, recv_displs, "
+                 "type, comm_, &request)",
+                 __LINE__, [&](MPI_Request* request) {
+                   return MPI_Ialltoallv(in.data(), send_counts.data(), send_displs.data(), type<T>(), out.data(),
+                                         recv_counts.data(), recv_displs.data(), type<T>(), comm_, request);
+                 });
   }
   template <CommScalar T>
   void broadcast(std::span<T> buf, int root) const {
@@ -244,6 +300,49 @@ class MpiCommunicator {
     if (expired) stalled(iname, call, timeout_s);
   }
 
+  // One started collective: its request, tested (test) or tested until complete or past the
+  // deadline (wait), with the communicator's error handler swapped as for a blocking call.
+  class MpiPending final : public CollectiveRequest::Pending {
+   public:
+    MpiPending(const MpiCommunicator& comm, const char* iname, const char* itext, int line,
+               const impl::Signature* call)
+        : comm_(comm), iname_(iname), itext_(itext), line_(line), has_call_(call != nullptr) {
+      if (call) call_ = *call;  // the agreement's record is overwritten by the next call
+    }
+    ~MpiPending() override = default;
+    MPI_Request request = MPI_REQUEST_NULL;
+
+    bool test() override {
+      const ErrorsReturn scope(comm_);
+      int flag = 0;
+      impl::mpi_check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), itext_, __FILE__, line_);
+      return flag != 0;
+    }
+    void wait() override {
+      const ErrorsReturn scope(comm_);
+      const double timeout_s = agreement_settings().timeout_s;
+      bool expired = false;
+      impl::mpi_check(impl::wait_one(request, impl::collective_deadline(timeout_s), expired), itext_, __FILE__, line_);
+      if (expired) comm_.stalled(iname_, has_call_ ? &call_ : nullptr, timeout_s);
+    }
+
+   private:
+    const MpiCommunicator& comm_;
+    const char* iname_;
+    const char* itext_;
+    int line_;
+    impl::Signature call_{};
+    bool has_call_;
+  };
+
+  template <class Nonblocking>
+  CollectiveRequest start(const char* iname, const char* itext, int line, Nonblocking&& nonblocking) const {
+    const ErrorsReturn scope(*this);
+    auto pending = std::make_unique<MpiPending>(*this, iname, itext, line, agreement_ ? agreement_->take_pending() : nullptr);
+    impl::mpi_check(nonblocking(&pending->request), itext, __FILE__, line);
+    return CollectiveRequest(std::move(pending));
+  }
+
   [[noreturn]] void stalled(const char* iname, const impl::Signature* call, double timeout_s) const {
     const impl::GroupText g = impl::MpiAgreement::group_text(comm_, name());
     std::string msg = "relayout watchdog: member " + std::to_string(rank_) + " of " +
@@ -263,12 +362,18 @@ class MpiCommunicator {
     }
     impl::abort_job(msg + ". Aborting the job.", impl::kWatchdogExitCode);
   }
+  // The arrival check of a call that makes a communicator (see agree()).
+  void arrive(CollectiveKind kind, std::source_location site) const {
+    if (size_ == 1 || !agreement_settings().active()) return;
+    if (!agreement_) agreement_ = std::make_unique<impl::MpiAgreement>();
+    agreement_->agree(comm_, rank_, size_, name(), CollectiveCall{.kind = kind, .site = site});
+  }
   // A new communicator's members are all in the call that made it: open the agreement check's
   // channel there (an adopted one opens it at its first checked collective instead).
   MpiCommunicator&& with_agreement_channel() && {
     if (size_ > 1 && agreement_settings().active()) {
       agreement_ = std::make_unique<impl::MpiAgreement>();
-      agreement_->open_now(comm_);
+      agreement_->open_now(comm_, name());
     }
     return std::move(*this);
   }

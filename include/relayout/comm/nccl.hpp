@@ -5,6 +5,12 @@
 // all checked and throw CommError naming the call, file and line. The collective agreement check
 // (agreement.hpp) runs on the host, over a duplicate of the MPI bootstrap communicator that this
 // communicator keeps (and splits alongside), before each call is enqueued.
+//
+// Nonblocking forms: none yet. all_to_all_start / all_to_allv_start on this backend run the
+// blocking call (enqueue, then synchronise the stream) and return a request that is already
+// complete, so two-batch overlap runs correctly but without overlapping its exchanges here. NCCL
+// itself could: the calls are enqueued asynchronously, and a request would be a cudaEvent recorded
+// on the stream (cudaEventQuery to test it); the deadline would then need the same treatment.
 #pragma once
 
 #if defined(RELAYOUT_HAVE_NCCL)

@@ -5,13 +5,17 @@
 // (a forward appends layer by layer). Truncation rolls back rejected speculative rows in every
 // layer and returns whole blocks no layer still uses. Everything is allocated up front from a shape;
 // shape.bytes() is the estimate, and a cache that would not fit its memory limit is refused.
+// Request ids map to slots through a slot allocator (admit / finish), so requests can join and
+// leave between steps (continuous batching).
 #pragma once
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <new>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "relayout/kernels/error.hpp"
@@ -40,11 +44,70 @@ struct KvCacheShape {
 // request slot each query row belongs to (slots(b) for query row b).
 template <class T, class MemSpace>
 struct PagedKv {
-  RowTensor<const T, MemSpace> pool;               // num_blocks * block_size x head_dim
+  RowsView<const T, MemSpace> pool;               // num_blocks * block_size x head_dim
   Kokkos::View<const int**, MemSpace> block_table;  // max_requests x max_blocks_per_request
   Kokkos::View<const int*, MemSpace> lengths;       // max_requests
   Kokkos::View<const int*, MemSpace> slots;         // query rows
   int block_size = 0;
+};
+
+// Request ids <-> request slots: a request admitted takes the lowest free slot and keeps it until
+// it finishes. Admitting an id twice, finishing or looking up an id that holds no slot, and
+// admitting with every slot taken throw KernelError naming the id.
+class KvSlots {
+ public:
+  explicit KvSlots(int slots = 0) {
+    impl::require(slots >= 0, "KvSlots", "slots", "must be >= 0, got " + impl::str(slots));
+    ids_.assign(std::size_t(slots), kFree);
+    for (int s = slots - 1; s >= 0; --s) free_.push_back(s);
+  }
+  int capacity() const { return int(ids_.size()); }
+  int live() const { return capacity() - int(free_.size()); }
+  bool holds(std::int64_t id) const { return slot_.count(id) != 0; }
+
+  int admit(std::int64_t id) {
+    impl::require(id >= 0, "KvSlots::admit", "request", "an id must be >= 0, got " + impl::str(id));
+    if (const auto it = slot_.find(id); it != slot_.end())
+      impl::require(false, "KvSlots::admit", "request",
+                    "request " + impl::str(id) + " already holds slot " + impl::str(it->second) + " (admitted twice)");
+    impl::require(!free_.empty(), "KvSlots::admit", "request",
+                  "request " + impl::str(id) + ": all " + impl::str(capacity()) +
+                      " slots are taken (finish a request first, or reserve more max_requests)");
+    const int s = free_.back();
+    free_.pop_back();
+    std::sort(free_.begin(), free_.end(), std::greater<>());  // the lowest free slot next
+    ids_[std::size_t(s)] = id;
+    slot_[id] = s;
+    return s;
+  }
+  // Frees the request's slot; returns it.
+  int finish(std::int64_t id) {
+    const int s = slot_of_checked("KvSlots::finish", id);
+    slot_.erase(id);
+    ids_[std::size_t(s)] = kFree;
+    free_.push_back(s);
+    std::sort(free_.begin(), free_.end(), std::greater<>());
+    return s;
+  }
+  int slot_of(std::int64_t id) const { return slot_of_checked("KvSlots::slot_of", id); }
+  // The id in slot s, or -1 when it is free.
+  std::int64_t id_in(int s) const {
+    impl::require(s >= 0 && s < capacity(), "KvSlots::id_in", "slot",
+                  "must be in [0, " + impl::str(capacity()) + "), got " + impl::str(s));
+    return ids_[std::size_t(s)];
+  }
+
+ private:
+  static constexpr std::int64_t kFree = -1;
+  int slot_of_checked(const char* fn, std::int64_t id) const {
+    const auto it = slot_.find(id);
+    impl::require(it != slot_.end(), fn, "request",
+                  "request " + impl::str(id) + " holds no slot (never admitted, or finished already)");
+    return it->second;
+  }
+  std::vector<std::int64_t> ids_;  // per slot
+  std::vector<int> free_;          // descending: back() is the lowest
+  std::unordered_map<std::int64_t, int> slot_;
 };
 
 template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space>
@@ -87,6 +150,7 @@ class PagedKvCache {
     lengths_h_ = Kokkos::create_mirror_view(lengths_);
     used_.assign(std::size_t(shape.max_requests), 0);
     for (int b = shape.num_blocks - 1; b >= 0; --b) free_.push_back(b);
+    slots_ = KvSlots(shape.max_requests);
   }
 
   const KvCacheShape& shape() const { return shape_; }
@@ -153,6 +217,27 @@ class PagedKvCache {
     truncate(exec, slot, 0);
   }
 
+  // Continuous batching: request `id` joins and gets a free slot (empty in every layer), or
+  // finishes and its slot and blocks go back. Slots taken with admit and slots used directly by
+  // number should not be mixed for the same slot.
+  int admit(std::int64_t id) {
+    const int s = slots_.admit(id);
+    if (used_[std::size_t(s)] != 0) {
+      slots_.finish(id);
+      impl::require(false, "PagedKvCache::admit", "request",
+                    "slot " + impl::str(s) + " still holds rows (used without admit); release it first");
+    }
+    return s;
+  }
+  template <class ExecSpace>
+  void finish(const ExecSpace& exec, std::int64_t id) {
+    const int s = slots_.slot_of(id);
+    release(exec, s);
+    slots_.finish(id);
+  }
+  const KvSlots& slots() const { return slots_; }
+  int slot_of(std::int64_t id) const { return slots_.slot_of(id); }
+
   // Decode-attention input for `layer`; query row b reads request slots(b).
   template <class Slots>
   PagedKv<T, MemSpace> view(int layer, const Slots& slots) const {
@@ -162,12 +247,12 @@ class PagedKvCache {
   }
 
   // The request's rows in `layer`, gathered in order into a host tensor (length x head_dim).
-  RowTensor<T, Kokkos::HostSpace> read(int layer, int slot) const {
+  RowsView<T, Kokkos::HostSpace> read(int layer, int slot) const {
     check_layer("read", layer);
     check_slot("read", slot);
     const int len = lengths_h_(layer, slot), bs = shape_.block_size;
     auto pool = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), pools_[std::size_t(layer)]);
-    RowTensor<T, Kokkos::HostSpace> out("relayout::kv_rows", len, shape_.head_dim);
+    RowsView<T, Kokkos::HostSpace> out("relayout::kv_rows", len, shape_.head_dim);
     for (int p = 0; p < len; ++p)
       for (int d = 0; d < shape_.head_dim; ++d) out(p, d) = pool(std::int64_t(table_h_(slot, p / bs)) * bs + p % bs, d);
     return out;
@@ -207,11 +292,12 @@ class PagedKvCache {
   }
 
   KvCacheShape shape_;
-  std::vector<RowTensor<T, MemSpace>> pools_;
+  std::vector<RowsView<T, MemSpace>> pools_;
   Kokkos::View<int**, MemSpace> table_, lengths_;
   typename Kokkos::View<int**, MemSpace>::HostMirror table_h_, lengths_h_;
   std::vector<int> used_;   // blocks held per slot
   std::vector<int> free_;   // free block ids (a stack)
+  KvSlots slots_;
 };
 
 }  // namespace relayout::kernels

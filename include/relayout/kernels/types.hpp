@@ -1,5 +1,5 @@
 // Vocabulary of the kernels: token-row tensors (rows x features, LayoutRight), the view concepts the
-// kernel templates accept, the list of execution spaces this Kokkos build enables, shard ranges.
+// kernel templates accept, the list of execution spaces this Kokkos build enables (token rows are relayout::RowsView, ranges relayout::Range).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -9,12 +9,13 @@
 #include <utility>
 
 #include "relayout/kernels/error.hpp"
+#include "relayout/mesh/range.hpp"
+#include "relayout/placement/rows_view.hpp"
 
 namespace relayout::kernels {
 
-// A token-row tensor: one row per token, features contiguous.
-template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space>
-using RowTensor = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>;
+// Token rows are relayout::RowsView<T, Space> (placement/rows_view.hpp): one row per token,
+// features contiguous; Space is an execution space or a memory space.
 template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space>
 using Vector = Kokkos::View<T*, MemSpace>;
 
@@ -60,14 +61,5 @@ using scalar_of = typename V::non_const_value_type;
 template <class ExecSpace, class V>
 inline constexpr bool accessible_from =
     Kokkos::SpaceAccessibility<ExecSpace, typename V::memory_space>::accessible;
-
-// The slice [begin, begin + size) of a dimension that one rank of a group holds.
-struct ShardRange {
-  std::int64_t begin = 0;
-  std::int64_t size = 0;
-  std::int64_t end() const { return begin + size; }
-  std::pair<std::int64_t, std::int64_t> pair() const { return {begin, begin + size}; }
-  friend bool operator==(const ShardRange&, const ShardRange&) = default;
-};
 
 }  // namespace relayout::kernels

@@ -11,6 +11,7 @@
 
 #include "relayout/mesh/error.hpp"
 #include "relayout/mesh/names.hpp"
+#include "relayout/mesh/range.hpp"
 #include "relayout/mesh/radix.hpp"
 #include "relayout/mesh/widths.hpp"
 
@@ -24,6 +25,8 @@ struct RankCoords {
   int moe_dp_rank = 0;
   int moe_ep_rank = 0;
   int moe_tp_rank = 0;
+  int dcp_rank = 0;       // position in the decode-CP block of the TP group
+  int dense_tp_rank = 0;  // position in the dense layers' TP group
 
   friend constexpr bool operator==(const RankCoords&, const RankCoords&) = default;
 };
@@ -32,10 +35,23 @@ struct RankCoords {
 constexpr MixedRadix<3> attention_radix(const Widths& w) { return {{w.attn_dp, w.attn_cp, w.attn_tp}}; }
 constexpr MixedRadix<3> moe_radix(const Widths& w) { return {{w.moe_dp, w.moe_ep, w.moe_tp}}; }
 
+// Decode CP (contiguous dcp-rank blocks of the TP group, parallel_state.py
+// initialize_model_parallel) and the dense layers' TP group (blocks of dense_tp), each as a block
+// split of tp. A width left 0 (a hand-made Widths) reads as 1 and tp.
+constexpr MixedRadix<3> block_radix(int tp, int block) {
+  const int b = block > 0 ? block : 1;
+  return {{1, tp / b, b}};
+}
+constexpr MixedRadix<3> dcp_radix(const Widths& w) { return block_radix(w.tp, w.dcp); }
+constexpr MixedRadix<3> dense_tp_radix(const Widths& w) {
+  return block_radix(w.tp, w.dense_tp > 0 ? w.dense_tp : w.tp);
+}
+
 constexpr RankCoords rank_coords(const Widths& w, int rank) {
   const auto a = attention_radix(w).coords(rank);
   const auto m = moe_radix(w).coords(rank);
-  return {rank, a[0], a[1], a[2], m[0], m[1], m[2]};
+  return {rank, a[0], a[1], a[2], m[0], m[1], m[2], dcp_radix(w).coords(rank)[2],
+          dense_tp_radix(w).coords(rank)[2]};
 }
 
 // Which factorization and which of its axes vary inside a group of the given kind (docs/layout.md#groups).
@@ -54,6 +70,10 @@ constexpr GroupGeometry group_geometry(const Widths& w, GroupKind kind) {
     case GroupKind::moe_tp: return {moe_radix(w), 0b100u};
     case GroupKind::moe_ep: return {moe_radix(w), 0b010u};
     case GroupKind::moe_dp: return {moe_radix(w), 0b001u};
+    case GroupKind::dcp: return {dcp_radix(w), 0b100u};
+    case GroupKind::dense_tp: return {dense_tp_radix(w), 0b100u};
+    // Inside one domain every rank is its own pipeline group; WorldLayout spans the stages.
+    case GroupKind::pp: return {attention_radix(w), 0b000u};
   }
   return {attention_radix(w), 0b111u};
 }
@@ -61,19 +81,30 @@ constexpr GroupGeometry group_geometry(const Widths& w, GroupKind kind) {
 // Without an all-to-all backend, rows that differ between ranks (attention DP, or CP ranks each
 // holding a share of their group's tokens) are gathered before the MoE: path dp_gather.
 constexpr BridgePath bridge_path(const Widths& w, Backend backend) {
-  if (backend == Backend::none) return w.attn_dp > 1 || w.attn_cp > 1 ? BridgePath::dp_gather : BridgePath::tp_moe;
+  if (resolved_backend(backend) == Backend::none) return w.attn_dp > 1 || w.attn_cp > 1 ? BridgePath::dp_gather : BridgePath::tp_moe;
   return w.attn_tp > 1 ? BridgePath::a2a_split : BridgePath::direct;
 }
 
 struct DsparkVerdict {
   bool allowed = true;
   std::string_view error{};  // empty when allowed
+  std::string_view input{};  // the flag to change; empty when allowed
 };
 
 // docs/dspark.md: rejected before the draft worker exists. Generic, not tied to a device type.
+// The MoE-draft rule (SGLang's DSpark worker) is checked first because its layout corrupts
+// results; then speculative_hook.py _handle_dspark's DP-attention rules, which apply with dp > 1
+// only ("dp_size == 1 with dp attention is a degenerate flag under DeepSeek-V4 CP").
 constexpr DsparkVerdict dspark_verdict(const LayoutConfig& c, const Widths& w) {
+  if (c.draft == Draft::none) return {};
   if (dp_attention_on(c) && c.draft == Draft::moe && w.attn_tp > 1)
-    return {false, RELAYOUT_DSPARK_MOE_DRAFT_MESSAGE};
+    return {false, RELAYOUT_DSPARK_MOE_DRAFT_MESSAGE, "--draft"};
+  if (dp_attention_on(c) && resolved_dp(c) > 1) {
+    if (!c.enable_dp_lm_head) return {false, RELAYOUT_DSPARK_DP_LM_HEAD_MESSAGE, "--enable-dp-lm-head"};
+    if (resolved_backend(c.moe_a2a_backend) != Backend::none)
+      return {false, RELAYOUT_DSPARK_BACKEND_MESSAGE, "--moe-a2a-backend"};
+    if (w.attn_cp > 1) return {false, RELAYOUT_DSPARK_CP_MESSAGE, "--cp"};
+  }
   return {};
 }
 
@@ -89,18 +120,11 @@ constexpr CpTokenSplit cp_token_split(const LayoutConfig& c) {
 // Prefill CP: token i of the batch goes to CP rank i mod cp.
 constexpr int prefill_cp_rank_of_token(std::int64_t i, int cp) { return static_cast<int>(i % cp); }
 
-struct TokenRange {
-  std::int64_t begin = 0;
-  std::int64_t end = 0;  // one past the last token
-
-  friend constexpr bool operator==(const TokenRange&, const TokenRange&) = default;
-};
-
 // Plain CP: the chunk of n tokens that CP rank r holds; the first n % cp chunks are one longer.
-constexpr TokenRange cp_chunk(std::int64_t n, int cp, int r) {
+constexpr Range cp_chunk(std::int64_t n, int cp, int r) {
   const std::int64_t base = n / cp, extra = n % cp;
   const std::int64_t begin = r * base + (r < extra ? r : extra);
-  return {begin, begin + base + (r < extra ? 1 : 0)};
+  return {begin, base + (r < extra ? 1 : 0)};
 }
 
 // Plain CP: the CP rank whose chunk holds token i of n.
@@ -144,6 +168,23 @@ inline PaddingMode padding_mode(std::span<const std::int64_t> global_num_tokens,
 
 // The runtime layout: constructed from flags, checked, and answering every question the
 // compile-time policy answers with the same constexpr rules.
+// Something a reader of a layout should know that its widths do not say; `relayout explain`
+// prints them under the widths.
+struct LayoutNote {
+  enum class Kind {
+    dp_replicas,  // dp > 1 without DP attention: dp counts whole replicas, not ranks of this domain
+  };
+  Kind kind;
+  std::string text;
+
+  static constexpr std::string_view kind_name(Kind k) {
+    switch (k) {
+      case Kind::dp_replicas: return "dp_replicas";
+    }
+    return "";
+  }
+};
+
 class RuntimeLayout {
  public:
   explicit RuntimeLayout(const LayoutConfig& config)
@@ -152,7 +193,8 @@ class RuntimeLayout {
   const LayoutConfig& config() const { return config_; }
   const Widths& widths() const { return widths_; }
   int size() const { return widths_.tp; }
-  Backend backend() const { return config_.moe_a2a_backend; }
+  // The backend as SGLang runs it (ascend_tp is none).
+  Backend backend() const { return resolved_backend(config_.moe_a2a_backend); }
 
   RankCoords coords(int rank) const { return rank_coords(widths_, checked_rank(rank)); }
 
@@ -202,7 +244,15 @@ class RuntimeLayout {
   }
   // Throws the docs/dspark.md message when the DSpark start-up check rejects this layout.
   void require_dspark_allowed() const {
-    if (const auto v = dspark(); !v.allowed) throw LayoutError("--draft", std::string(v.error));
+    if (const auto v = dspark(); !v.allowed) throw LayoutError(std::string(v.input), std::string(v.error));
+  }
+  std::vector<LayoutNote> notes() const {
+    std::vector<LayoutNote> out;
+    if (!dp_attention_on(config_) && config_.dp > 1)
+      out.push_back({LayoutNote::Kind::dp_replicas,
+                     "dp = " + std::to_string(config_.dp) + " without DP attention: replicas outside this domain; " +
+                         "this domain has tp = " + std::to_string(widths_.tp) + " ranks"});
+    return out;
   }
 
  private:
@@ -223,5 +273,15 @@ class RuntimeLayout {
   LayoutConfig config_;
   Widths widths_;
 };
+
+// Under attention CP, the layout in which every (attention-DP group, CP rank) share is a DP group
+// of its own: ranks run (attn_dp, attn_cp, attn_tp), fastest last, so the ranks holding one CP share
+// of one DP group are attn_tp consecutive ranks, like an attention-DP group with attn_cp == 1. The
+// MoE hand-over moves shares with this layout's DP groups; the planner counts its token slots.
+inline RuntimeLayout cp_share_layout(const RuntimeLayout& l) {
+  const Widths& w = l.widths();
+  if (w.attn_cp == 1) return l;
+  return RuntimeLayout(LayoutConfig{.tp = w.tp, .dp = w.attn_dp * w.attn_cp, .enable_dp_attention = true});
+}
 
 }  // namespace relayout

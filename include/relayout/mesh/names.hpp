@@ -25,6 +25,7 @@ enum class Backend : std::uint8_t {
   flashinfer_megamoe,
   megamoe,
   pplx,
+  ascend_tp,  // SGLang remaps it to none before it reads the layout (resolved_backend)
 };
 
 enum class Draft : std::uint8_t { none, dense, moe };
@@ -36,7 +37,9 @@ enum class BridgePath : std::uint8_t { dp_gather, a2a_split, direct, tp_moe };
 
 enum class PaddingMode : std::uint8_t { max_len, sum_len };
 
-enum class GroupKind : std::uint8_t { tp, attn_tp, attn_cp, moe_tp, moe_ep, moe_dp };
+// The six groups of the Attention->MoE hand-over, then the decode-CP group inside TP, the dense
+// layers' TP group (--moe-dense-tp-size) and the pipeline group (the same TP rank of every stage).
+enum class GroupKind : std::uint8_t { tp, attn_tp, attn_cp, moe_tp, moe_ep, moe_dp, dcp, dense_tp, pp };
 
 namespace impl {
 
@@ -64,7 +67,7 @@ struct NameTable {
   }
 };
 
-inline constexpr NameTable<Backend, 11> kBackendNames{{{
+inline constexpr NameTable<Backend, 12> kBackendNames{{{
     {Backend::none, "none"},
     {Backend::deepep, "deepep"},
     {Backend::deepep_v2, "deepep_v2"},
@@ -76,6 +79,7 @@ inline constexpr NameTable<Backend, 11> kBackendNames{{{
     {Backend::flashinfer_megamoe, "flashinfer_megamoe"},
     {Backend::megamoe, "megamoe"},
     {Backend::pplx, "pplx"},
+    {Backend::ascend_tp, "ascend_tp"},
 }}};
 
 inline constexpr NameTable<Draft, 3> kDraftNames{
@@ -92,12 +96,15 @@ inline constexpr NameTable<BridgePath, 4> kBridgePathNames{{{{BridgePath::dp_gat
 inline constexpr NameTable<PaddingMode, 2> kPaddingNames{
     {{{PaddingMode::max_len, "max_len"}, {PaddingMode::sum_len, "sum_len"}}}};
 
-inline constexpr NameTable<GroupKind, 6> kGroupNames{{{{GroupKind::tp, "tp"},
+inline constexpr NameTable<GroupKind, 9> kGroupNames{{{{GroupKind::tp, "tp"},
                                                        {GroupKind::attn_tp, "attn_tp"},
                                                        {GroupKind::attn_cp, "attn_cp"},
                                                        {GroupKind::moe_tp, "moe_tp"},
                                                        {GroupKind::moe_ep, "moe_ep"},
-                                                       {GroupKind::moe_dp, "moe_dp"}}}};
+                                                       {GroupKind::moe_dp, "moe_dp"},
+                                                       {GroupKind::dcp, "dcp"},
+                                                       {GroupKind::dense_tp, "dense_tp"},
+                                                       {GroupKind::pp, "pp"}}}};
 
 template <class E, std::size_t N>
 E parse_name(const NameTable<E, N>& table, std::string_view text, const char* input,
@@ -109,9 +116,14 @@ E parse_name(const NameTable<E, N>& table, std::string_view text, const char* in
 
 }  // namespace impl
 
+// The groups the Attention->MoE bridge runs on.
 inline constexpr std::array<GroupKind, 6> kAllGroupKinds = {
     GroupKind::tp, GroupKind::attn_tp, GroupKind::attn_cp,
     GroupKind::moe_tp, GroupKind::moe_ep, GroupKind::moe_dp};
+// Every group SGLang's initialize_model_parallel builds, plus the dense layers' TP group.
+inline constexpr std::array<GroupKind, 9> kWorldGroupKinds = {
+    GroupKind::tp,     GroupKind::attn_tp, GroupKind::attn_cp, GroupKind::moe_tp,  GroupKind::moe_ep,
+    GroupKind::moe_dp, GroupKind::dcp,     GroupKind::dense_tp, GroupKind::pp};
 
 constexpr std::string_view to_string(Backend b) { return impl::kBackendNames.name(b); }
 constexpr std::string_view to_string(Draft d) { return impl::kDraftNames.name(d); }
@@ -120,8 +132,11 @@ constexpr std::string_view to_string(BridgePath p) { return impl::kBridgePathNam
 constexpr std::string_view to_string(PaddingMode m) { return impl::kPaddingNames.name(m); }
 constexpr std::string_view to_string(GroupKind g) { return impl::kGroupNames.name(g); }
 
-// Every backend except `none` spans expert parallelism over the whole TP width (docs/layout.md#derived-widths).
-constexpr bool spans_ep(Backend b) { return b != Backend::none; }
+// SGLang's moe_hook.py handle_a2a_moe runs ascend_tp as none (its own kernels lose accuracy).
+constexpr Backend resolved_backend(Backend b) { return b == Backend::ascend_tp ? Backend::none : b; }
+// Every backend except `none` (and ascend_tp, which is none) spans expert parallelism over the
+// whole TP width (docs/layout.md#derived-widths).
+constexpr bool spans_ep(Backend b) { return resolved_backend(b) != Backend::none; }
 // pplx needs max-len padding whatever the token counts are (docs/layout.md#derived-widths, docs/bridge.md#padding).
 constexpr bool forces_max_len(Backend b) { return b == Backend::pplx; }
 

@@ -13,7 +13,7 @@ namespace relayout {
 
 namespace impl {
 // Each option knows which field it sets; a Layout may name each kind of option at most once.
-enum class OptionKind { tp, dp, cp, ep, moe_dp, dp_attention, a2a, draft, attn_dp, prefill_cp };
+enum class OptionKind { tp, dp, cp, ep, moe_dp, dp_attention, a2a, draft, attn_dp, prefill_cp, dp_lm_head };
 }  // namespace impl
 
 template <int N>
@@ -85,8 +85,15 @@ struct PrefillCp {
   static constexpr impl::OptionKind kind = impl::OptionKind::prefill_cp;
   static constexpr void apply(LayoutConfig& c) {
     c.enable_prefill_cp = On;
-    c.cp_strategy = S;
+    if (On) c.cp_strategy = S;
   }
+};
+
+// --enable-dp-lm-head: the LM head's vocabulary split over the attention-TP group.
+template <bool On>
+struct DpLmHead {
+  static constexpr impl::OptionKind kind = impl::OptionKind::dp_lm_head;
+  static constexpr void apply(LayoutConfig& c) { c.enable_dp_lm_head = On; }
 };
 
 template <LayoutOption... Opts>
@@ -99,7 +106,7 @@ struct Layout {
         if (kinds[i] == kinds[j]) return false;
     return true;
   }(), "relayout: a Layout names each option (Tp, Dp, Cp, Ep, MoeDp, DpAttention, A2a, DraftModel, "
-     "AttnDp, PrefillCp) at most once");
+     "AttnDp, PrefillCp, DpLmHead) at most once");
 
  private:
   static constexpr LayoutConfig make_config() {
@@ -125,8 +132,17 @@ struct Layout {
   static_assert(result_.rule != LayoutRule::moe_divides, RELAYOUT_RULE_MOE_DIVIDES);
   static_assert(result_.rule != LayoutRule::moe_dp_fills_tp, RELAYOUT_RULE_MOE_DP_FILLS_TP);
   static_assert(result_.rule != LayoutRule::cp_moe_dp, RELAYOUT_RULE_CP_MOE_DP);
+  static_assert(result_.rule != LayoutRule::prefill_cp_no_strategy, RELAYOUT_RULE_PREFILL_CP_NO_STRATEGY);
+  static_assert(result_.rule != LayoutRule::dp_lm_head, RELAYOUT_RULE_DP_LM_HEAD);
+  static_assert(result_.rule != LayoutRule::pp_speculative, RELAYOUT_RULE_PP_SPECULATIVE);
+  // The options above cannot reach the other rules; any of them still stops the build.
+  static_assert(result_.rule == LayoutRule::ok, "relayout: this layout breaks one of SGLang's launch rules");
   static constexpr Widths widths_ = result_.widths;
-  static_assert(dspark_verdict(config_, widths_).allowed, RELAYOUT_DSPARK_MOE_DRAFT_MESSAGE);
+  static constexpr DsparkVerdict dspark_ = dspark_verdict(config_, widths_);
+  static_assert(dspark_.error != std::string_view(RELAYOUT_DSPARK_MOE_DRAFT_MESSAGE), RELAYOUT_DSPARK_MOE_DRAFT_MESSAGE);
+  static_assert(dspark_.error != std::string_view(RELAYOUT_DSPARK_DP_LM_HEAD_MESSAGE), RELAYOUT_DSPARK_DP_LM_HEAD_MESSAGE);
+  static_assert(dspark_.error != std::string_view(RELAYOUT_DSPARK_BACKEND_MESSAGE), RELAYOUT_DSPARK_BACKEND_MESSAGE);
+  static_assert(dspark_.error != std::string_view(RELAYOUT_DSPARK_CP_MESSAGE), RELAYOUT_DSPARK_CP_MESSAGE);
 
  public:
   static constexpr int tp = widths_.tp;
@@ -136,7 +152,7 @@ struct Layout {
   static constexpr int moe_dp = widths_.moe_dp;
   static constexpr int moe_ep = widths_.moe_ep;
   static constexpr int moe_tp = widths_.moe_tp;
-  static constexpr Backend backend = config_.moe_a2a_backend;
+  static constexpr Backend backend = resolved_backend(config_.moe_a2a_backend);
   static constexpr BridgePath path = relayout::bridge_path(widths_, backend);
 
   static constexpr LayoutConfig config() { return config_; }
@@ -144,7 +160,7 @@ struct Layout {
   static constexpr int size() { return tp; }
   static constexpr BridgePath bridge_path() { return path; }
   static constexpr CpTokenSplit cp_token_split() { return relayout::cp_token_split(config_); }
-  static constexpr DsparkVerdict dspark() { return dspark_verdict(config_, widths_); }
+  static constexpr DsparkVerdict dspark() { return dspark_; }
 
   // Coordinates of a rank known at compile time; an out-of-range rank does not compile.
   template <int Rank>

@@ -54,6 +54,37 @@
 #define RELAYOUT_DSPARK_MOE_DRAFT_MESSAGE                                                \
   "DSpark + dp attention with a DeepSeek-V4 (MoE) draft requires attn_tp == 1 (set "   \
   "--dp-size == --tp). attn_tp > 1 corrupts the MoE-under-DP all-reduce."
+#define RELAYOUT_DSPARK_DP_LM_HEAD_MESSAGE                                                       \
+  "DSpark with DP attention (dp > 1) requires --enable-dp-lm-head: the draft computes each DP " \
+  "group's logits on its own ranks, so the vocabulary is split over the attention-TP group, "   \
+  "not across DP groups"
+#define RELAYOUT_DSPARK_BACKEND_MESSAGE                                                         \
+  "DSpark with DP attention (dp > 1) only supports the built-in TP MoE (--moe-a2a-backend none)"
+#define RELAYOUT_DSPARK_CP_MESSAGE                                                           \
+  "DSpark with DP attention (dp > 1) does not support attention context parallelism (attn_cp " \
+  "must be 1)"
+#define RELAYOUT_RULE_COUNT_RANGE "relayout: --dcp-size, --pp-size and --nnodes must be in [1, 1048576]"
+#define RELAYOUT_RULE_REDUNDANT_RANGE "relayout: --ep-num-redundant-experts must be in [0, 1048576]"
+#define RELAYOUT_RULE_PREFILL_CP_NO_STRATEGY                                                   \
+  "relayout: --enable-prefill-cp needs --cp-strategy (SGLang has no default strategy; DeepSeek-V4 " \
+  "takes --cp-strategy interleave)"
+#define RELAYOUT_RULE_PP_MOE_DP "relayout: --moe-dp-size > 1 does not combine with --pp-size > 1"
+#define RELAYOUT_RULE_DENSE_TP "relayout: --moe-dense-tp-size must be unset, 1 or tp"
+#define RELAYOUT_RULE_DCP_DIVIDES \
+  "relayout: --dcp-size must divide tp (decode-CP groups are blocks of dcp ranks inside the TP group)"
+#define RELAYOUT_RULE_DP_LM_HEAD \
+  "relayout: --enable-dp-lm-head needs DP attention (--enable-dp-attention with --dp-size > 1)"
+#define RELAYOUT_RULE_TP_LM_HEAD_A2A                                                              \
+  "relayout: --enable-tp-lm-head-all-to-all needs DP attention with tp == dp, attn_cp == 1 and no " \
+  "--enable-dp-lm-head"
+#define RELAYOUT_RULE_REDUNDANT_NEEDS_EP \
+  "relayout: --ep-num-redundant-experts > 0 needs expert parallelism (moe_ep > 1)"
+#define RELAYOUT_RULE_PP_SPECULATIVE \
+  "relayout: --pp-size > 1 does not combine with speculative decoding (--draft)"
+#define RELAYOUT_RULE_NNODES_DIVIDES "relayout: tp * pp must be divisible by --nnodes"
+#define RELAYOUT_RULE_NNODES_REPLICAS                                                         \
+  "relayout: --nnodes > 1 with --dp-size > 1 needs DP attention (multi-node data-parallel " \
+  "replicas are not supported)"
 
 namespace relayout {
 
@@ -73,7 +104,14 @@ struct LayoutConfig {
   Draft draft = Draft::none;              // speculative draft model kind
   std::optional<int> attn_dp_size{};      // --attn-dp-size: the attention-DP width itself
   bool enable_prefill_cp = false;         // --enable-prefill-cp (DeepSeek-V4 prefill CP)
-  CpStrategy cp_strategy = CpStrategy::interleave;  // --cp-strategy
+  std::optional<CpStrategy> cp_strategy{};  // --cp-strategy: no default, as in SGLang
+  bool enable_dp_lm_head = false;         // --enable-dp-lm-head: vocabulary split over attention TP
+  bool enable_tp_lm_head_all_to_all = false;  // --enable-tp-lm-head-all-to-all
+  std::optional<int> moe_dense_tp_size{};  // --moe-dense-tp-size: the dense layers' TP width
+  int dcp = 1;                            // --dcp-size: decode context parallelism inside TP
+  int ep_num_redundant_experts = 0;       // --ep-num-redundant-experts
+  int pp = 1;                             // --pp-size: pipeline stages of the world
+  int nnodes = 1;                         // --nnodes
 
   friend constexpr bool operator==(const LayoutConfig&, const LayoutConfig&) = default;
 };
@@ -87,6 +125,8 @@ struct Widths {
   int moe_dp = 0;
   int moe_ep = 0;
   int moe_tp = 0;
+  int dcp = 0;       // decode-CP width inside TP
+  int dense_tp = 0;  // TP width of the dense (non-MoE) layers: 1 or tp
 
   friend constexpr bool operator==(const Widths&, const Widths&) = default;
 };
@@ -109,6 +149,18 @@ enum class LayoutRule : std::uint8_t {
   moe_divides,
   moe_dp_fills_tp,
   cp_moe_dp,
+  count_range,
+  redundant_range,
+  prefill_cp_no_strategy,
+  pp_moe_dp,
+  dense_tp,
+  dcp_divides,
+  dp_lm_head,
+  tp_lm_head_a2a,
+  redundant_needs_ep,
+  pp_speculative,
+  nnodes_divides,
+  nnodes_replicas,
 };
 
 struct WidthsResult {
@@ -119,11 +171,17 @@ struct WidthsResult {
 
 // SGLang resolves some flags into others before it checks a layout; these are the resolved values.
 // --attn-dp-size N is the attention-DP width itself: N > 1 is DP attention over N groups (what
-// --dp-size N --enable-dp-attention says), N == 1 is none. Prefill CP turns DP attention on.
+// --dp-size N --enable-dp-attention says), N == 1 is none. Prefill CP turns DP attention on
+// (deepseek_v4_hook.py validate_deepseek_v4_cp); --enable-dp-attention with --dp-size 1 is off
+// (overrides.py _data_parallelism_defaults).
 constexpr bool dp_attention_on(const LayoutConfig& c) {
   if (c.enable_prefill_cp) return true;
   if (c.attn_dp_size) return *c.attn_dp_size > 1;
-  return c.enable_dp_attention;
+  return c.enable_dp_attention && c.dp > 1;
+}
+// True when --enable-dp-attention was given but --dp-size 1 turned it off.
+constexpr bool dp_attention_dropped(const LayoutConfig& c) {
+  return c.enable_dp_attention && !c.enable_prefill_cp && !c.attn_dp_size && c.dp == 1;
 }
 // --dp-size after --attn-dp-size: the dp that SGLang's CP and backend rules read.
 constexpr int resolved_dp(const LayoutConfig& c) {
@@ -137,11 +195,23 @@ constexpr int attn_cp_width(const LayoutConfig& c) {
 constexpr int moe_ep_width(const LayoutConfig& c) {
   return spans_ep(c.moe_a2a_backend) ? c.tp : c.ep;
 }
+// --enable-dp-lm-head as resolved: _data_parallelism_defaults turns it off with dp == 1.
+constexpr bool dp_lm_head_on(const LayoutConfig& c) { return c.enable_dp_lm_head && resolved_dp(c) > 1; }
+// The dense layers' TP width: --moe-dense-tp-size, tp when unset; prefill CP forces 1.
+constexpr int dense_tp_width(const LayoutConfig& c) {
+  return c.enable_prefill_cp ? 1 : c.moe_dense_tp_size.value_or(c.tp);
+}
+// Native data-parallel replicas of the world: --dp-size without DP attention (each a TP domain).
+constexpr int replica_count(const LayoutConfig& c) { return dp_attention_on(c) ? 1 : resolved_dp(c); }
 // True when the user asked for an --ep that the layout does not use (a backend forced EP to tp).
 constexpr bool ep_overridden(const LayoutConfig& c) { return c.ep != 1 && moe_ep_width(c) != c.ep; }
 // True when prefill CP replaced a --cp the user gave.
 constexpr bool cp_overridden(const LayoutConfig& c) {
   return c.enable_prefill_cp && c.cp != 1 && c.cp != attn_cp_width(c);
+}
+// True when prefill CP replaced a --moe-dense-tp-size the user gave.
+constexpr bool dense_tp_overridden(const LayoutConfig& c) {
+  return c.enable_prefill_cp && c.moe_dense_tp_size && *c.moe_dense_tp_size != 1;
 }
 // When CP is wider than MoE DP, CP partners must share their tokens before the MoE, so SGLang's
 // MoE-DP group is the attention-CP group although moe_dp stays 1 as a width.
@@ -158,7 +228,12 @@ constexpr bool needs_dp_equal_tp(Backend b) {
 // pplx's all-to-all is built over the attention-DP groups and needs at least two.
 constexpr bool needs_two_dp_groups(Backend b) { return b == Backend::pplx; }
 
-constexpr WidthsResult derive_widths(const LayoutConfig& c) {
+namespace impl {
+
+// The flags SGLang resolves before it checks a layout: ranges, --attn-dp-size, prefill CP
+// (deepseek_v4_hook.py validate_deepseek_v4_cp, parallel_hook.py handle_context_parallelism) and
+// the backends' DP-attention needs (moe_hook.py handle_a2a_moe).
+constexpr WidthsResult check_flags(const LayoutConfig& c) {
   struct Flag {
     int value;
     const char* name;
@@ -169,6 +244,11 @@ constexpr WidthsResult derive_widths(const LayoutConfig& c) {
     if (f.value < 1) return {LayoutRule::width_positive, f.name, {}};
     if (f.value > kMaxWidth) return {LayoutRule::width_limit, f.name, {}};
   }
+  const Flag counts[] = {{c.dcp, "--dcp-size"}, {c.pp, "--pp-size"}, {c.nnodes, "--nnodes"}};
+  for (const Flag& f : counts)
+    if (f.value < 1 || f.value > kMaxWidth) return {LayoutRule::count_range, f.name, {}};
+  if (c.ep_num_redundant_experts < 0 || c.ep_num_redundant_experts > kMaxWidth)
+    return {LayoutRule::redundant_range, "--ep-num-redundant-experts", {}};
   if (c.attn_dp_size) {
     const int n = *c.attn_dp_size;
     if (n < 1 || n > kMaxWidth) return {LayoutRule::attn_dp_size_range, "--attn-dp-size", {}};
@@ -177,12 +257,13 @@ constexpr WidthsResult derive_widths(const LayoutConfig& c) {
       return {LayoutRule::attn_dp_conflict, "--attn-dp-size", {}};
   }
   if (c.enable_prefill_cp) {
-    if (c.cp_strategy != CpStrategy::interleave)
+    if (!c.cp_strategy) return {LayoutRule::prefill_cp_no_strategy, "--cp-strategy", {}};
+    if (*c.cp_strategy != CpStrategy::interleave)
       return {LayoutRule::prefill_cp_strategy, "--cp-strategy", {}};
     if (resolved_dp(c) != 1)
       return {LayoutRule::prefill_cp_dp, c.attn_dp_size ? "--attn-dp-size" : "--dp", {}};
     if (c.tp > kMaxPrefillCpTp) return {LayoutRule::prefill_cp_tp, "--tp", {}};
-    if (!prefill_cp_allows(c.moe_a2a_backend))
+    if (!prefill_cp_allows(resolved_backend(c.moe_a2a_backend)))
       return {LayoutRule::prefill_cp_backend, "--moe-a2a-backend", {}};
   }
   const Backend b = c.moe_a2a_backend;
@@ -190,7 +271,11 @@ constexpr WidthsResult derive_widths(const LayoutConfig& c) {
     return {LayoutRule::backend_dp_eq_tp, "--moe-a2a-backend", {}};
   if (needs_two_dp_groups(b) && !(dp_attention_on(c) && resolved_dp(c) >= 2))
     return {LayoutRule::backend_pplx, "--moe-a2a-backend", {}};
+  return {};
+}
 
+// The attention and MoE factorizations of tp (parallel_hook.py handle_context_parallelism).
+constexpr WidthsResult split_widths(const LayoutConfig& c) {
   Widths w;
   w.tp = c.tp;
   w.attn_dp = attn_dp_width(c);
@@ -214,11 +299,95 @@ constexpr WidthsResult derive_widths(const LayoutConfig& c) {
   w.moe_tp = static_cast<int>(c.tp / moe_outer);
   if (w.moe_dp > 1 && w.moe_ep > 1 && w.moe_tp != 1)
     return {LayoutRule::moe_dp_fills_tp, "--moe-dp-size", {}};
+  if (w.moe_dp > 1 && c.pp > 1) return {LayoutRule::pp_moe_dp, "--moe-dp-size", {}};
   if (w.moe_dp > 1 && w.attn_cp != w.moe_dp) return {LayoutRule::cp_moe_dp, "--moe-dp-size", {}};
+  w.dcp = c.dcp;
+  w.dense_tp = dense_tp_width(c);
   return {LayoutRule::ok, "", w};
 }
 
+// The flags that read the widths: dense TP and decode CP (validation_hook.py check_server_args,
+// parallel_state.py initialize_model_parallel), the LM head (overrides.py _dp_lm_head_validation),
+// redundant experts, pipeline stages and nodes (check_server_args).
+constexpr WidthsResult check_widths(const LayoutConfig& c, const Widths& w) {
+  if (!c.enable_prefill_cp && c.moe_dense_tp_size && *c.moe_dense_tp_size != 1 &&
+      *c.moe_dense_tp_size != c.tp)
+    return {LayoutRule::dense_tp, "--moe-dense-tp-size", {}};
+  if (c.tp % c.dcp != 0) return {LayoutRule::dcp_divides, "--dcp-size", {}};
+  if (dp_lm_head_on(c) && !dp_attention_on(c))
+    return {LayoutRule::dp_lm_head, "--enable-dp-lm-head", {}};
+  if (c.enable_tp_lm_head_all_to_all &&
+      (!dp_attention_on(c) || dp_lm_head_on(c) || c.tp != resolved_dp(c) || w.attn_cp != 1))
+    return {LayoutRule::tp_lm_head_a2a, "--enable-tp-lm-head-all-to-all", {}};
+  if (c.ep_num_redundant_experts > 0 && w.moe_ep < 2)
+    return {LayoutRule::redundant_needs_ep, "--ep-num-redundant-experts", {}};
+  if (c.pp > 1 && c.draft != Draft::none) return {LayoutRule::pp_speculative, "--pp-size", {}};
+  if ((std::int64_t{c.tp} * c.pp) % c.nnodes != 0)
+    return {LayoutRule::nnodes_divides, "--nnodes", {}};
+  if (c.nnodes > 1 && replica_count(c) > 1)
+    return {LayoutRule::nnodes_replicas, "--nnodes", {}};
+  return {LayoutRule::ok, "", w};
+}
+
+}  // namespace impl
+
+constexpr WidthsResult derive_widths(const LayoutConfig& c) {
+  if (const WidthsResult r = impl::check_flags(c); r.rule != LayoutRule::ok) return r;
+  const WidthsResult split = impl::split_widths(c);
+  if (split.rule != LayoutRule::ok) return split;
+  return impl::check_widths(c, split.widths);
+}
+
 namespace impl {
+
+// The rules of the further flags (LM head, dense TP, decode CP, redundant experts, the world).
+inline std::string describe_new_rule(const WidthsResult& r, const LayoutConfig& c) {
+  const std::string in = r.input;
+  const auto s = [](std::int64_t v) { return std::to_string(v); };
+  switch (r.rule) {
+    case LayoutRule::count_range: {
+      const int value = in == "--dcp-size" ? c.dcp : in == "--pp-size" ? c.pp : c.nnodes;
+      return in + " = " + s(value) + " is invalid: " + RELAYOUT_RULE_COUNT_RANGE;
+    }
+    case LayoutRule::redundant_range:
+      return "--ep-num-redundant-experts = " + s(c.ep_num_redundant_experts) + " is invalid: " +
+             RELAYOUT_RULE_REDUNDANT_RANGE;
+    case LayoutRule::pp_moe_dp:
+      return "--moe-dp-size " + s(c.moe_dp) + " with --pp-size " + s(c.pp) + ": " + RELAYOUT_RULE_PP_MOE_DP;
+    case LayoutRule::dense_tp:
+      return "--moe-dense-tp-size " + s(*c.moe_dense_tp_size) + " with --tp " + s(c.tp) + ": " +
+             RELAYOUT_RULE_DENSE_TP;
+    case LayoutRule::dcp_divides:
+      return "--dcp-size " + s(c.dcp) + ": tp = " + s(c.tp) + " is not divisible by dcp = " + s(c.dcp) +
+             "; " + RELAYOUT_RULE_DCP_DIVIDES;
+    case LayoutRule::dp_lm_head:
+      return "--enable-dp-lm-head with --dp-size " + s(resolved_dp(c)) +
+             " and DP attention off: " RELAYOUT_RULE_DP_LM_HEAD;
+    case LayoutRule::tp_lm_head_a2a: {
+      const std::string why =
+          !dp_attention_on(c)       ? std::string("DP attention is off")
+          : dp_lm_head_on(c)        ? std::string("--enable-dp-lm-head is set")
+          : c.tp != resolved_dp(c)  ? "tp = " + s(c.tp) + " != dp = " + s(resolved_dp(c))
+                                    : "attn_cp = " + s(attn_cp_width(c)) + " != 1";
+      return "--enable-tp-lm-head-all-to-all (" + why + "): " + RELAYOUT_RULE_TP_LM_HEAD_A2A;
+    }
+    case LayoutRule::redundant_needs_ep:
+      return "--ep-num-redundant-experts " + s(c.ep_num_redundant_experts) + " with moe_ep = " +
+             s(moe_ep_width(c)) + ": " + RELAYOUT_RULE_REDUNDANT_NEEDS_EP;
+    case LayoutRule::pp_speculative:
+      return "--pp-size " + s(c.pp) + " with --draft " + std::string(to_string(c.draft)) + ": " +
+             RELAYOUT_RULE_PP_SPECULATIVE;
+    case LayoutRule::nnodes_divides:
+      return "--nnodes " + s(c.nnodes) + ": tp * pp = " + s(c.tp) + " * " + s(c.pp) +
+             " is not divisible by " + s(c.nnodes) + "; " + RELAYOUT_RULE_NNODES_DIVIDES;
+    case LayoutRule::nnodes_replicas:
+      return "--nnodes " + s(c.nnodes) + " with " + s(replica_count(c)) +
+             " data-parallel replicas (--dp-size " + s(c.dp) + " without DP attention): " +
+             RELAYOUT_RULE_NNODES_REPLICAS;
+    default:
+      return "unknown rule";
+  }
+}
 
 inline std::string describe_rule(const WidthsResult& r, const LayoutConfig& c) {
   const std::string in = r.input;
@@ -229,6 +398,10 @@ inline std::string describe_rule(const WidthsResult& r, const LayoutConfig& c) {
                      : "--dp-size " + s(c.dp) +
                            (c.enable_dp_attention ? " with --enable-dp-attention"
                                                   : " without --enable-dp-attention");
+  // --enable-dp-attention with --dp-size 1 is turned off, as SGLang turns it off.
+  const std::string dp_off = dp_attention_dropped(c)
+                                 ? " (DP attention off: --dp-size 1 turns --enable-dp-attention off)"
+                                 : " (DP attention off)";
   switch (r.rule) {
     case LayoutRule::ok:
       return "ok";
@@ -250,8 +423,10 @@ inline std::string describe_rule(const WidthsResult& r, const LayoutConfig& c) {
       return "--attn-dp-size 1 with --dp-size " + s(c.dp) + " --enable-dp-attention: " +
              RELAYOUT_RULE_ATTN_DP_CONFLICT;
     case LayoutRule::prefill_cp_strategy:
-      return "--cp-strategy " + std::string(to_string(c.cp_strategy)) + ": " +
+      return "--cp-strategy " + std::string(to_string(*c.cp_strategy)) + ": " +
              RELAYOUT_RULE_PREFILL_CP_STRATEGY;
+    case LayoutRule::prefill_cp_no_strategy:
+      return "--enable-prefill-cp without --cp-strategy: " RELAYOUT_RULE_PREFILL_CP_NO_STRATEGY;
     case LayoutRule::prefill_cp_dp:
       return in + ": --enable-prefill-cp with " + dp_flags + " (dp = " + s(resolved_dp(c)) +
              "): " + RELAYOUT_RULE_PREFILL_CP_DP;
@@ -262,13 +437,11 @@ inline std::string describe_rule(const WidthsResult& r, const LayoutConfig& c) {
       return "--moe-a2a-backend " + backend + ": " + RELAYOUT_RULE_PREFILL_CP_BACKEND;
     case LayoutRule::backend_dp_eq_tp:
       return "--moe-a2a-backend " + backend + " with --tp " + s(c.tp) + ", " + dp_flags +
-             (dp_attention_on(c) ? " (dp = " + s(resolved_dp(c)) + " != tp)"
-                                 : std::string(" (DP attention off)")) +
-             ": " + RELAYOUT_RULE_BACKEND_DP_EQ_TP;
+             (dp_attention_on(c) ? " (dp = " + s(resolved_dp(c)) + " != tp)" : dp_off) + ": " +
+             RELAYOUT_RULE_BACKEND_DP_EQ_TP;
     case LayoutRule::backend_pplx:
       return "--moe-a2a-backend pplx with " + dp_flags +
-             (dp_attention_on(c) ? " (one DP group)" : std::string(" (DP attention off)")) + ": " +
-             RELAYOUT_RULE_BACKEND_PPLX;
+             (dp_attention_on(c) ? " (one DP group)" : dp_off) + ": " + RELAYOUT_RULE_BACKEND_PPLX;
     case LayoutRule::attn_divides:
       return in + ": tp = " + s(c.tp) + " is not divisible by attn_dp * attn_cp = " +
              s(attn_dp_width(c)) + " * " + s(attn_cp_width(c)) + "; " + RELAYOUT_RULE_ATTN_DIVIDES;
@@ -293,8 +466,9 @@ inline std::string describe_rule(const WidthsResult& r, const LayoutConfig& c) {
       return "--moe-dp-size " + s(c.moe_dp) + " with attn_cp = " + s(attn_cp_width(c)) +
              (c.enable_prefill_cp ? " (set by --enable-prefill-cp)" : " (--cp)") + ": " +
              RELAYOUT_RULE_CP_MOE_DP;
+    default:
+      return describe_new_rule(r, c);
   }
-  return "unknown rule";
 }
 
 }  // namespace impl

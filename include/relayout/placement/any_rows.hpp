@@ -16,7 +16,7 @@ class AnyRows {
  public:
   using value_type = T;
   using execution_space = Space;
-  using view_type = impl::RowsView<T, Space>;
+  using view_type = RowsView<T, Space>;
 
   // full_rows is required for RowShard placements, slots for DpGlobal ones.
   AnyRows(view_type rows, Placement placement, std::int64_t full_rows = -1, DpSlotsPtr slots = nullptr)
@@ -87,7 +87,7 @@ SplitRows<AnyRows<T, Sp>, std::ranges::range_value_t<Ids>> split_rows(const Proc
     throw LayoutError("ids", "split_rows: the id array has " + std::to_string(all.size()) +
                                  " entries but the rows have " + std::to_string(x.rows()) +
                                  "; ids must stay aligned with rows");
-  const RowRange mine = tensor_split_range(x.rows(), c.size(), c.rank());
+  const Range mine = tensor_split_range(x.rows(), c.size(), c.rank());
   return {AnyRows<T, Sp>(impl::split_rows_data(c.size(), c.rank(), x.data()), p),
           all.subspan(static_cast<std::size_t>(mine.begin), static_cast<std::size_t>(mine.count))};
 }

@@ -25,124 +25,13 @@
 
 #include "relayout/comm.hpp"
 #include "relayout/placement/ep_message.hpp"
+#include "relayout/placement/experts.hpp"
+#include "relayout/placement/fp8.hpp"
 #include "relayout/placement/impl/moves.hpp"
 #include "relayout/placement/rows.hpp"
 #include "relayout/placement/traffic.hpp"
 
 namespace relayout {
-
-// The router's decision for each row: the top-k global expert ids and their weights.
-template <class T, class Space = Kokkos::DefaultExecutionSpace>
-struct TopK {
-  using ids_view = Kokkos::View<int**, Kokkos::LayoutRight, typename Space::memory_space>;
-  using weights_view = Kokkos::View<T**, Kokkos::LayoutRight, typename Space::memory_space>;
-  ids_view ids;          // rows x k, global expert ids in [0, experts)
-  weights_view weights;  // rows x k
-
-  TopK() = default;
-  TopK(ids_view i, weights_view w) : ids(std::move(i)), weights(std::move(w)) {}
-  TopK(std::int64_t rows, int k)
-      : ids(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::topk_ids")),
-            static_cast<std::size_t>(rows), static_cast<std::size_t>(k)),
-        weights(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::topk_weights")),
-                static_cast<std::size_t>(rows), static_cast<std::size_t>(k)) {}
-  std::int64_t rows() const { return static_cast<std::int64_t>(ids.extent(0)); }
-  int k() const { return static_cast<int>(ids.extent(1)); }
-};
-
-// The rows one rank's experts must process, grouped by local expert: local expert e (global id
-// first_expert + e) gets rows [offset(e), offset(e) + count(e)) of x. A row routed to two local
-// experts appears in both groups. The outputs the engine writes are unweighted: relayout applies
-// the router weights and sums per row.
-template <class T, class Space = Kokkos::DefaultExecutionSpace>
-struct ExpertBatch {
-  impl::RowsView<T, Space> x;
-  std::vector<std::int64_t> offsets;  // on the host, experts() + 1 entries
-  int first_expert = 0;
-
-  int experts() const { return static_cast<int>(offsets.size()) - 1; }
-  std::int64_t rows() const { return offsets.empty() ? 0 : offsets.back(); }
-  std::int64_t offset(int e) const { return offsets[static_cast<std::size_t>(e)]; }
-  std::int64_t count(int e) const { return offset(e + 1) - offset(e); }
-  // The rows of local expert e (a view, no copy).
-  impl::RowsView<T, Space> rows_of(int e) const { return impl::row_slice(x, offset(e), count(e)); }
-};
-
-// The engine's experts: y(i, :) = expert (first_expert + e)(x(i, :)) for every row i of group e,
-// the whole expert's output or this rank's moe_tp share of it (its partials are then summed by the
-// bridge's plan). Called on every rank, also with zero rows.
-template <class E, class T, class Space>
-concept ExpertsFor = requires(E& experts, const Space& exec, const ExpertBatch<T, Space>& batch,
-                              const impl::RowsView<T, Space>& y) {
-  experts(exec, batch, y);
-};
-
-namespace impl {
-
-// The memory behind ep_dispatch / ep_combine / local_experts, kept between calls. Every buffer
-// only grows: a call whose sizes fit what is there allocates nothing.
-template <class T, class Space>
-struct EpBuffers {
-  using Mem = typename Space::memory_space;
-  using Index2 = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem>;
-  using Words = Kokkos::View<std::int32_t*, Mem>;
-  Kokkos::View<std::int64_t*, Mem> starts;
-  typename Kokkos::View<std::int64_t*, Mem>::HostMirror host_starts;
-  Index2 send_pos, slot_of;
-  Kokkos::View<int**, Kokkos::LayoutRight, Mem> local_ids;
-  Words send, recv;
-  RowsView<T, Space> batch, outputs, reduced, back, combined;
-  std::int64_t allocations = 0;
-
-  // The first n0 rows of buf (n0 x n1), reallocated only when it is too small or n1 differs.
-  template <class V>
-  V rows(V& buf, const char* label, std::int64_t n0, std::int64_t n1) {
-    if (static_cast<std::int64_t>(buf.extent(0)) < n0 || static_cast<std::int64_t>(buf.extent(1)) != n1) {
-      buf = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
-              static_cast<std::size_t>(n0 + n0 / 8), static_cast<std::size_t>(n1));
-      ++allocations;
-    }
-    return Kokkos::subview(buf, Kokkos::make_pair(std::int64_t(0), n0), Kokkos::ALL);
-  }
-  template <class V>
-  V flat(V& buf, const char* label, std::int64_t n) {
-    if (static_cast<std::int64_t>(buf.extent(0)) < n) {
-      buf = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n + n / 8));
-      ++allocations;
-    }
-    return Kokkos::subview(buf, Kokkos::make_pair(std::int64_t(0), n));
-  }
-  // Offsets of a bucket scan: on the execution space and its host copy (buckets + 1 entries).
-  void bucket_starts(std::int64_t buckets) {
-    if (static_cast<std::int64_t>(starts.extent(0)) < buckets + 1) {
-      starts = Kokkos::View<std::int64_t*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ep_starts")),
-                                                static_cast<std::size_t>(buckets + 1));
-      host_starts = Kokkos::create_mirror_view(starts);
-      ++allocations;
-    }
-  }
-};
-
-}  // namespace impl
-
-// Memory an engine keeps for ep_dispatch, ep_combine, local_experts and MoeBridge, so that calls
-// after the first allocate nothing once their sizes fit (buffers grow, never shrink). Results of a
-// call (the batch, the combined rows) live in it: the next call with the same workspace overwrites
-// them. One workspace per concurrent caller; it must outlive the Dispatched made with it.
-template <class T, class Space = Kokkos::DefaultExecutionSpace>
-class EpWorkspace {
- public:
-  // How many buffers it has allocated so far.
-  std::int64_t allocations() const { return buffers_.allocations; }
-  // A rows x hidden buffer for the experts' outputs (ep_combine's expert_y), reused across calls.
-  impl::RowsView<T, Space> expert_outputs(std::int64_t rows, std::int64_t hidden) {
-    return buffers_.rows(buffers_.outputs, "relayout::expert_out", rows, hidden);
-  }
-  impl::EpBuffers<T, Space>& buffers() { return buffers_; }
-
- private:
-  impl::EpBuffers<T, Space> buffers_;
-};
 
 // How ep_dispatch runs: what it counts and carries, and whether it validates the router output.
 struct EpOptions {
@@ -168,11 +57,16 @@ struct Dispatched {
   std::vector<std::int64_t> tags;  // the tags of the received rows, when dispatch was given tags
   std::int64_t rows = 0, full_rows = 0, received = 0, sent = 0;
   int hidden = 0, k = 0;
+  int per_rank = 0, first_expert = 0;  // experts per member; this member's first
   std::shared_ptr<EpWorkspace<T, Space>> owned;  // the workspace, when ep_dispatch made its own
   EpWorkspace<T, Space>* workspace = nullptr;
 };
 
 namespace impl {
+
+// Whether the rows travel as e4m3 with fp32 block scales (EpMessage::of_fp8) rather than one type.
+template <class P>
+inline constexpr bool is_fp8_payload_v = std::is_same_v<P, fp8_e4m3>;
 
 // A value converted between the compute type and the payload type (16-bit types go through float).
 template <class To, class From>
@@ -184,8 +78,8 @@ KOKKOS_INLINE_FUNCTION To convert(const From& v) {
 // Stable counting sort of items into buckets (an item may go to several): one scan over (bucket,
 // item), bucket-major, so the running count is the item's position in the bucket-ordered output.
 // place(b, i, p) gets each hit's position; ws.host_starts receives the bucket offsets. The work is
-// buckets x items, fine for the EP grouping's few buckets (ranks, local experts); kernels::
-// bucket_by_expert, with up to hundreds of experts, keeps its one pass over the items.
+// buckets x items, fine for the dispatch's few buckets (moe_ep members); the expert grouping, with
+// up to hundreds of experts, sorts in one pass over the items instead (group_by_expert).
 template <class Space, class T, class Hit, class Place>
 void bucket_scan(const Space& exec, EpBuffers<T, Space>& ws, int buckets, std::int64_t items, const Hit& hit,
                  const Place& place, const char* label) {
@@ -211,64 +105,6 @@ void bucket_scan(const Space& exec, EpBuffers<T, Space>& ws, int buckets, std::i
   exec.fence();
 }
 
-// Groups rows by local expert: lid(i, k) is row i's k-th local expert (-1: not here), row(i, f) its
-// values. Returns the batch (rows gathered, in ws) and fills slot_of(i, k), the batch row of (i, k),
-// -1 where unrouted. Deterministic: within a group, rows keep their order.
-template <class T, class Space, class Row, class Lid>
-ExpertBatch<T, Space> group_by_expert(const Space& exec, EpBuffers<T, Space>& ws, std::int64_t n, int K,
-                                      std::int64_t H, const Row& row, const Lid& lid, int experts, int first_expert,
-                                      typename EpBuffers<T, Space>::Index2& slot_of) {
-  slot_of = ws.rows(ws.slot_of, "relayout::slot_of", n, K);
-  Kokkos::deep_copy(exec, slot_of, std::int64_t(-1));
-  const auto so = slot_of;
-  bucket_scan(
-      exec, ws, experts, n * K,
-      KOKKOS_LAMBDA(const int e, const std::int64_t s) { return lid(s / K, static_cast<int>(s % K)) == e; },
-      KOKKOS_LAMBDA(const int, const std::int64_t s, const std::int64_t p) { so(s / K, static_cast<int>(s % K)) = p; },
-      "relayout::group_by_expert");
-  ExpertBatch<T, Space> b;
-  b.first_expert = first_expert;
-  b.offsets.assign(ws.host_starts.data(), ws.host_starts.data() + experts + 1);
-  b.x = ws.rows(ws.batch, "relayout::expert_rows", b.rows(), H);
-  const auto bx = b.x;
-  Kokkos::parallel_for(
-      "relayout::group_by_expert.gather", Kokkos::RangePolicy<Space>(exec, 0, n * K),
-      KOKKOS_LAMBDA(const std::int64_t s) {
-        const std::int64_t at = so(s / K, static_cast<int>(s % K));
-        if (at >= 0)
-          for (std::int64_t f = 0; f < H; ++f) bx(at, f) = row(s / K, f);
-      });
-  return b;
-}
-
-// out(i) = sum_k w(i, k) * expert_y(slot_of(i, k)) over this rank's experts of row i; rows with
-// none are zero. The sum runs in k order, so it is deterministic.
-template <class Space, class W, class S, class Y, class Out>
-void weighted_sum(const Space& exec, int K, const W& w, const S& slot_of, const Y& expert_y, const Out& out) {
-  const std::int64_t n = static_cast<std::int64_t>(out.extent(0)), H = static_cast<std::int64_t>(out.extent(1));
-  using T = typename Out::non_const_value_type;
-  Kokkos::parallel_for(
-      "relayout::expert_weighted_sum", Kokkos::RangePolicy<Space>(exec, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
-        for (std::int64_t f = 0; f < H; ++f) {
-          T acc = T(0);
-          for (int k = 0; k < K; ++k) {
-            const std::int64_t s = slot_of(i, k);
-            if (s >= 0) acc += w(i, k) * expert_y(s, f);
-          }
-          out(i, f) = acc;
-        }
-      });
-}
-
-template <class T, class Space>
-void require_expert_outputs(const ExpertBatch<T, Space>& b, const RowsView<T, Space>& y, const char* call) {
-  if (static_cast<std::int64_t>(y.extent(0)) != b.rows() || y.extent(1) != b.x.extent(1))
-    throw LayoutError("expert_y", std::string(call) + ": the experts' outputs are " + std::to_string(y.extent(0)) +
-                                      " x " + std::to_string(y.extent(1)) + " but the batch is " +
-                                      std::to_string(b.rows()) + " x " + std::to_string(b.x.extent(1)) +
-                                      " (one output row per batch row)");
-}
-
 // Per-member counts of `words` each, as MPI's int counts; a message too large for them is refused.
 inline std::vector<int> times(const std::vector<int>& c, std::int64_t words, const char* call) {
   std::vector<int> out(c.size());
@@ -282,91 +118,119 @@ inline std::vector<int> times(const std::vector<int>& c, std::int64_t words, con
   return out;
 }
 
-inline void require_experts(int experts, int ep, const char* call) {
-  if (experts < 1 || experts % ep != 0)
-    throw LayoutError("experts", std::string(call) + ": " + std::to_string(experts) +
-                                     " experts cannot be split evenly over moe_ep = " + std::to_string(ep));
+// Words ahead of each low-latency block: the rows in it, the sender's verdict, the sender's rows.
+inline constexpr std::int64_t kLlHead = 4;
+
+// What every member said about its own call: per member, the rows it sends here, its verdict
+// (0: fine, 1: its router output refused, 2: over the low-latency capacity) and its rows.
+struct Verdicts {
+  std::vector<int> rows, verdict, total;
+  static Verdicts of(const std::vector<int>& words, std::size_t ep, std::size_t stride) {
+    Verdicts v;
+    for (std::size_t r = 0; r < ep; ++r) {
+      v.rows.push_back(words[r * stride]);
+      v.verdict.push_back(words[r * stride + 1]);
+      v.total.push_back(words[r * stride + 2]);
+    }
+    return v;
+  }
+};
+
+inline int clamp_int(std::int64_t v) {
+  return v > std::numeric_limits<int>::max() ? std::numeric_limits<int>::max() : static_cast<int>(v);
 }
 
-// What is wrong with the router output, or "" when nothing is: its shape, then (when `full`) ids
-// outside [0, experts) and weights that are not finite.
-template <class T, class Space>
-std::string route_problem(const Space& exec, const TopK<T, Space>& route, std::int64_t rows, int experts,
-                          bool full) {
-  if (route.rows() != rows || static_cast<std::int64_t>(route.weights.extent(0)) != rows ||
-      route.weights.extent(1) != route.ids.extent(1))
-    return "the router output has " + std::to_string(route.rows()) + " rows (ids " +
-           std::to_string(route.ids.extent(0)) + " x " + std::to_string(route.ids.extent(1)) + ", weights " +
-           std::to_string(route.weights.extent(0)) + " x " + std::to_string(route.weights.extent(1)) + ") for " +
-           std::to_string(rows) + " rows; ids and weights must both be rows x k";
-  if (!full) return {};
-  // One reduction finds ids out of range (low 32 bits) and weights that are NaN or infinite (high
-  // bits), so a bad router fails loudly instead of writing out of bounds or spreading a NaN.
-  const auto ids = route.ids;
-  const auto w = route.weights;
-  const int K = route.k();
-  std::int64_t bad = 0;
-  Kokkos::parallel_reduce(
-      "relayout::check_topk", Kokkos::RangePolicy<Space>(exec, 0, rows * K),
-      KOKKOS_LAMBDA(const std::int64_t s, std::int64_t& b) {
-        const int e = ids(s / K, static_cast<int>(s % K));
-        const T d = w(s / K, static_cast<int>(s % K)) - w(s / K, static_cast<int>(s % K));  // NaN unless finite
-        if (e < 0 || e >= experts) b += 1;
-        if (!(d == d)) b += std::int64_t(1) << 32;
-      },
-      bad);
+// Normal mode's first exchange: the counts, each with the sender's verdict, in one all_to_all.
+template <class Space, class C>
+Verdicts exchange_counts(const Space& exec, const C& comm, const std::vector<int>& send_rows, int verdict,
+                         std::int64_t rows, std::source_location site) {
+  const std::size_t ep = send_rows.size();
+  std::vector<int> out(3 * ep), in(out.size());
+  for (std::size_t r = 0; r < ep; ++r) {
+    out[3 * r] = send_rows[r];
+    out[3 * r + 1] = verdict;
+    out[3 * r + 2] = clamp_int(rows);
+  }
+  all_to_all(exec, comm, std::span<const int>(out), std::span<int>(in), site);
+  return Verdicts::of(in, ep, 3);
+}
+
+// Low-latency mode's one exchange: block r of `send` (a head, then up to capacity messages) goes
+// to member r in one all_to_all of equal blocks of B words, started here (read_blocks reads the
+// heads that arrived once it completes).
+template <class Space, class C, class T>
+CollectiveRequest post_blocks(const Space& exec, const C& comm, EpBuffers<T, Space>& buf,
+                              const Kokkos::View<std::int32_t*, typename Space::memory_space>& send,
+                              const Kokkos::View<std::int32_t*, typename Space::memory_space>& recv, std::int64_t B,
+                              const std::vector<int>& send_rows, int verdict, std::int64_t rows, std::source_location site) {
+  const std::int64_t ep = static_cast<std::int64_t>(send_rows.size());
+  const auto heads = buf.flat(buf.ll_heads, "relayout::ep_ll_heads", ep * kLlHead);
+  auto hh = Kokkos::create_mirror_view(heads);
+  for (std::int64_t r = 0; r < ep; ++r) {
+    hh(r * kLlHead) = send_rows[static_cast<std::size_t>(r)];
+    hh(r * kLlHead + 1) = verdict;
+    hh(r * kLlHead + 2) = clamp_int(rows);
+    hh(r * kLlHead + 3) = 0;
+  }
+  Kokkos::deep_copy(exec, heads, hh);
+  Kokkos::parallel_for(
+      "relayout::ep_dispatch.heads", Kokkos::RangePolicy<Space>(exec, 0, ep * kLlHead),
+      KOKKOS_LAMBDA(const std::int64_t j) { send((j / kLlHead) * B + j % kLlHead) = heads(j); });
+  return all_to_all_start(exec, comm, send, recv, site);
+}
+template <class Space, class T>
+Verdicts read_blocks(const Space& exec, EpBuffers<T, Space>& buf,
+                     const Kokkos::View<std::int32_t*, typename Space::memory_space>& recv, std::int64_t B, std::int64_t ep) {
+  const auto heads = buf.flat(buf.ll_heads, "relayout::ep_ll_heads", ep * kLlHead);
+  Kokkos::parallel_for(
+      "relayout::ep_dispatch.read_heads", Kokkos::RangePolicy<Space>(exec, 0, ep * kLlHead),
+      KOKKOS_LAMBDA(const std::int64_t j) { heads(j) = recv((j / kLlHead) * B + j % kLlHead); });
+  auto hh = Kokkos::create_mirror_view(heads);
+  Kokkos::deep_copy(exec, hh, heads);
   exec.fence();
-  const std::int64_t bad_ids = bad & 0xffffffff, bad_weights = bad >> 32;
-  if (bad_ids > 0) return std::to_string(bad_ids) + " expert id(s) outside [0, " + std::to_string(experts) + ")";
-  if (bad_weights > 0)
-    return std::to_string(bad_weights) + " router weight(s) NaN or infinite; every weight must be finite";
-  return {};
+  return Verdicts::of(std::vector<int>(hh.data(), hh.data() + ep * kLlHead), static_cast<std::size_t>(ep),
+                      static_cast<std::size_t>(kLlHead));
 }
 
-}  // namespace impl
+// Every member throws when any refused its call, after the exchange, so none waits in the next.
+inline void throw_refused(const std::string& problem, int verdict, const Verdicts& v, std::int64_t capacity) {
+  if (!problem.empty()) throw LayoutError(verdict == 2 ? "capacity" : "route", "ep_dispatch: " + problem);
+  for (std::size_t r = 0; r < v.verdict.size(); ++r) {
+    if (v.verdict[r] == 1)
+      throw LayoutError("route", "ep_dispatch: moe_ep member " + std::to_string(r) +
+                                     " refused its router output (its error says why); no rows were exchanged");
+    if (v.verdict[r] == 2)
+      throw LayoutError("capacity", "ep_dispatch: moe_ep member " + std::to_string(r) + " dispatches " +
+                                        std::to_string(v.total[r]) + " rows, over the low-latency capacity of " +
+                                        std::to_string(capacity) + " rows per rank; no rows were used");
+  }
+}
 
-// Sends each of this rank's rows once to every moe_ep member that holds one of its top-k experts
-// (expert e lives on member e / (experts / moe_ep)): the row, its local expert ids there and their
-// weights as one message, in one all_to_allv. Collective over moe_ep: every member calls it, also
-// with zero rows. Buffers come from `ws` (allocated only when they do not fit). The rows travel as
-// Payload when one is named (ep_dispatch<bf16>(...): half the bytes of float rows, rounded to
-// bf16, converted back to T for the experts); weights and the combine stay in T.
-template <class Payload = void, class C, class T, class Space, class Scope>
-  requires(std::same_as<Scope, DpLocal> &&
-           (std::is_void_v<Payload> || std::is_floating_point_v<Payload> || Half16<Payload>))
-Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg,
-                                 const Rows<T, RowShard<AttnTp>, Scope, Space>& x, const TopK<T, Space>& route,
-                                 int experts, EpWorkspace<T, Space>& ws, const EpOptions& opts = {},
-                                 std::source_location site = std::source_location::current()) {
-  const auto& comm = pg.moe_ep();
-  const int ep = comm.size();
-  const std::int64_t m = x.rows(), H = x.hidden();
-  impl::require_experts(experts, ep, "ep_dispatch");
-  // A refused router output on one member must not leave the others waiting in the exchange: it
-  // sends nothing and says so with its counts, and every member throws after the count exchange.
-  const std::string problem = impl::route_problem(exec, route, m, experts, opts.check_route);
-  const int K = route.k(), per_rank = experts / ep, me = comm.rank();
-  auto& buf = ws.buffers();
+// The messages of each low-latency block, source after source: the order normal mode receives.
+template <class Space, class W>
+void unpack_blocks(const Space& exec, const W& recv, std::int64_t B, std::int64_t words, const std::vector<int>& rows,
+                   const W& out) {
+  std::int64_t at = 0;
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    const std::int64_t n = std::int64_t(rows[r]) * words, from = std::int64_t(r) * B + kLlHead;
+    if (n > 0)
+      Kokkos::deep_copy(exec, Kokkos::subview(out, Kokkos::make_pair(at, at + n)),
+                        Kokkos::subview(recv, Kokkos::make_pair(from, from + n)));
+    at += n;
+  }
+}
 
-  Dispatched<T, Space> d;
-  d.workspace = &ws;
-  d.rows = m;
-  d.full_rows = x.full_rows();
-  d.hidden = static_cast<int>(H);
-  d.k = K;
-  using P = std::conditional_t<std::is_void_v<Payload>, T, Payload>;
-  d.message = EpMessage::template of<T, P>(K, H);
-  const EpMessage msg = d.message;
-  const std::int64_t W = msg.words();
-
-  // Send order is destination-major: (row i, rank r) gets its send row from one bucket scan.
-  const std::int64_t mo = problem.empty() ? m : 0;  // a member that refused its router output sends nothing
-  d.send_pos = buf.rows(buf.send_pos, "relayout::send_pos", mo, ep);
-  const auto ids = route.ids;
+// Send order is destination-major: (row i, member r) gets its send row from one bucket scan, and
+// d.send_rows / d.sent the counts.
+template <class Space, class T, class Ids>
+void send_layout(const Space& exec, EpBuffers<T, Space>& buf, Dispatched<T, Space>& d, const Ids& ids,
+                 std::int64_t rows, int ep, int per_rank) {
+  d.send_pos = buf.rows(buf.send_pos, "relayout::send_pos", rows, ep);
   const auto pos = d.send_pos;
+  const int K = static_cast<int>(ids.extent(1));
   Kokkos::deep_copy(exec, pos, std::int64_t(-1));
-  impl::bucket_scan(
-      exec, buf, ep, mo,
+  bucket_scan(
+      exec, buf, ep, rows,
       KOKKOS_LAMBDA(const int r, const std::int64_t i) {
         bool hit = false;
         for (int k = 0; k < K; ++k) hit = hit || ids(i, k) / per_rank == r;
@@ -378,74 +242,245 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
   for (int r = 0; r < ep; ++r)
     d.send_rows[static_cast<std::size_t>(r)] = static_cast<int>(buf.host_starts(r + 1) - buf.host_starts(r));
   d.sent = buf.host_starts(ep);
+}
 
-  // Pack each sent row's message: weights, local expert ids at the destination (-1: none), row.
-  const auto send = buf.flat(buf.send, "relayout::ep_send", d.sent * W);
+// Tags that travel with the rows (request ids, owners): host-side bookkeeping, not counted.
+template <class C, class T, class Space>
+void exchange_tags(const C& comm, Dispatched<T, Space>& d, const std::vector<std::int64_t>& tags, std::source_location site) {
+  const int ep = comm.size();
+  if (static_cast<std::int64_t>(tags.size()) != d.rows)
+    throw LayoutError("tags", "ep_dispatch: " + std::to_string(tags.size()) + " tags for " + std::to_string(d.rows) +
+                                  " rows; tags must stay aligned with rows");
+  auto pos_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), d.send_pos);
+  std::vector<std::int64_t> send_tags(static_cast<std::size_t>(d.sent));
+  for (std::size_t i = 0; i < pos_h.extent(0); ++i)
+    for (int r = 0; r < ep; ++r)
+      if (pos_h(i, r) >= 0) send_tags[static_cast<std::size_t>(pos_h(i, r))] = tags[i];
+  d.tags.assign(static_cast<std::size_t>(d.received), 0);
+  all_to_allv(comm, send_tags, d.send_rows, d.tags, d.recv_rows, site);
+}
+
+}  // namespace impl
+
+namespace impl {
+
+// The received messages grouped by local expert into the experts' batch, decoded from payload P.
+template <class P, class T, class Space>
+void group_received(const Space& exec, Dispatched<T, Space>& d) {
+  constexpr bool fp8 = is_fp8_payload_v<P>;
+  auto& buf = d.workspace->buffers();
+  const EpMessage msg = d.message;
+  const std::int64_t W = msg.words(), H = d.hidden;
+  const int per_rank = d.per_rank;
+  const auto recv = d.received_messages;
+  d.batch = group_by_expert<T>(
+      exec, buf, d.received, d.k, H,
+      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t f) {
+        const char* at = reinterpret_cast<const char*>(recv.data() + i * W);
+        if constexpr (fp8) {
+          const float s = reinterpret_cast<const float*>(at + msg.scales)[f / fp8_block];
+          return static_cast<T>(e4m3_bits_to_float(reinterpret_cast<const std::uint8_t*>(at + msg.row)[f]) * s);
+        } else {
+          return convert<T>(reinterpret_cast<const P*>(at + msg.row)[f]);
+        }
+      },
+      KOKKOS_LAMBDA(const std::int64_t i, const int k) {
+        return reinterpret_cast<const std::int32_t*>(reinterpret_cast<const char*>(recv.data() + i * W) + msg.ids)[k];
+      },
+      per_rank, d.first_expert, d.slot_of);
+}
+
+}  // namespace impl
+
+// A dispatch in flight (ep_dispatch_start): the rows' exchange has started; test() polls it (and
+// lets MPI progress it), ep_dispatch_finish waits for it and groups the batch. The workspace and
+// the rows, routes and tags passed at start must stay alive and untouched until then.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+struct PendingDispatch {
+  using Mem = typename Space::memory_space;
+  Dispatched<T, Space> d;
+  CollectiveRequest request;
+  bool test() { return request.test(); }
+
+  // What the finish needs.
+  Kokkos::View<std::int32_t*, Mem> ll_recv;  // low-latency mode: the blocks as they arrive
+  std::int64_t block_words = 0;              // low-latency mode: words of one block
+  std::int64_t capacity = 0;
+  std::string problem;  // this member's refusal (it sent nothing), thrown with the others'
+  int verdict = 0;
+  TrafficLog* traffic = nullptr;
+  std::vector<std::int64_t> tags;
+  bool has_tags = false;
+  std::source_location site{};
+  void (*group)(const Space&, Dispatched<T, Space>&) = nullptr;
+};
+
+// Sends each of this rank's rows once to every moe_ep member that holds one of its top-k experts
+// (expert e lives on member e / (experts / moe_ep)): the row, its local expert ids there and their
+// weights as one message, in one all_to_allv after the counts (ws in EpMode::normal), or in one
+// all_to_all of fixed blocks of ws.capacity() rows (EpMode::low_latency; more rows on any member is
+// a LayoutError on every member). Collective over moe_ep: every member calls it, also with zero
+// rows. Buffers come from `ws` (allocated only when they do not fit). The rows travel as
+// Payload when one is named (ep_dispatch<bf16>(...): half the bytes of float rows, rounded to
+// bf16, converted back to T for the experts; ep_dispatch<fp8_e4m3>(...): e4m3 values with one
+// fp32 scale per 128 values, quantised as they are packed and dequantised into T as the experts'
+// batch is grouped); weights and the combine stay in T.
+//
+// ep_dispatch_start / ep_dispatch_finish are the same call in two halves, for overlapping the
+// exchange with other work (two-batch overlap): start routes, packs and (normal mode) exchanges the
+// counts, then starts the rows' exchange; finish waits for it and groups the batch. Every member
+// starts and finishes its dispatches in the same order; two dispatches in flight at once need
+// two workspaces.
+template <class Payload = void, class C, class T, class Space, class Scope>
+  requires(std::same_as<Scope, DpLocal> && (std::is_void_v<Payload> || std::is_floating_point_v<Payload> ||
+                                            Half16<Payload> || impl::is_fp8_payload_v<Payload>))
+PendingDispatch<T, Space> ep_dispatch_start(const Space& exec, const ProcessGroupsOf<C>& pg,
+                                            const Rows<T, RowShard<AttnTp>, Scope, Space>& x,
+                                            const TopK<T, Space>& route, int experts, EpWorkspace<T, Space>& ws,
+                                            const EpOptions& opts = {},
+                                            std::source_location site = std::source_location::current()) {
+  const auto& comm = pg.moe_ep();
+  const int ep = comm.size();
+  const std::int64_t m = x.rows(), H = x.hidden();
+  impl::require_experts(experts, ep, "ep_dispatch");
+  // A refused call on one member must not leave the others waiting in the exchange: it sends
+  // nothing and says so beside its counts, and every member throws after the exchange.
+  std::string problem = impl::route_problem(exec, route, m, experts, opts.check_route);
+  const bool ll = ws.mode() == EpMode::low_latency;
+  int verdict = problem.empty() ? 0 : 1;
+  if (ll && verdict == 0 && m > ws.capacity()) {
+    verdict = 2;
+    problem = "this member dispatches " + std::to_string(m) + " rows, over the low-latency capacity of " +
+              std::to_string(ws.capacity()) + " rows per rank (its EpWorkspace's)";
+  }
+  const int K = route.k(), per_rank = experts / ep, me = comm.rank();
+  auto& buf = ws.buffers();
+
+  PendingDispatch<T, Space> p;
+  p.site = site;
+  p.traffic = opts.traffic;
+  p.capacity = ws.capacity();
+  if (opts.tags) {
+    p.tags = *opts.tags;
+    p.has_tags = true;
+  }
+  Dispatched<T, Space>& d = p.d;
+  d.workspace = &ws;
+  d.rows = m;
+  d.full_rows = x.full_rows();
+  d.hidden = static_cast<int>(H);
+  d.k = K;
+  d.per_rank = per_rank;
+  d.first_expert = me * per_rank;
+  using P = std::conditional_t<std::is_void_v<Payload>, T, Payload>;
+  constexpr bool fp8 = impl::is_fp8_payload_v<P>;
+  p.group = &impl::group_received<P, T, Space>;
+  if constexpr (fp8) d.message = EpMessage::template of_fp8<T>(K, H);
+  else d.message = EpMessage::template of<T, P>(K, H);
+  const EpMessage msg = d.message;
+  const std::int64_t W = msg.words();
+  const std::int64_t B = ll ? impl::kLlHead + ws.capacity() * W : 0;  // words of one low-latency block
+  if (B > std::int64_t(std::numeric_limits<int>::max()))
+    throw LayoutError("capacity", "ep_dispatch: a low-latency block of " + std::to_string(ws.capacity()) + " rows of " +
+                                      std::to_string(W) + " words exceeds MPI's int count; use a smaller capacity");
+  p.block_words = B;
+
+  const std::int64_t mo = verdict == 0 ? m : 0;  // a member that refused its call sends nothing
+  impl::send_layout(exec, buf, d, route.ids, mo, ep, per_rank);
+  const auto ids = route.ids;
+  const auto pos = d.send_pos;
+
+  // Pack each sent row's message: weights, local expert ids at the destination (-1: none), row;
+  // in low-latency mode each destination's messages follow its block's head.
+  const auto send = ll ? buf.flat(buf.ll_send, "relayout::ep_ll_send", ep * B)
+                       : buf.flat(buf.send, "relayout::ep_send", d.sent * W);
   const auto xv = x.view();
   const auto wv = route.weights;
+  const auto starts = buf.starts;
   Kokkos::parallel_for(
       "relayout::ep_dispatch.pack", Kokkos::RangePolicy<Space>(exec, 0, mo * ep), KOKKOS_LAMBDA(const std::int64_t idx) {
         const int r = static_cast<int>(idx / mo);
-        const std::int64_t i = idx % mo, p = pos(i, r);
-        if (p < 0) return;
-        char* at = reinterpret_cast<char*>(send.data() + p * W);
+        const std::int64_t i = idx % mo, q = pos(i, r);
+        if (q < 0) return;
+        const std::int64_t word = ll ? r * B + impl::kLlHead + (q - starts(r)) * W : q * W;
+        char* at = reinterpret_cast<char*>(send.data() + word);
         T* w = reinterpret_cast<T*>(at + msg.weights);
         std::int32_t* lid = reinterpret_cast<std::int32_t*>(at + msg.ids);
-        P* row = reinterpret_cast<P*>(at + msg.row);
         for (int k = 0; k < K; ++k) {
           const int e = ids(i, k);
           const bool here = e / per_rank == r;
           lid[k] = here ? e - r * per_rank : -1;
           w[k] = here ? wv(i, k) : T(0);
         }
-        for (std::int64_t f = 0; f < H; ++f) row[f] = impl::convert<P>(xv(i, f));
+        if constexpr (fp8) {
+          float* scale = reinterpret_cast<float*>(at + msg.scales);
+          std::uint8_t* q8 = reinterpret_cast<std::uint8_t*>(at + msg.row);
+          for (std::int64_t c = 0, b = 0; c < H; c += fp8_block, ++b)
+            scale[b] = fp8_quantize_block(&xv(i, c), static_cast<int>(H - c < fp8_block ? H - c : fp8_block), q8 + c);
+        } else {
+          P* row = reinterpret_cast<P*>(at + msg.row);
+          for (std::int64_t f = 0; f < H; ++f) row[f] = impl::convert<P>(xv(i, f));
+        }
       });
 
-  // The counts, each with this member's verdict on its router output (1: refused).
-  std::vector<int> out(2 * static_cast<std::size_t>(ep)), in(out.size());
-  for (std::size_t r = 0; r < d.send_rows.size(); ++r) {
-    out[2 * r] = d.send_rows[r];
-    out[2 * r + 1] = problem.empty() ? 0 : 1;
+  if (ll) {
+    // The heads travel with the rows: the verdicts are read, and thrown, at finish.
+    p.ll_recv = buf.flat(buf.ll_recv, "relayout::ep_ll_recv", ep * B);
+    p.problem = std::move(problem);
+    p.verdict = verdict;
+    p.request = impl::post_blocks(exec, comm, buf, send, p.ll_recv, B, d.send_rows, verdict, m, site);
+    return p;
   }
-  all_to_all(exec, comm, std::span<const int>(out), std::span<int>(in), site);
-  if (!problem.empty()) throw LayoutError("route", "ep_dispatch: " + problem);
-  for (int r = 0; r < ep; ++r)
-    if (in[2 * static_cast<std::size_t>(r) + 1] != 0)
-      throw LayoutError("route", "ep_dispatch: moe_ep member " + std::to_string(r) +
-                                     " refused its router output (its error says why); no rows were exchanged");
-  d.recv_rows.assign(static_cast<std::size_t>(ep), 0);
-  for (std::size_t r = 0; r < d.recv_rows.size(); ++r) d.recv_rows[r] = in[2 * r];
+  const impl::Verdicts v = impl::exchange_counts(exec, comm, d.send_rows, verdict, m, site);
+  impl::throw_refused(problem, verdict, v, ws.capacity());
+  d.recv_rows = v.rows;
   for (int c : d.recv_rows) d.received += c;
   d.received_messages = buf.flat(buf.recv, "relayout::ep_recv", d.received * W);
-  all_to_allv(exec, comm, send, impl::times(d.send_rows, W, "ep_dispatch"), d.received_messages,
-              impl::times(d.recv_rows, W, "ep_dispatch"), site);
-  if (opts.traffic && ep > 1) opts.traffic->add(TrafficOp::dispatch, GroupKind::moe_ep, d.sent * msg.bytes);
-  if (opts.tags) {
-    // Host-side bookkeeping that travels with the rows (request ids, owners); not counted.
-    const std::vector<std::int64_t>& tags = *opts.tags;
-    if (static_cast<std::int64_t>(tags.size()) != m)
-      throw LayoutError("tags", "ep_dispatch: " + std::to_string(tags.size()) + " tags for " + std::to_string(m) +
-                                    " rows; tags must stay aligned with rows");
-    auto pos_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), d.send_pos);
-    std::vector<std::int64_t> send_tags(static_cast<std::size_t>(d.sent));
-    for (std::int64_t i = 0; i < m; ++i)
-      for (int r = 0; r < ep; ++r)
-        if (pos_h(i, r) >= 0) send_tags[static_cast<std::size_t>(pos_h(i, r))] = tags[static_cast<std::size_t>(i)];
-    d.tags.assign(static_cast<std::size_t>(d.received), 0);
-    all_to_allv(comm, send_tags, d.send_rows, d.tags, d.recv_rows, site);
+  p.request = all_to_allv_start(exec, comm, send, impl::times(d.send_rows, W, "ep_dispatch"), d.received_messages,
+                                impl::times(d.recv_rows, W, "ep_dispatch"), site);
+  return p;
+}
+
+// The second half of ep_dispatch_start: waits for the rows, groups the experts' batch. Collective
+// over moe_ep (with tags, their exchange; in low-latency mode a refusal throws here on every member).
+template <class C, class T, class Space>
+Dispatched<T, Space> ep_dispatch_finish(const Space& exec, const ProcessGroupsOf<C>& pg, PendingDispatch<T, Space>&& p) {
+  if (!p.group || !p.d.workspace)
+    throw LayoutError("pending", "ep_dispatch_finish: the PendingDispatch does not come from ep_dispatch_start (or was "
+                                 "finished already)");
+  const auto& comm = pg.moe_ep();
+  const int ep = comm.size();
+  p.request.wait();
+  Dispatched<T, Space> d = std::move(p.d);
+  auto& buf = d.workspace->buffers();
+  const std::int64_t W = d.message.words(), B = p.block_words;
+  const bool ll = B > 0;
+  if (ll) {
+    const impl::Verdicts v = impl::read_blocks(exec, buf, p.ll_recv, B, ep);
+    impl::throw_refused(p.problem, p.verdict, v, p.capacity);
+    d.recv_rows = v.rows;
+    for (int c : d.recv_rows) d.received += c;
+    d.received_messages = buf.flat(buf.recv, "relayout::ep_recv", d.received * W);
+    impl::unpack_blocks(exec, p.ll_recv, B, W, d.recv_rows, d.received_messages);
   }
-  const auto recv = d.received_messages;
-  d.batch = impl::group_by_expert<T>(
-      exec, buf, d.received, K, H,
-      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t f) {
-        return impl::convert<T>(reinterpret_cast<const P*>(reinterpret_cast<const char*>(recv.data() + i * W) + msg.row)[f]);
-      },
-      KOKKOS_LAMBDA(const std::int64_t i, const int k) {
-        return reinterpret_cast<const std::int32_t*>(reinterpret_cast<const char*>(recv.data() + i * W) + msg.ids)[k];
-      },
-      per_rank, me * per_rank, d.slot_of);
+  // Low-latency mode sends its whole blocks, used or not.
+  if (p.traffic && ep > 1) p.traffic->add(TrafficOp::dispatch, GroupKind::moe_ep, ll ? ep * B * 4 : d.sent * d.message.bytes);
+  if (p.has_tags) impl::exchange_tags(comm, d, p.tags, p.site);
+  p.group(exec, d);
+  p.group = nullptr;
   exec.fence();
   return d;
+}
+
+// The whole dispatch in one call.
+template <class Payload = void, class C, class T, class Space, class Scope>
+  requires(std::same_as<Scope, DpLocal> && (std::is_void_v<Payload> || std::is_floating_point_v<Payload> ||
+                                            Half16<Payload> || impl::is_fp8_payload_v<Payload>))
+Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg,
+                                 const Rows<T, RowShard<AttnTp>, Scope, Space>& x, const TopK<T, Space>& route,
+                                 int experts, EpWorkspace<T, Space>& ws, const EpOptions& opts = {},
+                                 std::source_location site = std::source_location::current()) {
+  return ep_dispatch_finish(exec, pg, ep_dispatch_start<Payload>(exec, pg, x, route, experts, ws, opts, site));
 }
 
 // The same with a workspace of its own (kept alive by the Dispatched), counting into `traffic`
@@ -463,15 +498,26 @@ Dispatched<T, Space> ep_dispatch(const Space& exec, const ProcessGroupsOf<C>& pg
   return d;
 }
 
+// A combine in flight (ep_combine_start): the outputs' way back has started; test() polls it,
+// ep_combine_finish waits for it and sums the returns. The Dispatched and the expert outputs must
+// stay alive and untouched until then.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+struct PendingCombine {
+  const Dispatched<T, Space>* d = nullptr;
+  RowsView<T, Space> back;
+  int ep = 1;
+  CollectiveRequest request;
+  bool test() { return request.test(); }
+};
+
 // Applies the router weights to the experts' outputs, sums them per received row, sends each row
 // back to where it came from and sums the returns of every destination rank: complete rows, in
-// the original order, in the dispatch's workspace. Collective over moe_ep.
+// the original order, in the dispatch's workspace. Collective over moe_ep. ep_combine_start /
+// ep_combine_finish are the same in two halves (see ep_dispatch_start).
 template <class C, class T, class Space>
-Rows<T, RowShard<AttnTp>, DpLocal, Space> ep_combine(const Space& exec, const ProcessGroupsOf<C>& pg,
-                                                     const Dispatched<T, Space>& d,
-                                                     const impl::RowsView<T, Space>& expert_y,
-                                                     TrafficLog* traffic = nullptr,
-                                                     std::source_location site = std::source_location::current()) {
+PendingCombine<T, Space> ep_combine_start(const Space& exec, const ProcessGroupsOf<C>& pg, const Dispatched<T, Space>& d,
+                                          const RowsView<T, Space>& expert_y, TrafficLog* traffic = nullptr,
+                                          std::source_location site = std::source_location::current()) {
   impl::require_expert_outputs(d.batch, expert_y, "ep_combine");
   if (!d.workspace)
     throw LayoutError("dispatched", "ep_combine: the Dispatched does not come from ep_dispatch (it has no workspace)");
@@ -488,26 +534,51 @@ Rows<T, RowShard<AttnTp>, DpLocal, Space> ep_combine(const Space& exec, const Pr
         return reinterpret_cast<const T*>(reinterpret_cast<const char*>(recv.data() + i * W) + msg.weights)[k];
       },
       d.slot_of, expert_y, reduced);
-  const auto back = buf.rows(buf.back, "relayout::ep_back", d.sent, H);
-  all_to_allv(exec, comm, reduced, impl::times(d.recv_rows, H, "ep_combine"), back,
-              impl::times(d.send_rows, H, "ep_combine"), site);
+  PendingCombine<T, Space> p;
+  p.d = &d;
+  p.ep = comm.size();
+  p.back = buf.rows(buf.back, "relayout::ep_back", d.sent, H);
+  p.request = all_to_allv_start(exec, comm, reduced, impl::times(d.recv_rows, H, "ep_combine"), p.back,
+                                impl::times(d.send_rows, H, "ep_combine"), site);
   if (traffic && comm.size() > 1) traffic->add(TrafficOp::combine, GroupKind::moe_ep, d.received * H * std::int64_t(sizeof(T)));
+  return p;
+}
+
+template <class T, class Space>
+Rows<T, RowShard<AttnTp>, DpLocal, Space> ep_combine_finish(const Space& exec, PendingCombine<T, Space>&& p) {
+  if (!p.d) throw LayoutError("pending", "ep_combine_finish: the PendingCombine does not come from ep_combine_start");
+  p.request.wait();
+  const Dispatched<T, Space>& d = *p.d;
+  p.d = nullptr;
+  auto& buf = d.workspace->buffers();
+  const std::int64_t H = d.hidden;
   const auto out = buf.rows(buf.combined, "relayout::ep_combined", d.rows, H);
   const auto pos = d.send_pos;
-  const int ep = comm.size();
+  const auto back = p.back;
+  const int ep = p.ep;
   Kokkos::parallel_for(
       "relayout::ep_combine.sum", Kokkos::RangePolicy<Space>(exec, 0, d.rows), KOKKOS_LAMBDA(const std::int64_t i) {
         for (std::int64_t f = 0; f < H; ++f) {
           T acc = T(0);
           for (int r = 0; r < ep; ++r) {
-            const std::int64_t p = pos(i, r);
-            if (p >= 0) acc += back(p, f);
+            const std::int64_t q = pos(i, r);
+            if (q >= 0) acc += back(q, f);
           }
           out(i, f) = acc;
         }
       });
   exec.fence();
   return Rows<T, RowShard<AttnTp>, DpLocal, Space>(out, d.full_rows);
+}
+
+// The whole combine in one call.
+template <class C, class T, class Space>
+Rows<T, RowShard<AttnTp>, DpLocal, Space> ep_combine(const Space& exec, const ProcessGroupsOf<C>& pg,
+                                                     const Dispatched<T, Space>& d,
+                                                     const RowsView<T, Space>& expert_y,
+                                                     TrafficLog* traffic = nullptr,
+                                                     std::source_location site = std::source_location::current()) {
+  return ep_combine_finish(exec, ep_combine_start(exec, pg, d, expert_y, traffic, site));
 }
 
 // Dispatch only complete rows each held by one rank.
@@ -518,47 +589,6 @@ void ep_dispatch(const Space&, const ProcessGroupsOf<C>&, const R&, const Rest&.
                 "relayout: ep_dispatch sends each row once, so it needs RowShard<AttnTp> rows (each row held by "
                 "one rank): split Replicated<AttnTp> rows with split_rows first; Partial rows must be summed "
                 "(all_reduce) before any expert sees them");
-}
-
-// The local half of a MoE on rows every rank of the MoE holds (paths dp_gather and tp_moe): this
-// rank's experts (global ids [first_expert, first_expert + local) of experts_total) on the rows x
-// routed to them, weighted and summed per row. The result is this rank's partial output for every
-// row (zero for rows none of its experts takes); summing the partials over the MoE group completes
-// it. No communication. Buffers come from `ws`; check_route as in EpOptions.
-template <class T, class Space, class X, ExpertsFor<T, Space> E>
-void local_experts(const Space& exec, const X& x, const TopK<T, Space>& route, int first_expert, int local,
-                   int experts_total, E& experts, const impl::RowsView<T, Space>& out, EpWorkspace<T, Space>& ws,
-                   bool check_route = true) {
-  const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), H = impl::hidden_of(x.extent(1));
-  impl::require_experts(experts_total, 1, "local_experts");
-  if (const std::string problem = impl::route_problem(exec, route, n, experts_total, check_route); !problem.empty())
-    throw LayoutError("route", "local_experts: " + problem);
-  const int K = route.k();
-  auto& buf = ws.buffers();
-  const auto lid = buf.rows(buf.local_ids, "relayout::local_ids", n, K);
-  const auto ids = route.ids;
-  Kokkos::parallel_for(
-      "relayout::local_experts.ids", Kokkos::RangePolicy<Space>(exec, 0, n * K), KOKKOS_LAMBDA(const std::int64_t s) {
-        const int e = ids(s / K, static_cast<int>(s % K)) - first_expert;
-        lid(s / K, static_cast<int>(s % K)) = e >= 0 && e < local ? e : -1;
-      });
-  typename impl::EpBuffers<T, Space>::Index2 slot_of;
-  const ExpertBatch<T, Space> batch = impl::group_by_expert<T>(
-      exec, buf, n, K, H, KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t f) { return x(i, f); },
-      KOKKOS_LAMBDA(const std::int64_t i, const int k) { return lid(i, k); }, local, first_expert, slot_of);
-  const auto y = ws.expert_outputs(batch.rows(), H);
-  experts(exec, batch, y);
-  const auto w = route.weights;
-  impl::weighted_sum(
-      exec, K, KOKKOS_LAMBDA(const std::int64_t i, const int k) { return w(i, k); }, slot_of, y, out);
-  exec.fence();
-}
-
-template <class T, class Space, class X, ExpertsFor<T, Space> E>
-void local_experts(const Space& exec, const X& x, const TopK<T, Space>& route, int first_expert, int local,
-                   int experts_total, E& experts, const impl::RowsView<T, Space>& out) {
-  EpWorkspace<T, Space> ws;
-  local_experts(exec, x, route, first_expert, local, experts_total, experts, out, ws);
 }
 
 }  // namespace relayout

@@ -1,5 +1,6 @@
 // EpMessage: the size of one dispatched row's message in ep_dispatch (placement/ep.hpp), as plain
 // arithmetic with no communicator, so tools that predict traffic (relayout plan) use the same formula.
+// Also the FP8 form (e4m3 values with one fp32 scale per 128 values, as DeepEP dispatches them).
 #pragma once
 
 #include <cstdint>
@@ -9,8 +10,17 @@ namespace relayout {
 // One dispatched row's message (bytes): its k router weights (T), its k local expert ids (int32,
 // -1: not on this rank) and its row (stored as P: T, or a 16-bit type such as bf16), padded so the
 // next message stays aligned for T. All of a row's data travel in one all_to_allv.
+//
+// FP8 rows (of_fp8): after the weights and ids, ceil(hidden / 128) fp32 block scales (one per 128
+// consecutive values, 4-byte aligned), then hidden e4m3 values (1 byte each), padded as above.
+// So a row costs hidden + ceil(hidden / 128) * 4 bytes plus the same k * (sizeof(T) + 4) of
+// weights and ids: at hidden 7168, 7392 bytes against 14336 in bf16.
 struct EpMessage {
+  static constexpr std::int64_t kFp8Block = 128;  // values per fp32 scale
+
   std::int64_t weights = 0, ids = 0, row = 0, bytes = 0;
+  std::int64_t scales = -1;  // offset of the fp32 block scales; -1: the row is not fp8
+
   template <class T, class P = T>
   static EpMessage of(int k, std::int64_t hidden) {
     return of(k, hidden, sizeof(T), alignof(T), sizeof(P), alignof(P));
@@ -23,6 +33,24 @@ struct EpMessage {
     m.ids = k * t_size;
     m.row = (m.ids + k * 4 + p_align - 1) / p_align * p_align;
     m.bytes = (m.row + hidden * p_size + align - 1) / align * align;
+    return m;
+  }
+
+  // Bytes of one row's e4m3 values and fp32 block scales.
+  static constexpr std::int64_t fp8_row_bytes(std::int64_t hidden) {
+    return hidden + (hidden + kFp8Block - 1) / kFp8Block * 4;
+  }
+  template <class T>
+  static EpMessage of_fp8(int k, std::int64_t hidden) {
+    return of_fp8(k, hidden, sizeof(T), alignof(T));
+  }
+  static constexpr EpMessage of_fp8(int k, std::int64_t hidden, std::int64_t t_size, std::int64_t t_align) {
+    const std::int64_t align = t_align > 4 ? t_align : 4;
+    EpMessage m;
+    m.ids = k * t_size;
+    m.scales = (m.ids + k * 4 + 3) / 4 * 4;
+    m.row = m.scales + (hidden + kFp8Block - 1) / kFp8Block * 4;
+    m.bytes = (m.row + hidden + align - 1) / align * align;
     return m;
   }
   std::int64_t words() const { return bytes / 4; }

@@ -11,14 +11,12 @@
 
 #include "relayout/comm/scalar.hpp"
 #include "relayout/placement/dp_slots.hpp"
+#include "relayout/placement/rows_view.hpp"
 #include "relayout/placement/tags.hpp"
 
 namespace relayout {
 
 namespace impl {
-
-template <class T, class Space>
-using RowsView = Kokkos::View<T**, Kokkos::LayoutRight, typename Space::memory_space>;
 
 // The untyped payload shared by Rows and AnyRows: the rows, the row count before a split
 // (RowShard), and the DP slot table (DpGlobal).
@@ -49,10 +47,6 @@ void check_meta(const RowsData<T, Space>& d, Placement p) {
 
 }  // namespace impl
 
-// The storage of token rows: rows x hidden, LayoutRight, in the execution space's memory.
-template <class T, class Space = Kokkos::DefaultExecutionSpace>
-using RowsView = impl::RowsView<T, Space>;
-
 template <CommScalar T, RowStateTag State, RowScopeTag Scope = DpLocal,
           class Space = Kokkos::DefaultExecutionSpace>
 class Rows {
@@ -64,7 +58,7 @@ class Rows {
   using state_type = State;
   using scope_type = Scope;
   using execution_space = Space;
-  using view_type = impl::RowsView<T, Space>;
+  using view_type = RowsView<T, Space>;
   static constexpr Placement placement = placement_of<State, Scope>;
 
   explicit Rows(view_type rows)

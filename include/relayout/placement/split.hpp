@@ -6,18 +6,12 @@
 #include <string>
 
 #include "relayout/mesh/error.hpp"
+#include "relayout/mesh/range.hpp"
 
 namespace relayout {
 
-struct RowRange {
-  std::int64_t begin = 0;
-  std::int64_t count = 0;
-  constexpr std::int64_t end() const { return begin + count; }
-  friend constexpr bool operator==(const RowRange&, const RowRange&) = default;
-};
-
 // Chunk `index` of n rows split into `parts` (tensor_split semantics).
-constexpr RowRange tensor_split_range(std::int64_t n, int parts, int index) {
+constexpr Range tensor_split_range(std::int64_t n, int parts, int index) {
   if (n < 0 || parts < 1 || index < 0 || index >= parts)
     throw LayoutError("tensor_split", "tensor_split_range(" + std::to_string(n) + ", " +
                                           std::to_string(parts) + ", " + std::to_string(index) +

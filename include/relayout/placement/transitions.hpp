@@ -98,7 +98,7 @@ SplitRows<Rows<T, RowShard<G>, Sc, Sp>, std::ranges::range_value_t<Ids>> split_r
     throw LayoutError("ids", "split_rows: the id array has " + std::to_string(all.size()) +
                                  " entries but the rows have " + std::to_string(x.rows()) +
                                  "; ids must stay aligned with rows");
-  const RowRange mine = tensor_split_range(x.rows(), c.size(), c.rank());
+  const Range mine = tensor_split_range(x.rows(), c.size(), c.rank());
   return {Rows<T, RowShard<G>, Sc, Sp>(impl::split_rows_data(c.size(), c.rank(), x.data())),
           all.subspan(static_cast<std::size_t>(mine.begin), static_cast<std::size_t>(mine.count))};
 }
@@ -288,11 +288,12 @@ Rows<T, Replicated<AttnTp>, Sc, Sp> as_attn_tp(const ProcessGroupsOf<C>& pg, Row
 }
 
 // The per-step token counts: every rank all-gathers its count over tp and keeps one entry per
-// attention-DP group (that of attn_tp_rank 0), so no group is listed attn_tp times. Members of an
-// attention-TP group must report the same count; otherwise every rank throws the same error.
+// attention-DP group (that of attn_tp_rank 0), so no group is listed attn_tp times; under
+// attention CP one per (DP group, CP rank) share, in rank order (ranks run (attn_dp, attn_cp,
+// attn_tp), so each share is one block of attn_tp ranks). Members of an attention-TP group must
+// report the same count; otherwise every rank throws the same error.
 template <class C>
 std::vector<std::int64_t> gather_num_tokens(const ProcessGroupsOf<C>& pg, std::int64_t local_tokens) {
-  impl::require_dp_bridge_layout(pg, "gather_num_tokens");
   const int tp = pg.layout().size(), A = pg.layout().widths().attn_tp;
   std::vector<std::int64_t> mine{local_tokens}, all(static_cast<std::size_t>(tp));
   all_gather(pg.tp(), mine, all);

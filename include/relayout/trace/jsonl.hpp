@@ -4,8 +4,9 @@
 //   every rank of one run shares, so files of two runs are told apart; absent when not given)
 //   then one record per line (fields of trace::Record; "rows": [[request,position,step,sum,wsum,l2],...],
 //   the three checksum entries null where not recorded, "nan"/"inf"/"-inf" where not finite),
-//   last line: {"end":true,"records":K} — a file without it was cut short.
-// The reader (tools/cli/trace_diff.hpp, fuzzed by test/fuzz/fuzz_trace.cpp) takes nothing else: every
+//   last line: {"end":true,"records":K} — a file without it was cut short (every record is flushed
+//   as it is written, so a killed run leaves the records it finished).
+// The reader (jsonl_reader.hpp, fuzzed by test/fuzz/fuzz_trace.cpp) takes nothing else: every
 // integer field exact and non-negative, every record of the file's rank, one header and one end line.
 #pragma once
 
@@ -58,8 +59,12 @@ inline std::string json_number(double x) {
 template <class T>
 std::string json_array(const std::vector<T>& v) {
   std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s + "]";
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
+  s += ']';
+  return s;
 }
 
 inline std::string to_jsonl(const Record& r) {
@@ -131,14 +136,19 @@ class JsonlSink {
     out_.open(path_, std::ios::out | std::ios::trunc);
     if (!out_) throw std::runtime_error("trace: cannot write " + path_ + " (" + std::strerror(errno) + ")");
     out_ << header_line(rank, world_size, program, run) << "\n";
+    out_.flush();
     check();
     records_ = 0;
   }
   bool active() const { return out_.is_open(); }
   // A failed write is kept and reported by close(): the run goes on, its trace is known incomplete.
+  // Each record is flushed as one write, so a run that is killed or aborted leaves every record
+  // it finished, and trace diff can name the last boundary each rank reached.
   void write(const Record& r) {
     if (!active()) return;
-    out_ << to_jsonl(r) << "\n";
+    const std::string line = to_jsonl(r) + "\n";
+    out_.write(line.data(), std::streamsize(line.size()));
+    out_.flush();
     check();
     ++records_;
   }

@@ -4,15 +4,19 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <exception>
 #include <source_location>
 #include <span>
+#include <tuple>
 #include <type_traits>
+#include <variant>
 
 #include "relayout/comm/agreement.hpp"
 #include "relayout/comm/buffer.hpp"
 #include "relayout/comm/communicator.hpp"
 #include "relayout/comm/impl/checks.hpp"
+#include "relayout/comm/request.hpp"
 #include "relayout/comm/single.hpp"
 
 namespace relayout::impl {
@@ -75,6 +79,37 @@ void run_collective(const F& fence, const C& comm, CollectiveKind kind, const ch
     throw;
   }
 }
+
+// A backend with nonblocking forms of the all-to-alls (MpiCommunicator); the *_start functions run
+// the blocking call on the others.
+template <class C, class T>
+concept NonblockingAllToAll = requires(const C& c, std::span<const T> in, std::span<T> out) {
+  { c.start_all_to_all(in, out) } -> std::same_as<CollectiveRequest>;
+};
+template <class C, class T>
+concept NonblockingAllToAllv = requires(const C& c, std::span<const T> in, std::span<T> out, std::span<const int> k) {
+  { c.start_all_to_allv(in, k, k, out, k, k) } -> std::same_as<CollectiveRequest>;
+};
+
+// What a started collective keeps until it completes: its counts, and copies of the Views it was
+// given (a plain range stays the caller's to keep).
+template <class B>
+using HeldBuffer = std::conditional_t<is_kokkos_view<B>, std::remove_cvref_t<B>, std::monostate>;
+template <class Counts, class S, class R>
+struct Held {
+  Held(Counts&& s, Counts&& r, const S& send, const R& recv)
+      : counts(std::move(s), std::move(r)), send_buffer(hold(send)), recv_buffer(hold(recv)) {}
+  std::tuple<Counts, Counts> counts;
+  HeldBuffer<S> send_buffer;
+  HeldBuffer<R> recv_buffer;
+
+ private:
+  template <class B>
+  static HeldBuffer<B> hold(const B& b) {
+    if constexpr (is_kokkos_view<B>) return b;
+    else return {};
+  }
+};
 
 // The data-moving call of a collective from send (S) to recv (R). A single-rank group copies: a
 // View with Kokkos::deep_copy (on the caller's instance, fenced before returning, or blocking),

@@ -187,9 +187,22 @@ class MpiAgreement {
 
   // Makes the private duplicate now: for a communicator just made by a split or dup, whose members
   // are all here, so the watchdog can name missing members from the first call on.
-  void open_now(MPI_Comm comm) {
+  // Nonblocking under the deadline: a member can stop right after the call that made `comm`.
+  void open_now(MPI_Comm comm, const std::string& name) {
     if (shadow_ != MPI_COMM_NULL) return;
-    RELAYOUT_MPI_CHECK(MPI_Comm_dup(comm, &shadow_));
+    std::vector<MPI_Request> req(1);
+    RELAYOUT_MPI_CHECK(MPI_Comm_idup(comm, &shadow_, req.data()));
+    const double timeout_s = agreement_settings().timeout_s;
+    std::vector<char> done;
+    if (!wait_with_deadline(req, done, collective_deadline(timeout_s))) {
+      int size = 0;
+      MPI_Comm_size(comm, &size);
+      abort_job("relayout watchdog: " + group_text(comm, name).header(static_cast<std::size_t>(size)) +
+                    ": waited " + seconds_text(timeout_s) + " s (RELAYOUT_COLLECTIVE_TIMEOUT) for the members to " +
+                    "open its agreement channel, right after the call that made it; which members are missing is " +
+                    "not known before that completes. Aborting the job.",
+                kWatchdogExitCode);
+    }
     RELAYOUT_MPI_CHECK(MPI_Comm_set_errhandler(shadow_, MPI_ERRORS_RETURN));  // a copy inherits comm's
   }
 

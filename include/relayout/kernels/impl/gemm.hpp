@@ -25,14 +25,14 @@ struct GemmTile {
   static constexpr int nv = lanes == 1 ? 8 : (vector_bytes == 16 ? 4 : 2);
   static constexpr int nr = nv * lanes;
   static constexpr int mr = lanes == 1 ? 4 : (vector_bytes == 16 ? 3 : (vector_bytes == 32 ? 6 : 8));
+  static constexpr int k_step = 1;  // packed B holds k in groups of k_step (bf16: pairs)
 };
 
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 // Packs A rows (through `rows` when non-null) into [m/MR blocks][k][MR], zero-padding the last block.
-template <class ExecSpace, class T>
+template <class ExecSpace, class T, int MR = GemmTile<ExecSpace, T>::mr>
 struct PackA {
-  static constexpr int MR = GemmTile<ExecSpace, T>::mr;
   const T* a;
   std::int64_t lda;
   const int* rows;
@@ -52,11 +52,12 @@ struct PackA {
   }
 };
 
-// One MR x NR tile of C from packed A (k x MR) and packed B (k x NR).
-template <class ExecSpace, class T>
+// One MR x NR tile of C from packed A (k x MR) and packed B (k x NR); MR_: the tile height, or fewer
+// rows for a short A.
+template <class ExecSpace, class T, int MR_ = GemmTile<ExecSpace, T>::mr>
 struct GemmPacked {
   using Tile = GemmTile<ExecSpace, T>;
-  static constexpr int MR = Tile::mr, NR = Tile::nr, NV = Tile::nv, L = Tile::lanes;
+  static constexpr int MR = MR_, NR = Tile::nr, NV = Tile::nv, L = Tile::lanes;
   using V = typename Vec<T, L>::type;
 
   const T* a_packed;  // [row blocks][k][MR]
@@ -114,6 +115,18 @@ struct GemmPacked {
   }
 };
 
+// Packs A in blocks of MR rows and runs one work item per MR x NR tile (k >= 1).
+template <int MR, class ExecSpace, class T>
+void gemm_packed_rows(const ExecSpace& exec, const T* a, std::int64_t lda, const int* rows, int m, int k,
+                      const T* b_packed, int n, T* c, std::int64_t ldc, const T* bias, bool accumulate, T* a_pack) {
+  using Tile = GemmTile<ExecSpace, T>;
+  const std::int64_t row_blocks = ceil_div(m, MR), panels = ceil_div(n, Tile::nr);
+  Kokkos::parallel_for("relayout::kernels::pack_a", Kokkos::RangePolicy<ExecSpace>(exec, 0, row_blocks * k),
+                       PackA<ExecSpace, T, MR>{a, lda, rows, m, k, a_pack});
+  Kokkos::parallel_for("relayout::kernels::gemm", Kokkos::RangePolicy<ExecSpace>(exec, 0, panels * row_blocks),
+                       GemmPacked<ExecSpace, T, MR>{a_pack, b_packed, c, ldc, bias, m, n, k, row_blocks, accumulate});
+}
+
 // C[m x n] (+)= rows of A . B^T (+ bias). a_pack must hold ceil(m/MR)*MR*k scalars.
 template <class ExecSpace, class T>
 void gemm_packed(const ExecSpace& exec, const T* a, std::int64_t lda, const int* rows, int m, int k,
@@ -121,8 +134,6 @@ void gemm_packed(const ExecSpace& exec, const T* a, std::int64_t lda, const int*
                  T* a_pack) {
   using Tile = GemmTile<ExecSpace, T>;
   if (m == 0 || n == 0) return;
-  const std::int64_t row_blocks = ceil_div(m, Tile::mr);
-  const std::int64_t panels = ceil_div(n, Tile::nr);
   if (k == 0) {
     // No reduction: C = bias (or unchanged when accumulating), through a tile with nothing to add.
     Kokkos::parallel_for(
@@ -134,13 +145,18 @@ void gemm_packed(const ExecSpace& exec, const T* a, std::int64_t lda, const int*
         });
     return;
   }
-  Kokkos::parallel_for("relayout::kernels::pack_a",
-                       Kokkos::RangePolicy<ExecSpace>(exec, 0, row_blocks * k),
-                       PackA<ExecSpace, T>{a, lda, rows, m, k, a_pack});
-  Kokkos::parallel_for("relayout::kernels::gemm",
-                       Kokkos::RangePolicy<ExecSpace>(exec, 0, panels * row_blocks),
-                       GemmPacked<ExecSpace, T>{a_pack, b_packed, c, ldc, bias, m, n, k, row_blocks,
-                                                accumulate});
+  // A short A (a decode step's rows for one expert) runs a tile of its own height: the FMAs of
+  // rows that do not exist would cost as much as those of real ones.
+  if constexpr (Tile::mr > 4) {
+    switch (m) {
+      case 1: return gemm_packed_rows<1>(exec, a, lda, rows, m, k, b_packed, n, c, ldc, bias, accumulate, a_pack);
+      case 2: return gemm_packed_rows<2>(exec, a, lda, rows, m, k, b_packed, n, c, ldc, bias, accumulate, a_pack);
+      case 3: return gemm_packed_rows<3>(exec, a, lda, rows, m, k, b_packed, n, c, ldc, bias, accumulate, a_pack);
+      case 4: return gemm_packed_rows<4>(exec, a, lda, rows, m, k, b_packed, n, c, ldc, bias, accumulate, a_pack);
+      default: break;
+    }
+  }
+  gemm_packed_rows<Tile::mr>(exec, a, lda, rows, m, k, b_packed, n, c, ldc, bias, accumulate, a_pack);
 }
 
 template <class ExecSpace, class T>

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <cstdint>
 #include <type_traits>
 
 #if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
@@ -171,6 +172,63 @@ KOKKOS_FORCEINLINE_FUNCTION void dot_rows(const T* q, const T* const* k, int n, 
       T t = hsum<L>(a);
       for (int ii = i; ii < n; ++ii) t += q[ii] * k[r][ii];
       out[r] = t;
+    }
+  }
+}
+
+// exp of every lane: range reduction x = n ln2 + r, |r| <= ln2/2, a polynomial for e^r and 2^n
+// from the exponent bits, so the softmax weights of a key chunk cost a few vector FMAs instead of
+// one libm call per key. Inputs below the normal range give the smallest normal number (softmax
+// only needs "negligible"); one lane falls back to the scalar exp.
+template <int L, class V>
+KOKKOS_FORCEINLINE_FUNCTION V vexp(V x) {
+  if constexpr (L == 1) {
+    return impl::exp(x);
+  } else {
+    using T = decltype(+x[0]);
+    if constexpr (sizeof(T) == 4) {
+      typedef std::int32_t VI __attribute__((vector_size(sizeof(V))));
+      const V lo = V{} + T(-87.33654f), hi = V{} + T(88.37626f);
+      x = x < lo ? lo : x;
+      x = x > hi ? hi : x;
+      const V t = x * T(1.44269504088896341f) + T(12582912.0f);  // round to nearest, n in the low bits
+      const V n = t - T(12582912.0f);
+      V r = x - n * T(0.693359375f);
+      r = r - n * T(-2.12194440e-4f);
+      V y = V{} + T(1.9875691500e-4f);
+      y = y * r + T(1.3981999507e-3f);
+      y = y * r + T(8.3334519073e-3f);
+      y = y * r + T(4.1665795894e-2f);
+      y = y * r + T(1.6666665459e-1f);
+      y = y * r + T(5.0000001201e-1f);
+      y = y * (r * r) + r + T(1);
+      const VI e = ((VI)t - 0x4B400000 + 127) << 23;
+      return y * (V)e;
+    } else {
+      typedef std::int64_t VI __attribute__((vector_size(sizeof(V))));
+      const V lo = V{} + T(-708.0), hi = V{} + T(709.0);
+      x = x < lo ? lo : x;
+      x = x > hi ? hi : x;
+      const V t = x * T(1.4426950408889634) + T(6755399441055744.0);
+      const V n = t - T(6755399441055744.0);
+      V r = x - n * T(6.93147180369123816490e-01);
+      r = r - n * T(1.90821492927058770002e-10);
+      // Taylor to r^12: |r| <= 0.347 leaves a remainder below 2e-16.
+      V y = V{} + T(1.0 / 479001600.0);
+      y = y * r + T(1.0 / 39916800.0);
+      y = y * r + T(1.0 / 3628800.0);
+      y = y * r + T(1.0 / 362880.0);
+      y = y * r + T(1.0 / 40320.0);
+      y = y * r + T(1.0 / 5040.0);
+      y = y * r + T(1.0 / 720.0);
+      y = y * r + T(1.0 / 120.0);
+      y = y * r + T(1.0 / 24.0);
+      y = y * r + T(1.0 / 6.0);
+      y = y * r + T(0.5);
+      y = y * r + T(1);
+      y = y * r + T(1);
+      const VI e = ((VI)t - 0x4338000000000000LL + 1023) << 52;
+      return y * (V)e;
     }
   }
 }

@@ -84,7 +84,7 @@ RowsData<T, Space> reduce_scatter_rows(const C& comm, const RowsData<T, Space>& 
                                        const MoveCtx<Space>& cx = {}) {
   const auto n = static_cast<std::int64_t>(in.view.extent(0));
   const auto h = hidden_of(in.view.extent(1));
-  const RowRange mine = tensor_split_range(n, comm.size(), comm.rank());
+  const Range mine = tensor_split_range(n, comm.size(), comm.rank());
   auto out = alloc_rows<T, Space>("relayout::reduce_scatter", mine.count, h);
   cx.ready();
   cx.count(n % comm.size() == 0 ? TrafficOp::reduce_scatter : TrafficOp::reduce_scatterv, comm, g, bytes_of(in.view));
@@ -98,7 +98,7 @@ RowsData<T, Space> all_gather_rows(const C& comm, const RowsData<T, Space>& in, 
                                    const MoveCtx<Space>& cx = {}) {
   const std::int64_t n = in.full_rows;
   const auto h = hidden_of(in.view.extent(1));
-  const RowRange mine = tensor_split_range(n, comm.size(), comm.rank());
+  const Range mine = tensor_split_range(n, comm.size(), comm.rank());
   if (static_cast<std::int64_t>(in.view.extent(0)) != mine.count)
     throw LayoutError("rows", "this rank holds " + std::to_string(in.view.extent(0)) +
                                   " rows, but chunk " + std::to_string(comm.rank()) + " of " +
@@ -116,7 +116,7 @@ RowsData<T, Space> all_gather_rows(const C& comm, const RowsData<T, Space>& in, 
 template <class T, class Space>
 RowsData<T, Space> split_rows_data(int parts, int index, const RowsData<T, Space>& in) {
   const auto n = static_cast<std::int64_t>(in.view.extent(0));
-  const RowRange mine = tensor_split_range(n, parts, index);
+  const Range mine = tensor_split_range(n, parts, index);
   return {row_slice(in.view, mine.begin, mine.count), n, in.slots};
 }
 

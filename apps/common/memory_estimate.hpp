@@ -11,8 +11,8 @@
 #include <limits>
 #include <string>
 
-#include "cli/numbers.hpp"
-#include "demo/model/config.hpp"
+#include "common/numbers.hpp"
+#include "demo_model/config.hpp"
 #include "relayout/mesh.hpp"
 
 namespace relayout::cli {
@@ -72,15 +72,19 @@ struct WeightShards {
   double total() const { return attention + router + experts + shared; }
 };
 
-inline WeightShards weight_shards(const model::ModelDims& d, const Widths& w, bool shared_here = true) {
+// `redundant`: extra physical replicas of routed experts (--ep-num-redundant-experts), split over
+// moe_ep like the routed ones; the router stays logical.
+inline WeightShards weight_shards(const model::ModelDims& d, const Widths& w, bool shared_here = true,
+                                  int redundant = 0) {
   const double H = d.hidden, Q = d.q_lora, D = d.head_dim, L = d.layers, E = d.experts;
+  const double physical = E + redundant;
   const double HD = double(d.heads) / w.attn_tp * D;
   const double inter = double(d.moe_inter) / w.moe_tp, shared = double(d.shared_inter) / w.moe_tp;
   WeightShards s;
   // norms (2H + Q + D), wq_a, wq_b (heads shard), wkv, wo_b (heads shard)
   s.attention = L * (2 * H + Q + D + Q * H + HD * Q + D * H + H * HD);
   s.router = L * E * H;
-  s.experts = L * (E / w.moe_ep) * 3 * inter * H;  // gate, up, down of each local expert
+  s.experts = L * (physical / w.moe_ep) * 3 * inter * H;  // gate, up, down of each local expert
   s.shared = shared_here ? L * 3 * shared * H : 0.0;
   return s;
 }
@@ -96,12 +100,13 @@ struct RankRows {
 // One rank of a DistributedModel of dims `d`; `longest` is the longest request; `elem` the bytes
 // of one value (the demo layer computes in float), `weight_elem` of one weight (0: elem).
 inline MemoryEstimate estimate_rank(const model::ModelDims& d, const Widths& w, const RankRows& r, double longest,
-                                    bool shared_here = true, double elem = 4, double weight_elem = 0) {
+                                    bool shared_here = true, double elem = 4, double weight_elem = 0,
+                                    int redundant = 0) {
   if (weight_elem <= 0) weight_elem = elem;
   const double H = d.hidden, Q = d.q_lora, D = d.head_dim, L = d.layers, E = d.experts;
   const double HD = double(d.heads) / w.attn_tp * D;
   const double inter = double(d.moe_inter) / w.moe_tp, shared = double(d.shared_inter) / w.moe_tp;
-  const WeightShards ws = weight_shards(d, w, shared_here);
+  const WeightShards ws = weight_shards(d, w, shared_here, redundant);
   MemoryEstimate m;
   m.weights = weight_elem * ws.total();
   // One layer's views at a time (xn, qa, qn, q, o, attention output, residual, input), the bridge's
@@ -119,8 +124,14 @@ inline MemoryEstimate estimate_rank(const model::ModelDims& d, const Widths& w, 
 
 // One DistributedModel of dims `d` over `tokens` rows of the whole domain, longest request
 // `longest`, per rank (the largest rank: its shards, and every row when the bridge gathers them).
-inline MemoryEstimate estimate_model(const model::ModelDims& d, const Widths& w, double tokens, double longest) {
-  return estimate_rank(d, w, {tokens, tokens, tokens * d.topk}, longest);
+// Values are fp32; weights fp32 or bf16 (--dtype). bf16 weights are filled in fp32 one tensor at a
+// time and converted before packing: one layer's fp32 copy is counted with the packing buffers.
+inline MemoryEstimate estimate_model(const model::ModelDims& d, const Widths& w, double tokens, double longest,
+                                     int redundant = 0) {
+  const double weight_elem = d.weights == model::WeightDtype::bf16 ? 2 : 4;
+  MemoryEstimate m = estimate_rank(d, w, {tokens, tokens, tokens * d.topk}, longest, true, 4, weight_elem, redundant);
+  m.buffers += (4 - weight_elem) / weight_elem * m.weights / d.layers;
+  return m;
 }
 
 // --check's single-rank reference: one layer of the whole model in double at a time, and its rows.

@@ -2,6 +2,7 @@
 // layout: query heads split over attn_tp, experts over moe_ep, the expert intermediate over moe_tp.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -9,6 +10,10 @@
 #include "relayout/mesh/layout.hpp"
 
 namespace relayout::model {
+
+// The element type the layer's weights are stored in (dsv4_layer --dtype): fp32, or bf16 for the
+// attention projections and the experts (examples/demo/model/layer_weights.hpp says which).
+enum class WeightDtype : std::uint8_t { fp32, bf16 };
 
 struct ModelDims {
   int hidden = 64;
@@ -25,6 +30,9 @@ struct ModelDims {
   kernels::Scoring scoring = kernels::Scoring::softmax;
   double routed_scaling = 1.0;
   std::uint64_t seed = 1234;
+  // The skewed router's Zipf exponent (demo/model/router.hpp): 0 routes by the gate's top-k.
+  double expert_skew = 0;
+  WeightDtype weights = WeightDtype::fp32;
 
   kernels::RouterConfig router() const {
     kernels::RouterConfig c;
@@ -57,6 +65,11 @@ inline void validate(const ModelDims& d, const Widths& w) {
   require_dim(d.shared_inter >= 0, "--shared-inter", "must be >= 0, got " + s(d.shared_inter));
   require_dim(d.layers >= 1, "--layers", "must be >= 1, got " + s(d.layers));
   require_dim(d.window >= 0, "--window", "must be >= 0, got " + s(d.window));
+  require_dim(std::isfinite(d.expert_skew) && d.expert_skew >= 0, "--expert-skew",
+              "the Zipf exponent must be finite and >= 0, got " + std::to_string(d.expert_skew));
+  require_dim(d.expert_skew == 0 || d.topk < d.experts, "--expert-skew",
+              "a skew needs --topk < --experts: with topk = experts = " + s(d.experts) +
+                  " every token goes to every expert, whatever the skew");
   require_dim(d.heads % w.attn_tp == 0, "--heads",
               "wq_b is column-parallel over attn_tp: heads = " + s(d.heads) +
                   " must be a multiple of attn_tp = " + s(w.attn_tp));

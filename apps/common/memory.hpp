@@ -6,7 +6,6 @@
 // minute. The estimate is an upper bound of the model's largest terms, not an exact count.
 #pragma once
 
-#include <mpi.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -18,7 +17,7 @@
 #include <span>
 #include <string>
 
-#include "cli/memory_estimate.hpp"
+#include "common/memory_estimate.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/mesh.hpp"
 
@@ -30,17 +29,14 @@ struct MemoryLimit {
 };
 
 // What one rank may use here: MemAvailable over the job's ranks on this host, the address space
-// left under RLIMIT_AS, --max-memory (0: none). Collective (the ranks of this host are counted).
-inline MemoryLimit memory_limit(std::uint64_t max_memory) {
+// left under RLIMIT_AS, --max-memory (0: none). Collective over `world` (the ranks of this host are
+// counted, by a split the watchdog covers).
+inline MemoryLimit memory_limit(const MpiCommunicator& world, std::uint64_t max_memory) {
   MemoryLimit lim;
   const auto take = [&](double b, const std::string& why) {
     if (b < lim.bytes) lim = {b, why};
   };
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local = 1;
-  MPI_Comm_size(node, &local);
-  MPI_Comm_free(&node);
+  const int local = world.split_shared().size();
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   double kib = 0;
@@ -69,7 +65,7 @@ inline MemoryLimit memory_limit(std::uint64_t max_memory) {
 // estimate does not fit. `flags` names the flags the estimate was made from.
 inline void require_memory(const MpiCommunicator& world, const MemoryEstimate& need, std::uint64_t max_memory,
                            const std::string& flags) {
-  MemoryLimit lim = memory_limit(max_memory);
+  MemoryLimit lim = memory_limit(world, max_memory);
   double mine = lim.bytes, least = lim.bytes;
   all_reduce_in_place(world, std::span<double>(&least, 1), ReduceOp::min);
   if (need.total() <= least) return;

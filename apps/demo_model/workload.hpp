@@ -4,28 +4,23 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "relayout/attention/cp_share.hpp"
 #include "relayout/mesh/layout.hpp"
 #include "relayout/trace/owner.hpp"
-#include "demo/model/weights.hpp"
+#include "demo_model/weights.hpp"
 
 namespace relayout::model {
 
 using RowOwner = trace::RowOwner;
 
-// Which of a DP group's rows one attention-CP rank holds (docs/cp.md): each request cut into cp
-// contiguous chunks (plain --cp), or token i of the group's batch on CP rank i mod cp (prefill CP).
-struct CpShare {
-  CpTokenSplit split = CpTokenSplit::contiguous;
-  int cp = 1;
-  int rank = 0;
-
-  static CpShare of(const RuntimeLayout& l, int cp_rank) { return {l.cp_token_split(), l.widths().attn_cp, cp_rank}; }
-};
+// Which of a DP group's rows one attention-CP rank holds: the library's (relayout/attention).
+using CpShare = relayout::CpShare;
 
 struct Workload {
   std::vector<int> lengths;    // prompt length of request i
@@ -72,21 +67,15 @@ struct Workload {
     for (int r : requests_of(g)) cu.push_back(cu.back() + lengths[std::size_t(r)]);
     return cu;
   }
-  // Where the rows of CP share `s` sit among DP group g's rows (owners_of(g)), in group order: for
-  // each the kv row of its own token, which its attention mask is measured from.
-  std::vector<int> positions_of(int g, const CpShare& s) const {
-    std::vector<int> out;
-    int row = 0;
-    for (int r : requests_of(g)) {
-      const int n = lengths[std::size_t(r)];
-      const TokenRange chunk = cp_chunk(n, s.cp, s.rank);
-      for (int p = 0; p < n; ++p, ++row)
-        if (s.split == CpTokenSplit::round_robin ? prefill_cp_rank_of_token(row, s.cp) == s.rank
-                                                 : p >= chunk.begin && p < chunk.end)
-          out.push_back(row);
-    }
-    return out;
+  // DP group g's batch as the CP ranks share it.
+  CpBatch batch_of(int g, CpTokenSplit split, int cp) const {
+    std::vector<int> n;
+    for (int r : requests_of(g)) n.push_back(lengths[std::size_t(r)]);
+    return CpBatch(std::move(n), split, cp);
   }
+  CpBatch batch_of(int g, const RuntimeLayout& l) const { return batch_of(g, l.cp_token_split(), l.widths().attn_cp); }
+  // Where the rows of CP share `s` sit among DP group g's rows (owners_of(g)), in group order.
+  std::vector<int> positions_of(int g, const CpShare& s) const { return batch_of(g, s.split, s.cp).rows_of(s.rank); }
   // The owners of the rows of CP share `s` of DP group g (all of the group's rows when cp == 1).
   std::vector<std::int64_t> owners_of(int g, const CpShare& s) const {
     const std::vector<std::int64_t> all = owners_of(g);
@@ -98,15 +87,9 @@ struct Workload {
   // split of `s`, a decode row (position >= the prompt length) round-robin by position, p mod cp,
   // so a request's KV stays spread evenly over the CP ranks as it grows (docs/kv_cache.md).
   int cp_rank_of(int r, int position, const CpShare& s) const {
-    const int n = lengths[std::size_t(r)];
-    if (position >= n || s.cp == 1) return position % s.cp;
-    if (s.split == CpTokenSplit::contiguous) return cp_chunk_rank_of_token(position, n, s.cp);
-    int row = position;  // its row in the group's batch
-    for (int q : requests_of(placement[std::size_t(r)])) {
-      if (q == r) break;
-      row += lengths[std::size_t(q)];
-    }
-    return prefill_cp_rank_of_token(row, s.cp);
+    const std::vector<int> group = requests_of(placement[std::size_t(r)]);
+    const int j = int(std::find(group.begin(), group.end(), r) - group.begin());
+    return batch_of(placement[std::size_t(r)], s.split, s.cp).rank_of(j, position);
   }
   std::int64_t total_rows() const {
     std::int64_t n = 0;

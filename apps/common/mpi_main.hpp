@@ -1,6 +1,10 @@
-// The examples' run under MPI: rank 0 prints (the other ranks' output goes to a quiet stream), every
-// rank parses and runs `body`, and JobGuard ends the job, so a rank that fails alone still says why.
+// The examples' run under MPI: MPI for the program's lifetime (the one place the programs call MPI
+// itself; everything else goes through relayout's communicators), rank 0 prints (the other ranks'
+// output goes to a quiet stream), every rank parses and runs `body`, and JobGuard ends the job, so a
+// rank that fails alone still says why.
 #pragma once
+
+#include <mpi.h>
 
 #include <Kokkos_Core.hpp>
 
@@ -10,10 +14,19 @@
 #include <string>
 #include <vector>
 
-#include "cli/layout_flags.hpp"
+#include "common/layout_flags.hpp"
 #include "relayout/comm/job.hpp"
 
 namespace relayout::cli {
+
+// MPI_Init first, MPI_Finalize last: declare it first in main, before everything that uses MPI.
+class MpiSession {
+ public:
+  MpiSession(int& argc, char**& argv) { MPI_Init(&argc, &argv); }
+  ~MpiSession() { MPI_Finalize(); }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+};
 
 // Kokkos::initialize prints its 40-line option banner for --help, before the program's own usage.
 // It gets the arguments without --help / -h, so --help shows the program's usage alone (its footer

@@ -122,6 +122,25 @@ inline CLI::Option* add_float(CLI::App& app, const std::string& names, double& t
   return opt->type_name("FLOAT");
 }
 
+// A tolerance a check accepts: a finite number >= 0 (the rule add_float states) and at most `max`,
+// since a larger one makes the check pass whatever it compares (`why` says so in the error).
+inline CLI::Option* add_tolerance(CLI::App& app, const std::string& names, double& target, const std::string& help,
+                                  double max, const std::string& why) {
+  CLI::Option* opt = app.add_option_function<std::string>(
+      names, [&target, names, max, why](const std::string& text) {
+        const std::string flag = names.substr(0, names.find(','));
+        const double v = parse_finite(flag, text, 0.0);
+        if (v > max) {
+          char m[32];
+          std::snprintf(m, sizeof m, "%g", max);
+          throw number_error(flag, text, "above " + std::string(m) + ": " + why + "; expected a finite number in [0, " + m + "]");
+        }
+        target = v;
+      },
+      help);
+  return opt->type_name("FLOAT");
+}
+
 template <class T>
 CLI::Option* add_int_list(CLI::App& app, const std::string& names, std::vector<T>& target, const std::string& help,
                           T lo = std::numeric_limits<T>::min(), T hi = std::numeric_limits<T>::max()) {
@@ -131,6 +150,20 @@ CLI::Option* add_int_list(CLI::App& app, const std::string& names, std::vector<T
       },
       help);
   return opt->type_name("INT,...");
+}
+
+// A path flag (--trace DIR): an empty value is an error, not "no path" (it would silently do nothing).
+inline CLI::Option* add_path(CLI::App& app, const std::string& names, std::string& target, const std::string& help,
+                             const char* what = "DIR") {
+  CLI::Option* opt = app.add_option_function<std::string>(
+      names, [&target, names, what](const std::string& text) {
+        if (text.empty())
+          throw CLI::ConversionError(names.substr(0, names.find(',')) + ": empty value; expected a " +
+                                     (std::string(what) == "DIR" ? "directory" : what) + " (leave the flag out for none)");
+        target = text;
+      },
+      help);
+  return opt->type_name(what);
 }
 
 }  // namespace relayout::cli

@@ -6,7 +6,8 @@
 #include <ostream>
 #include <string>
 
-#include "cli/numbers.hpp"
+#include "common/numbers.hpp"
+#include "relayout/bridge/plan.hpp"
 #include "relayout/mesh.hpp"
 
 namespace relayout::cli {
@@ -15,9 +16,13 @@ struct LayoutFlags {
   LayoutConfig config;
   std::string backend = "none";
   std::string draft = "none";
-  std::string cp_strategy = "interleave";
+  std::string cp_strategy;  // empty: not given (SGLang has no default)
   int attn_dp_size = 1;
   CLI::Option* attn_dp_size_flag = nullptr;  // the value counts only when given
+  int moe_dense_tp_size = 0;
+  CLI::Option* moe_dense_tp_size_flag = nullptr;
+  // Off where the program reads --ep-num-redundant-experts itself (relayout plan's MLA model).
+  bool add_redundant_experts = true;
 
   void add_to(CLI::App& app) {
     // Any int: the layout engine names the flag and the rule of a width out of its range.
@@ -31,18 +36,38 @@ struct LayoutFlags {
                                 "attention-DP width (same as --dp-size N --enable-dp-attention)");
     app.add_flag("--enable-prefill-cp", config.enable_prefill_cp,
                  "DeepSeek-V4 prefill context parallelism: DP attention on, attn_cp = tp / dp");
-    app.add_option("--cp-strategy", cp_strategy, "prefill CP token order: interleave (zigzag is NPU-only)");
+    app.add_option("--cp-strategy", cp_strategy,
+                   "prefill CP token order, required with --enable-prefill-cp: interleave (zigzag is NPU-only)");
     app.add_option("--moe-a2a-backend", backend, "MoE all-to-all backend: " + backend_names());
     app.add_option("--draft", draft, "speculative draft model: none, dense or moe");
+    app.add_flag("--enable-dp-lm-head", config.enable_dp_lm_head,
+                 "split the LM head's vocabulary over the attention-TP group (needs DP attention)");
+    app.add_flag("--enable-tp-lm-head-all-to-all", config.enable_tp_lm_head_all_to_all,
+                 "TP-sharded LM head with an all-to-all (needs DP attention, tp == dp, attn_cp == 1)");
+    moe_dense_tp_size_flag = add_int(app, "--moe-dense-tp-size", moe_dense_tp_size,
+                                     "TP width of the dense (non-MoE) layers: 1 or tp (default tp)");
+    add_int(app, "--dcp-size,--decode-context-parallel-size", config.dcp,
+            "decode context-parallel width: blocks of dcp ranks inside the TP group");
+    if (add_redundant_experts)
+      add_int(app, "--ep-num-redundant-experts", config.ep_num_redundant_experts,
+              "redundant expert replicas (needs expert parallelism)");
+    add_int(app, "--pp-size,--pipeline-parallel-size", config.pp, "pipeline stages of the world");
+    add_int(app, "--nnodes", config.nnodes, "machines the world runs on");
   }
 
   // Call after parsing: resolves the names and checks the widths (throws LayoutError).
   RuntimeLayout layout() {
     config.moe_a2a_backend = parse_backend(backend);
     config.draft = parse_draft(draft);
-    config.cp_strategy = parse_cp_strategy(cp_strategy);
+    if (!cp_strategy.empty()) config.cp_strategy = parse_cp_strategy(cp_strategy);
     if (attn_dp_size_flag && attn_dp_size_flag->count() > 0) config.attn_dp_size = attn_dp_size;
+    if (moe_dense_tp_size_flag && moe_dense_tp_size_flag->count() > 0) config.moe_dense_tp_size = moe_dense_tp_size;
     return RuntimeLayout(config);
+  }
+  // The whole world the flags describe (replicas x pp x tp); throws LayoutError.
+  WorldLayout world() {
+    layout();
+    return WorldLayout(config);
   }
 };
 
@@ -78,16 +103,14 @@ int run_main(CLI::App& app, int argc, const char* const* argv, std::ostream& out
 }
 
 // --dispatch-dtype (dsv4_layer and relayout plan): fp32 sends dispatched rows in the value type,
-// bf16 as 2-byte values, which only a path that dispatches rows has.
-inline bool dispatch_bf16(const RuntimeLayout& layout, const std::string& dtype) {
-  if (dtype != "fp32" && dtype != "bf16")
-    throw LayoutError("--dispatch-dtype", "--dispatch-dtype must be fp32 or bf16, got '" + dtype + "'");
-  const BridgePath path = layout.bridge_path();
-  if (dtype == "bf16" && path != BridgePath::a2a_split && path != BridgePath::direct)
-    throw LayoutError("--dispatch-dtype", "--dispatch-dtype bf16 needs a path that dispatches rows (a2a_split or direct: "
-                                          "--moe-a2a-backend deepep); this layout takes path " +
-                                              std::string(to_string(path)));
-  return dtype == "bf16";
+// bf16 as 2-byte values, fp8 as e4m3 with a scale per 128 values; the last two only on a path that
+// dispatches rows (the bridge's own rule).
+inline DispatchDtype dispatch_dtype_of(const RuntimeLayout& layout, const std::string& dtype) {
+  if (dtype != "fp32" && dtype != "bf16" && dtype != "fp8")
+    throw LayoutError("--dispatch-dtype", "--dispatch-dtype must be fp32, bf16 or fp8, got '" + dtype + "'");
+  const DispatchDtype d = dtype == "fp32" ? DispatchDtype::compute : dtype == "bf16" ? DispatchDtype::bf16 : DispatchDtype::fp8;
+  check_dispatch_dtype(d, layout.bridge_path(), "--dispatch-dtype");
+  return d;
 }
 
 }  // namespace relayout::cli

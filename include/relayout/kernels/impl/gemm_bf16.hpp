@@ -1,0 +1,283 @@
+// Internal: the GEMM of gemm.hpp for bf16 weights with fp32 accumulation, on bf16 rows (C and
+// bias bf16, rounded once per output) or fp32 rows (C and bias fp32: bf16 weights, fp32
+// activations). Weights are packed as k-pairs, [panels][k/2][NR] 32-bit words each holding
+// (W[j][k], W[j][k+1]), the layout vdpbf16ps reads. Two micro-kernels read it: AVX512-BF16
+// (vdpbf16ps on bf16 pairs of A, chosen at run time when the CPU has it, whatever the build's
+// flags; bf16 rows only) and a portable one that reads the bf16 pairs straight into fp32 lanes (a
+// shift and a mask per 2 x L weights, no converted copy) and uses fp32 FMAs: half the weight bytes
+// of fp32. fp32 rows always take the portable kernel, on every CPU: vdpbf16ps would round the
+// activations to bf16 as well, and their products with the bf16 weights are exact in fp32.
+// Row counts below the tile height (decode) run a tile of that many rows, so few rows cost few FMAs.
+// Not public API.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "relayout/comm/scalar.hpp"
+#include "relayout/kernels/impl/gemm.hpp"
+#include "relayout/kernels/isa.hpp"
+
+#if defined(RELAYOUT_KERNELS_HOST_SIMD) && defined(RELAYOUT_ISA_X86) && \
+    (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 10))
+#include <immintrin.h>
+#define RELAYOUT_KERNELS_DPBF16 1
+#endif
+
+namespace relayout::kernels::impl {
+
+// bf16 tiles are the fp32 tiles (fp32 accumulators), over k-pairs.
+template <class ExecSpace>
+struct GemmTile<ExecSpace, relayout::bf16> : GemmTile<ExecSpace, float> {
+  static constexpr int k_step = 2;
+};
+
+// Which micro-kernel a bf16 GEMM on ExecSpace uses.
+enum class Bf16Kernel : std::uint8_t { widen_fp32, avx512_bf16 };
+
+// AVX512-BF16 when this build has the kernel, ExecSpace runs on the host and the CPU has the
+// instructions (honouring RELAYOUT_ISA_HIDE, which is how tests take the other branch).
+template <class ExecSpace>
+Bf16Kernel bf16_kernel() {
+#if defined(RELAYOUT_KERNELS_DPBF16)
+  if (is_host_space_v<ExecSpace> && GemmTile<ExecSpace, float>::nr % 16 == 0 && isa::cpu_has("avx512f") &&
+      isa::cpu_has("avx512_bf16"))
+    return Bf16Kernel::avx512_bf16;
+#endif
+  return Bf16Kernel::widen_fp32;
+}
+
+KOKKOS_FORCEINLINE_FUNCTION float bits_to_float(std::uint32_t u) {
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Packs A rows (bf16 or fp32) for the widening kernel: [blocks][kp][MR] fp32, kp = k rounded up to
+// even, zero-padded (rows past m, and the k of an odd k).
+template <class ExecSpace, class TA, int MR = GemmTile<ExecSpace, float>::mr>
+struct PackABf16Wide {
+  const TA* a;
+  std::int64_t lda;
+  const int* rows;
+  int m, k, kp;
+  float* out;
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t idx) const {
+    const std::int64_t block = idx / kp;
+    const int kk = static_cast<int>(idx % kp);
+    float* dst = out + (block * kp + kk) * MR;
+    for (int i = 0; i < MR; ++i) {
+      const std::int64_t r = block * MR + i;
+      dst[i] = r < m && kk < k ? float(a[(rows ? std::int64_t(rows[r]) : r) * lda + kk]) : 0.0f;
+    }
+  }
+};
+
+// ... and for vdpbf16ps: [blocks][kp/2][MR] words of (A[r][2q], A[r][2q+1]).
+template <class ExecSpace>
+struct PackABf16Pairs {
+  static constexpr int MR = GemmTile<ExecSpace, float>::mr;
+  const relayout::bf16* a;
+  std::int64_t lda;
+  const int* rows;
+  int m, k, kp;
+  std::uint32_t* out;
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t idx) const {
+    const int pairs = kp / 2;
+    const std::int64_t block = idx / pairs;
+    const int q = static_cast<int>(idx % pairs);
+    std::uint32_t* dst = out + (block * pairs + q) * MR;
+    for (int i = 0; i < MR; ++i) {
+      const std::int64_t r = block * MR + i;
+      std::uint32_t lo = 0, hi = 0;
+      if (r < m) {
+        const relayout::bf16* row = a + (rows ? std::int64_t(rows[r]) : r) * lda;
+        lo = row[2 * q].bits;
+        hi = 2 * q + 1 < k ? row[2 * q + 1].bits : 0u;
+      }
+      dst[i] = lo | (hi << 16);
+    }
+  }
+};
+
+// Writes an MR x NR fp32 tile into C (+ bias, + C when accumulating): bf16 C rounds once, fp32 C
+// takes the sums as they are.
+template <class TC>
+KOKKOS_INLINE_FUNCTION void store_bf16_tile(const float* acc, int MR, int NR, TC* c0, std::int64_t ldc,
+                                            const TC* bias, int col0, int m_valid, int n_valid,
+                                            bool accumulate) {
+  for (int i = 0; i < m_valid && i < MR; ++i)
+    for (int j = 0; j < n_valid && j < NR; ++j) {
+      float r = acc[i * NR + j];
+      if (bias) r += float(bias[col0 + j]);
+      TC& dst = c0[i * ldc + j];
+      if (accumulate) r += float(dst);
+      dst = TC(r);
+    }
+}
+
+// The widening micro-kernel: per k-pair, NR/L words of B widen to 2 x NV fp32 vectors (the low
+// half shifted left by 16, the high half masked), each feeding MR x 2 FMAs. MR_ rows per tile (the
+// tile height, or fewer for a short A).
+template <class ExecSpace, class TC, int MR_ = GemmTile<ExecSpace, float>::mr>
+struct GemmBf16Wide {
+  using Tile = GemmTile<ExecSpace, float>;
+  static constexpr int MR = MR_, NR = Tile::nr, NV = Tile::nv, L = Tile::lanes;
+  using V = typename Vec<float, L>::type;
+  using U = typename Vec<std::uint32_t, L>::type;
+  const float* a_packed;         // [row blocks][kp][MR]
+  const std::uint32_t* b_packed;  // [panels][kp/2][NR]
+  TC* c;
+  std::int64_t ldc;
+  const TC* bias;
+  int m, n, kp;
+  std::int64_t row_blocks;
+  bool accumulate;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t idx) const {
+    const std::int64_t panel = idx / row_blocks, block = idx % row_blocks;
+    const float* a = a_packed + block * kp * MR;
+    const std::uint32_t* b = b_packed + panel * (kp / 2) * NR;
+    V acc[MR][NV];
+    for (int i = 0; i < MR; ++i)
+      for (int v = 0; v < NV; ++v) acc[i][v] = V{};
+    for (int q = 0; q < kp / 2; ++q) {
+      V lo[NV], hi[NV];
+      for (int v = 0; v < NV; ++v) {
+        const U w = load<U>(b + q * NR + v * L);
+        const U wl = w << 16, wh = w & 0xffff0000u;
+        __builtin_memcpy(&lo[v], &wl, sizeof(V));
+        __builtin_memcpy(&hi[v], &wh, sizeof(V));
+      }
+      for (int i = 0; i < MR; ++i) {
+        const float a0 = a[(2 * q) * MR + i], a1 = a[(2 * q + 1) * MR + i];
+        for (int v = 0; v < NV; ++v) acc[i][v] += a0 * lo[v] + a1 * hi[v];
+      }
+    }
+    float tile[MR * NR];
+    for (int i = 0; i < MR; ++i)
+      for (int v = 0; v < NV; ++v)
+        for (int l = 0; l < L; ++l) tile[i * NR + v * L + l] = lane<L>(acc[i][v], l);
+    const std::int64_t row0 = block * MR, col0 = panel * NR;
+    store_bf16_tile(tile, MR, NR, c + row0 * ldc + col0, ldc, bias, int(col0), int(m - row0), int(n - col0),
+                    accumulate);
+  }
+};
+
+#if defined(RELAYOUT_KERNELS_DPBF16)
+// One MR x NR tile with vdpbf16ps: NR/16 accumulators per row, A's pair broadcast. Compiled for
+// AVX512-BF16 by attribute, so a build without those flags has it too; bf16_kernel() decides.
+template <int MR, int NR>
+__attribute__((target("avx512f,avx512bf16"))) void dpbf16_tile(const std::uint32_t* a, const std::uint32_t* b,
+                                                                int pairs, float* out) {
+  constexpr int NZ = NR / 16;
+  __m512 acc[MR][NZ];
+  for (int i = 0; i < MR; ++i)
+    for (int z = 0; z < NZ; ++z) acc[i][z] = _mm512_setzero_ps();
+  for (int q = 0; q < pairs; ++q) {
+    __m512i bz[NZ];
+    for (int z = 0; z < NZ; ++z) bz[z] = _mm512_loadu_si512(b + q * NR + z * 16);
+    for (int i = 0; i < MR; ++i) {
+      const __m512i ai = _mm512_set1_epi32(int(a[q * MR + i]));
+      for (int z = 0; z < NZ; ++z) acc[i][z] = _mm512_dpbf16_ps(acc[i][z], (__m512bh)ai, (__m512bh)bz[z]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int z = 0; z < NZ; ++z) _mm512_storeu_ps(out + i * NR + z * 16, acc[i][z]);
+}
+
+template <class ExecSpace>
+struct GemmBf16Dp {
+  using Tile = GemmTile<ExecSpace, float>;
+  static constexpr int MR = Tile::mr, NR = Tile::nr;
+  const std::uint32_t* a_packed;  // [row blocks][kp/2][MR]
+  const std::uint32_t* b_packed;  // [panels][kp/2][NR]
+  relayout::bf16* c;
+  std::int64_t ldc;
+  const relayout::bf16* bias;
+  int m, n, kp;
+  std::int64_t row_blocks;
+  bool accumulate;
+
+  void operator()(const std::int64_t idx) const {
+    const std::int64_t panel = idx / row_blocks, block = idx % row_blocks;
+    const int pairs = kp / 2;
+    float tile[MR * NR];
+    dpbf16_tile<MR, NR>(a_packed + block * pairs * MR, b_packed + panel * pairs * NR, pairs, tile);
+    const std::int64_t row0 = block * MR, col0 = panel * NR;
+    store_bf16_tile(tile, MR, NR, c + row0 * ldc + col0, ldc, bias, int(col0), int(m - row0), int(n - col0),
+                    accumulate);
+  }
+};
+#endif
+
+// A pack buffer of the bf16 GEMM for A rows of TA holds the widened fp32 rows (k rounded to even),
+// counted in TA slots: 2 per element for bf16 rows, 1 for fp32 rows.
+template <class ExecSpace, class TA = relayout::bf16>
+std::int64_t gemm_a_pack_size_bf16(std::int64_t m, std::int64_t k) {
+  using Tile = GemmTile<ExecSpace, float>;
+  static_assert(sizeof(float) % sizeof(TA) == 0, "relayout::kernels: bf16 GEMM rows are bf16 or fp32");
+  return ceil_div(m, Tile::mr) * Tile::mr * (k + (k & 1)) * std::int64_t(sizeof(float) / sizeof(TA));
+}
+
+// The widening kernel with MR rows per tile: packs A, then one work item per MR x NR tile.
+template <int MR, class ExecSpace, class TA>
+void gemm_bf16_wide(const ExecSpace& exec, const TA* a, std::int64_t lda, const int* rows, int m, int k,
+                    const std::uint32_t* b, int n, TA* c, std::int64_t ldc, const TA* bias, bool accumulate,
+                    float* ap) {
+  using Tile = GemmTile<ExecSpace, float>;
+  const int kp = k + (k & 1);
+  const std::int64_t row_blocks = ceil_div(m, MR), panels = ceil_div(n, Tile::nr);
+  Kokkos::parallel_for("relayout::kernels::pack_a_bf16", Kokkos::RangePolicy<ExecSpace>(exec, 0, row_blocks * kp),
+                       PackABf16Wide<ExecSpace, TA, MR>{a, lda, rows, m, k, kp, ap});
+  Kokkos::parallel_for("relayout::kernels::gemm_bf16", Kokkos::RangePolicy<ExecSpace>(exec, 0, panels * row_blocks),
+                       GemmBf16Wide<ExecSpace, TA, MR>{ap, b, c, ldc, bias, m, n, kp, row_blocks, accumulate});
+}
+
+// C[m x n] (+)= rows of A . B^T (+ bias) for bf16 B (packed as k-pairs), accumulated in fp32. A, C
+// and bias are all bf16 (C rounded once per output) or all fp32 (TA = float: bf16 weights, fp32
+// activations, always the widening kernel). a_pack must hold gemm_a_pack_size_bf16<ExecSpace, TA>(m,
+// k) TA slots; `kernel` picks the micro-kernel for bf16 rows.
+template <class ExecSpace, class TA>
+void gemm_packed_bf16(const ExecSpace& exec, const TA* a, std::int64_t lda, const int* rows, int m, int k,
+                      const relayout::bf16* b_packed, int n, TA* c, std::int64_t ldc, const TA* bias,
+                      bool accumulate, TA* a_pack, Bf16Kernel kernel = bf16_kernel<ExecSpace>()) {
+  static_assert(std::is_same_v<TA, relayout::bf16> || std::is_same_v<TA, float>,
+                "relayout::kernels: the bf16 GEMM takes bf16 or fp32 rows");
+  using Tile = GemmTile<ExecSpace, float>;
+  if (m == 0 || n == 0) return;
+  const auto* b = reinterpret_cast<const std::uint32_t*>(b_packed);
+#if defined(RELAYOUT_KERNELS_DPBF16)
+  if constexpr (std::is_same_v<TA, relayout::bf16>) {
+    if (kernel == Bf16Kernel::avx512_bf16 && is_host_space_v<ExecSpace> && Tile::nr % 16 == 0) {
+      const int kp = k + (k & 1);
+      const std::int64_t row_blocks = ceil_div(m, Tile::mr), panels = ceil_div(n, Tile::nr);
+      auto* ap = reinterpret_cast<std::uint32_t*>(a_pack);
+      Kokkos::parallel_for("relayout::kernels::pack_a_bf16",
+                           Kokkos::RangePolicy<ExecSpace>(exec, 0, row_blocks * (kp / 2)),
+                           PackABf16Pairs<ExecSpace>{a, lda, rows, m, k, kp, ap});
+      Kokkos::parallel_for("relayout::kernels::gemm_bf16", Kokkos::RangePolicy<ExecSpace>(exec, 0, panels * row_blocks),
+                           GemmBf16Dp<ExecSpace>{ap, b, c, ldc, bias, m, n, kp, row_blocks, accumulate});
+      return;
+    }
+  }
+#endif
+  (void)kernel;
+  auto* ap = reinterpret_cast<float*>(a_pack);
+  // A short A (a decode step's rows for one expert) runs a tile of its own height: the FMAs of
+  // rows that do not exist would cost as much as those of real ones.
+  if constexpr (Tile::mr > 4) {
+    switch (m) {
+      case 1: return gemm_bf16_wide<1>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap);
+      case 2: return gemm_bf16_wide<2>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap);
+      case 3: return gemm_bf16_wide<3>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap);
+      case 4: return gemm_bf16_wide<4>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap);
+      default: break;
+    }
+  }
+  gemm_bf16_wide<Tile::mr>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap);
+}
+
+}  // namespace relayout::kernels::impl

@@ -1,0 +1,378 @@
+// The experts contract: what the engine's router fills (TopK), what its experts receive
+// (ExpertBatch: rows grouped by local expert), the concepts its router and experts satisfy, and
+// the one grouping / weighted combine every MoE path runs (group_by_expert, combine_experts,
+// local_experts). No communication: the kernels, the EP dispatch and the bridge all speak it.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <Kokkos_Core.hpp>
+
+#include "relayout/mesh/error.hpp"
+#include "relayout/mesh/names.hpp"
+#include "relayout/placement/rows_view.hpp"
+
+namespace relayout {
+
+// The router's decision for each row: the top-k global expert ids and their weights.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+struct TopK {
+  using ids_view = Kokkos::View<int**, Kokkos::LayoutRight, typename Space::memory_space>;
+  using weights_view = Kokkos::View<T**, Kokkos::LayoutRight, typename Space::memory_space>;
+  ids_view ids;          // rows x k, global expert ids in [0, experts)
+  weights_view weights;  // rows x k
+
+  TopK() = default;
+  TopK(ids_view i, weights_view w) : ids(std::move(i)), weights(std::move(w)) {}
+  TopK(std::int64_t rows, int k)
+      : ids(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::topk_ids")),
+            static_cast<std::size_t>(rows), static_cast<std::size_t>(k)),
+        weights(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::topk_weights")),
+                static_cast<std::size_t>(rows), static_cast<std::size_t>(k)) {}
+  std::int64_t rows() const { return static_cast<std::int64_t>(ids.extent(0)); }
+  int k() const { return static_cast<int>(ids.extent(1)); }
+};
+
+// The rows one rank's experts must process, grouped by local expert: local expert e (global id
+// first_expert + e) gets rows [offset(e), offset(e) + count(e)) of x. A row routed to two local
+// experts appears in both groups. The outputs the engine writes are unweighted: relayout applies
+// the router weights and sums per row.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+struct ExpertBatch {
+  RowsView<T, Space> x;
+  std::vector<std::int64_t> offsets;  // on the host, experts() + 1 entries
+  int first_expert = 0;
+
+  int experts() const { return static_cast<int>(offsets.size()) - 1; }
+  std::int64_t rows() const { return offsets.empty() ? 0 : offsets.back(); }
+  std::int64_t offset(int e) const { return offsets[static_cast<std::size_t>(e)]; }
+  std::int64_t count(int e) const { return offset(e + 1) - offset(e); }
+  // The rows of local expert e (a view, no copy).
+  RowsView<T, Space> rows_of(int e) const {
+    return Kokkos::subview(x, Kokkos::make_pair(offset(e), offset(e) + count(e)), Kokkos::ALL);
+  }
+};
+
+// The engine's experts: y(i, :) = expert (first_expert + e)(x(i, :)) for every row i of group e,
+// the whole expert's output or this rank's moe_tp share of it (its partials are then summed by the
+// bridge's plan). Called on every rank, also with zero rows.
+template <class E, class T, class Space>
+concept ExpertsFor = requires(E& experts, const Space& exec, const ExpertBatch<T, Space>& batch,
+                              const RowsView<T, Space>& y) {
+  experts(exec, batch, y);
+};
+
+// The engine's router: fills out.ids / out.weights (rows x top_k()) for the rows x.
+template <class R, class T, class Space>
+concept RouterFor = requires(R& r, const Space& exec, const RowsView<T, Space>& x, TopK<T, Space>& out) {
+  { r.top_k() } -> std::convertible_to<int>;
+  r(exec, x, out);
+};
+
+// An engine's experts may have a shared expert: shared(exec, x, y) adds its output for rows x to y.
+// On paths a2a_split and direct it is called on every rank with that rank's own rows (the whole
+// shared expert); on dp_gather and tp_moe only on moe_ep rank 0 of each MoE replica, and the
+// engine adds its moe_tp share there (the bridge sums the partials over tp).
+template <class E, class T, class Space>
+concept HasSharedExpert = requires(E& e, const Space& exec, const RowsView<T, Space>& x,
+                                   const RowsView<T, Space>& y) { e.shared(exec, x, y); };
+
+namespace impl {
+
+// The memory behind the expert grouping, local_experts and ep_dispatch / ep_combine, kept between
+// calls. Every buffer only grows: a call whose sizes fit what is there allocates nothing.
+template <class T, class Space>
+struct EpBuffers {
+  using Mem = typename Space::memory_space;
+  using Index2 = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem>;
+  using Words = Kokkos::View<std::int32_t*, Mem>;
+  Kokkos::View<std::int64_t*, Mem> starts;
+  typename Kokkos::View<std::int64_t*, Mem>::HostMirror host_starts;
+  Index2 send_pos, slot_of;
+  Words send, recv, ll_send, ll_recv, ll_heads;
+  RowsView<T, Space> batch, outputs, reduced, back, combined;
+  std::int64_t allocations = 0;
+
+  // The first n0 rows of buf (n0 x n1), reallocated only when it is too small or n1 differs.
+  template <class V>
+  V rows(V& buf, const char* label, std::int64_t n0, std::int64_t n1) {
+    if (static_cast<std::int64_t>(buf.extent(0)) < n0 || static_cast<std::int64_t>(buf.extent(1)) != n1) {
+      buf = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
+              static_cast<std::size_t>(n0 + n0 / 8), static_cast<std::size_t>(n1));
+      ++allocations;
+    }
+    return Kokkos::subview(buf, Kokkos::make_pair(std::int64_t(0), n0), Kokkos::ALL);
+  }
+  template <class V>
+  V flat(V& buf, const char* label, std::int64_t n) {
+    if (static_cast<std::int64_t>(buf.extent(0)) < n) {
+      buf = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n + n / 8));
+      ++allocations;
+    }
+    return Kokkos::subview(buf, Kokkos::make_pair(std::int64_t(0), n));
+  }
+  // Offsets of a bucket scan: on the execution space and its host copy (buckets + 1 entries).
+  void bucket_starts(std::int64_t buckets) {
+    if (static_cast<std::int64_t>(starts.extent(0)) < buckets + 1) {
+      starts = Kokkos::View<std::int64_t*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ep_starts")),
+                                                static_cast<std::size_t>(buckets + 1));
+      host_starts = Kokkos::create_mirror_view(starts);
+      ++allocations;
+    }
+  }
+};
+
+}  // namespace impl
+
+// DeepEP's two dispatch modes. normal: the counts go first (one exchange), then the rows in buffers
+// sized for this call. low_latency: blocks of a fixed capacity of rows per rank, set when the
+// workspace is made, and one exchange per direction (each block carries its own count): one
+// latency per call for decode-sized batches, at the price of sending whole blocks, used or not.
+enum class EpMode : std::uint8_t { normal, low_latency };
+inline constexpr impl::NameTable<EpMode, 2> kEpModeNames{
+    {{{EpMode::normal, "normal"}, {EpMode::low_latency, "low_latency"}}}};
+constexpr std::string_view to_string(EpMode m) { return kEpModeNames.name(m); }
+// An EP mode by name ("normal", "low_latency"); `input` names the flag or field in the error.
+inline EpMode parse_ep_mode(std::string_view text, const char* input = "ep_mode") {
+  return impl::parse_name(kEpModeNames, text, input, "EP mode");
+}
+
+// Memory an engine keeps for ep_dispatch, ep_combine, local_experts and MoeBridge, so that calls
+// after the first allocate nothing once their sizes fit (buffers grow, never shrink). Results of a
+// call (the batch, the combined rows) live in it: the next call with the same workspace overwrites
+// them. One workspace per concurrent caller; it must outlive the Dispatched made with it.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+class EpWorkspace {
+ public:
+  EpWorkspace() = default;
+  // low_latency: ep_dispatch with this workspace sends fixed blocks of `capacity` rows per
+  // destination, the most rows a rank may dispatch in one call (DeepEP's
+  // num_max_dispatch_tokens_per_rank); a call with more is refused on every member.
+  EpWorkspace(EpMode mode, std::int64_t capacity) : mode_(mode), capacity_(capacity) {
+    if (mode == EpMode::low_latency && capacity < 1)
+      throw LayoutError("capacity", "EpWorkspace: low_latency mode needs a capacity of at least 1 row per rank, got " +
+                                        std::to_string(capacity));
+  }
+  EpMode mode() const { return mode_; }
+  std::int64_t capacity() const { return capacity_; }
+  // How many buffers it has allocated so far.
+  std::int64_t allocations() const { return buffers_.allocations; }
+  // A rows x hidden buffer for the experts' outputs (ep_combine's expert_y), reused across calls.
+  RowsView<T, Space> expert_outputs(std::int64_t rows, std::int64_t hidden) {
+    return buffers_.rows(buffers_.outputs, "relayout::expert_out", rows, hidden);
+  }
+  impl::EpBuffers<T, Space>& buffers() { return buffers_; }
+
+ private:
+  impl::EpBuffers<T, Space> buffers_;
+  EpMode mode_ = EpMode::normal;
+  std::int64_t capacity_ = 0;
+};
+
+namespace impl {
+
+template <class T, class Space>
+void require_expert_outputs(const ExpertBatch<T, Space>& b, const RowsView<T, Space>& y, const char* call) {
+  if (static_cast<std::int64_t>(y.extent(0)) != b.rows() || y.extent(1) != b.x.extent(1))
+    throw LayoutError("expert_y", std::string(call) + ": the experts' outputs are " + std::to_string(y.extent(0)) +
+                                      " x " + std::to_string(y.extent(1)) + " but the batch is " +
+                                      std::to_string(b.rows()) + " x " + std::to_string(b.x.extent(1)) +
+                                      " (one output row per batch row)");
+}
+
+inline void require_experts(int experts, int ep, const char* call) {
+  if (experts < 1 || experts % ep != 0)
+    throw LayoutError("experts", std::string(call) + ": " + std::to_string(experts) +
+                                     " experts cannot be split evenly over moe_ep = " + std::to_string(ep));
+}
+
+// What is wrong with the router output, or "" when nothing is: its shape, then (when `full`) ids
+// outside [0, experts) and weights that are not finite.
+template <class T, class Space>
+std::string route_problem(const Space& exec, const TopK<T, Space>& route, std::int64_t rows, int experts,
+                          bool full) {
+  if (route.rows() != rows || static_cast<std::int64_t>(route.weights.extent(0)) != rows ||
+      route.weights.extent(1) != route.ids.extent(1))
+    return "the router output has " + std::to_string(route.rows()) + " rows (ids " +
+           std::to_string(route.ids.extent(0)) + " x " + std::to_string(route.ids.extent(1)) + ", weights " +
+           std::to_string(route.weights.extent(0)) + " x " + std::to_string(route.weights.extent(1)) + ") for " +
+           std::to_string(rows) + " rows; ids and weights must both be rows x k";
+  if (!full) return {};
+  // One reduction finds ids out of range (low 32 bits) and weights that are NaN or infinite (high
+  // bits), so a bad router fails loudly instead of writing out of bounds or spreading a NaN.
+  const auto ids = route.ids;
+  const auto w = route.weights;
+  const int K = route.k();
+  std::int64_t bad = 0;
+  Kokkos::parallel_reduce(
+      "relayout::check_topk", Kokkos::RangePolicy<Space>(exec, 0, rows * K),
+      KOKKOS_LAMBDA(const std::int64_t s, std::int64_t& b) {
+        const int e = ids(s / K, static_cast<int>(s % K));
+        const T d = w(s / K, static_cast<int>(s % K)) - w(s / K, static_cast<int>(s % K));  // NaN unless finite
+        if (e < 0 || e >= experts) b += 1;
+        if (!(d == d)) b += std::int64_t(1) << 32;
+      },
+      bad);
+  exec.fence();
+  const std::int64_t bad_ids = bad & 0xffffffff, bad_weights = bad >> 32;
+  if (bad_ids > 0) return std::to_string(bad_ids) + " expert id(s) outside [0, " + std::to_string(experts) + ")";
+  if (bad_weights > 0)
+    return std::to_string(bad_weights) + " router weight(s) NaN or infinite; every weight must be finite";
+  return {};
+}
+
+// Groups rows by local expert: lid(i, k) is row i's k-th local expert (outside [0, experts): not
+// here), row(i, f) its values. Returns the batch (rows gathered, in ws) and fills slot_of(i, k),
+// the batch row of (i, k), -1 where unrouted. Stable: within a group, rows keep their order. The
+// counting sort is one sequential pass over the (row, k) items (items + experts work): a scan per
+// expert costs items x experts (at 256 experts, 8192 rows top-8: 70 ms against 1.1 ms).
+template <class T, class Space, class Row, class Lid>
+ExpertBatch<T, Space> group_by_expert(const Space& exec, EpBuffers<T, Space>& ws, std::int64_t n, int K,
+                                      std::int64_t H, const Row& row, const Lid& lid, int experts, int first_expert,
+                                      typename EpBuffers<T, Space>::Index2& slot_of) {
+  slot_of = ws.rows(ws.slot_of, "relayout::slot_of", n, K);
+  ws.bucket_starts(experts);
+  const auto so = slot_of;
+  const auto starts = ws.starts;
+  Kokkos::parallel_for(
+      "relayout::group_by_expert", Kokkos::RangePolicy<Space>(exec, 0, 1), KOKKOS_LAMBDA(const int) {
+        for (int e = 0; e <= experts; ++e) starts(e) = 0;
+        for (std::int64_t s = 0; s < n * K; ++s) {
+          const int e = lid(s / K, static_cast<int>(s % K));
+          if (e >= 0 && e < experts) ++starts(e + 1);
+        }
+        for (int e = 0; e < experts; ++e) starts(e + 1) += starts(e);
+        // starts(e) is expert e's fill cursor: afterwards it is where expert e + 1 begins.
+        for (std::int64_t s = 0; s < n * K; ++s) {
+          const int e = lid(s / K, static_cast<int>(s % K));
+          so(s / K, static_cast<int>(s % K)) = e >= 0 && e < experts ? starts(e)++ : -1;
+        }
+        for (int e = experts; e > 0; --e) starts(e) = starts(e - 1);
+        starts(0) = 0;
+      });
+  Kokkos::deep_copy(exec, ws.host_starts, starts);
+  exec.fence();
+  ExpertBatch<T, Space> b;
+  b.first_expert = first_expert;
+  b.offsets.assign(ws.host_starts.data(), ws.host_starts.data() + experts + 1);
+  b.x = ws.rows(ws.batch, "relayout::expert_rows", b.rows(), H);
+  const auto bx = b.x;
+  Kokkos::parallel_for(
+      "relayout::group_by_expert.gather", Kokkos::RangePolicy<Space>(exec, 0, n * K),
+      KOKKOS_LAMBDA(const std::int64_t s) {
+        const std::int64_t at = so(s / K, static_cast<int>(s % K));
+        if (at >= 0)
+          for (std::int64_t f = 0; f < H; ++f) bx(at, f) = row(s / K, f);
+      });
+  return b;
+}
+
+// out(i) = sum_k w(i, k) * expert_y(slot_of(i, k)) over this rank's experts of row i (accumulate:
+// added to out); rows with none are zero (or unchanged). The sum runs in k order: deterministic.
+template <class Space, class W, class S, class Y, class Out>
+void weighted_sum(const Space& exec, int K, const W& w, const S& slot_of, const Y& expert_y, const Out& out,
+                  bool accumulate = false) {
+  const std::int64_t n = static_cast<std::int64_t>(out.extent(0)), H = static_cast<std::int64_t>(out.extent(1));
+  using T = typename Out::non_const_value_type;
+  Kokkos::parallel_for(
+      "relayout::expert_weighted_sum", Kokkos::RangePolicy<Space>(exec, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
+        for (std::int64_t f = 0; f < H; ++f) {
+          T acc = accumulate ? out(i, f) : T(0);
+          for (int k = 0; k < K; ++k) {
+            const std::int64_t s = slot_of(i, k);
+            if (s >= 0) acc += w(i, k) * expert_y(s, f);
+          }
+          out(i, f) = acc;
+        }
+      });
+}
+
+}  // namespace impl
+
+// Rows grouped by this rank's experts, and where each (row, k) went.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+struct ExpertGroups {
+  ExpertBatch<T, Space> batch;  // in the workspace: the next grouping with it overwrites it
+  Kokkos::View<std::int64_t**, Kokkos::LayoutRight, typename Space::memory_space> slot_of;  // (row, k) -> batch row, -1
+};
+
+// The rows of x that route sends to experts [first_expert, first_expert + local), grouped by
+// expert (ids of other experts, or -1, are skipped). The one grouping of the house: local_experts,
+// ep_dispatch's expert side and the bridge all group with it. No communication.
+template <class T, class Space, class X>
+ExpertGroups<T, Space> group_by_expert(const Space& exec, const X& x, const TopK<T, Space>& route, int first_expert,
+                                       int local, EpWorkspace<T, Space>& ws) {
+  const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), H = static_cast<std::int64_t>(x.extent(1));
+  if (local < 1 || first_expert < 0)
+    throw LayoutError("local", "group_by_expert: needs local >= 1 experts from first_expert >= 0; got local = " +
+                                   std::to_string(local) + ", first_expert = " + std::to_string(first_expert));
+  if (route.rows() != n || route.weights.extent(0) != route.ids.extent(0))
+    throw LayoutError("route", "group_by_expert: the router output has " + std::to_string(route.rows()) +
+                                   " rows for " + std::to_string(n) + " rows of x");
+  const int K = route.k();
+  const auto ids = route.ids;
+  ExpertGroups<T, Space> g;
+  g.batch = impl::group_by_expert<T>(
+      exec, ws.buffers(), n, K, H, KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t f) { return x(i, f); },
+      KOKKOS_LAMBDA(const std::int64_t i, const int k) { return ids(i, k) - first_expert; }, local, first_expert,
+      g.slot_of);
+  return g;
+}
+
+// out(i) = sum_k route.weights(i, k) * y(slot_of(i, k)) over the (row, k) in the groups, in k order
+// (deterministic, no atomics); accumulate: added to out (the shared expert's output, another
+// moe_tp shard's partial sums). y holds the experts' outputs, one per batch row.
+template <class T, class Space, class Out>
+void combine_experts(const Space& exec, const ExpertGroups<T, Space>& g, const TopK<T, Space>& route,
+                     const RowsView<T, Space>& y, const Out& out, bool accumulate = false) {
+  impl::require_expert_outputs(g.batch, y, "combine_experts");
+  if (route.rows() != static_cast<std::int64_t>(g.slot_of.extent(0)) || route.k() != static_cast<int>(g.slot_of.extent(1)) ||
+      route.weights.extent(0) != route.ids.extent(0) || route.weights.extent(1) != route.ids.extent(1))
+    throw LayoutError("route", "combine_experts: the router weights are " + std::to_string(route.weights.extent(0)) +
+                                   " x " + std::to_string(route.weights.extent(1)) + " but the groups were made for " +
+                                   std::to_string(g.slot_of.extent(0)) + " rows x " +
+                                   std::to_string(g.slot_of.extent(1)));
+  if (out.extent(0) != g.slot_of.extent(0) || (g.batch.rows() > 0 && out.extent(1) != y.extent(1)))
+    throw LayoutError("out", "combine_experts: out is " + std::to_string(out.extent(0)) + " x " +
+                                 std::to_string(out.extent(1)) + "; it must be rows x hidden = " +
+                                 std::to_string(g.slot_of.extent(0)) + " x " + std::to_string(y.extent(1)));
+  const auto w = route.weights;
+  impl::weighted_sum(
+      exec, route.k(), KOKKOS_LAMBDA(const std::int64_t i, const int k) { return w(i, k); }, g.slot_of, y, out,
+      accumulate);
+}
+
+// The local half of a MoE on rows every rank of the MoE holds (paths dp_gather and tp_moe): this
+// rank's experts (global ids [first_expert, first_expert + local) of experts_total) on the rows x
+// routed to them, weighted and summed per row. The result is this rank's partial output for every
+// row (zero for rows none of its experts takes); summing the partials over the MoE group completes
+// it. No communication. Buffers come from `ws`; check_route: validate the router output (ids in
+// range, weights finite) first.
+template <class T, class Space, class X, ExpertsFor<T, Space> E>
+void local_experts(const Space& exec, const X& x, const TopK<T, Space>& route, int first_expert, int local,
+                   int experts_total, E& experts, const RowsView<T, Space>& out, EpWorkspace<T, Space>& ws,
+                   bool check_route = true) {
+  const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), H = static_cast<std::int64_t>(x.extent(1));
+  impl::require_experts(experts_total, 1, "local_experts");
+  if (const std::string problem = impl::route_problem(exec, route, n, experts_total, check_route); !problem.empty())
+    throw LayoutError("route", "local_experts: " + problem);
+  const ExpertGroups<T, Space> g = group_by_expert(exec, x, route, first_expert, local, ws);
+  const auto y = ws.expert_outputs(g.batch.rows(), H);
+  experts(exec, g.batch, y);
+  combine_experts(exec, g, route, y, out);
+  exec.fence();
+}
+
+template <class T, class Space, class X, ExpertsFor<T, Space> E>
+void local_experts(const Space& exec, const X& x, const TopK<T, Space>& route, int first_expert, int local,
+                   int experts_total, E& experts, const RowsView<T, Space>& out) {
+  EpWorkspace<T, Space> ws;
+  local_experts(exec, x, route, first_expert, local, experts_total, experts, out, ws);
+}
+
+}  // namespace relayout

@@ -1,0 +1,300 @@
+// CpAttention on real MPI ranks against plain single-rank loops written here: the prefill's KV
+// all-gather and attention under both CP token splits, decode and extend rows under attn_cp
+// (query all-gather, partials, merge) through the paged cache, requests joining mid-run and
+// leaving, a speculative rollback, and the attention-TP all-reduce as the typed transition.
+// At np 2 the layout is tp 2, cp 2 (attn_tp 1); at np 4 tp 4, cp 2 (attn_tp 2, heads split);
+// every rank count also runs DP attention without CP. Float and double.
+#include <doctest/doctest.h>
+
+#include <Kokkos_Core.hpp>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include <relayout/attention.hpp>
+#include <relayout/comm.hpp>
+#include <relayout/kernels/kv_cache.hpp>
+
+#include "mpi_world.hpp"
+
+using namespace relayout;
+
+namespace {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+using Mem = Exec::memory_space;
+constexpr int kHeads = 4, kDim = 4, kWindow = 5;
+
+// Query and kv values of (request id, position); `salt` tells rows computed in different steps
+// apart, so a rollback that kept a rejected row shows.
+double q_val(std::int64_t id, int p, int h, int d) { return std::sin(0.3 * id + 0.17 * p + 0.5 * h + 0.11 * d); }
+double kv_val(std::int64_t id, int p, int d, int salt) { return std::cos(0.23 * id + 0.31 * p + 0.7 * d + 0.9 * salt); }
+
+// Plain attention of one query row (all heads) over keys[start .. p], keys[k] a head_dim row.
+std::vector<double> reference(std::int64_t id, int p, const std::vector<std::vector<double>>& keys, int window) {
+  std::vector<double> out(std::size_t(kHeads * kDim), 0.0);
+  const int start = window > 0 ? std::max(0, p - window + 1) : 0;
+  const double scale = 1.0 / std::sqrt(double(kDim));
+  for (int h = 0; h < kHeads; ++h) {
+    std::vector<double> s;
+    double m = -1e300;
+    for (int k = start; k <= p; ++k) {
+      double dot = 0;
+      for (int d = 0; d < kDim; ++d) dot += q_val(id, p, h, d) * keys[std::size_t(k)][std::size_t(d)];
+      s.push_back(dot * scale);
+      m = std::max(m, s.back());
+    }
+    double l = 0;
+    for (double& v : s) l += (v = std::exp(v - m));
+    for (int k = start; k <= p; ++k)
+      for (int d = 0; d < kDim; ++d)
+        out[std::size_t(h * kDim + d)] += s[std::size_t(k - start)] / l * keys[std::size_t(k)][std::size_t(d)];
+  }
+  return out;
+}
+
+struct Setup {
+  const char* name;
+  LayoutConfig config;
+};
+std::vector<Setup> setups(int np) {
+  std::vector<Setup> s;
+  if (np >= 2 && np % 2 == 0) s.push_back({"cp 2", {.tp = np, .cp = 2}});
+  s.push_back({"dp attention, no cp", {.tp = np, .dp = np, .enable_dp_attention = np > 1}});
+  return s;
+}
+
+template <class T>
+using V = RowsView<T, Exec>;
+
+template <class T>
+V<T> device(const std::vector<double>& h, std::size_t rows, std::size_t cols) {
+  V<T> v("v", rows, cols);
+  auto m = Kokkos::create_mirror_view(v);
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < cols; ++j) m(i, j) = T(h[i * cols + j]);
+  Kokkos::deep_copy(v, m);
+  return v;
+}
+
+template <class T>
+constexpr double tol() {
+  return std::is_same_v<T, float> ? 2e-5 : 1e-12;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("CpAttention prefill: the KV all-gather in group order and attention by position match one rank", T,
+                   float, double) {
+  for (const Setup& s : setups(test::world().size()))
+    for (const CpTokenSplit split : {CpTokenSplit::contiguous, CpTokenSplit::round_robin}) {
+    CAPTURE(s.name);
+    CAPTURE(int(split));
+    const RuntimeLayout layout(s.config);
+    const ProcessGroups pg(layout, test::world());
+    const RankCoords k = pg.coords();
+    const int A = layout.widths().attn_tp, heads = kHeads / A, h0 = k.attn_tp_rank * heads;
+    TrafficLog log;
+    CpAttention<MpiCommunicator, T, Exec> attn(pg, &log);
+    // The DP group's batch: ids 10 g + j, a request shorter than cp among them.
+    const std::vector<int> lengths = k.attn_dp_rank % 2 == 0 ? std::vector<int>{5, 1, 4, 3} : std::vector<int>{2, 6};
+    const CpBatch batch(lengths, split, layout.widths().attn_cp);
+    const std::vector<int> mine = batch.rows_of(k.attn_cp_rank);
+    std::vector<double> q, kv;
+    std::vector<std::int64_t> id;
+    std::vector<int> pos;
+    for (int row : mine) {
+      const int j = int(std::upper_bound(batch.cu_seqlens().begin(), batch.cu_seqlens().end(), row) - batch.cu_seqlens().begin()) - 1;
+      id.push_back(10 * k.attn_dp_rank + j);
+      pos.push_back(row - batch.cu_seqlens()[std::size_t(j)]);
+      for (int h = h0; h < h0 + heads; ++h)
+        for (int d = 0; d < kDim; ++d) q.push_back(q_val(id.back(), pos.back(), h, d));
+      for (int d = 0; d < kDim; ++d) kv.push_back(kv_val(id.back(), pos.back(), d, 0));
+    }
+    const std::size_t n = mine.size(), HD = std::size_t(heads * kDim);
+    const V<T> qv = device<T>(q, n, HD), kvv = device<T>(kv, n, kDim), out("out", n, HD);
+    Exec exec;
+    attn.prefill(exec, attn.prefill_keys(batch), qv, kvv, out, {kDim, 1.0 / std::sqrt(double(kDim)), kWindow});
+    exec.fence();
+    const auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+    double err = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<std::vector<double>> keys;
+      for (int p = 0; p <= pos[i]; ++p) keys.push_back({kv_val(id[i], p, 0, 0), kv_val(id[i], p, 1, 0), kv_val(id[i], p, 2, 0), kv_val(id[i], p, 3, 0)});
+      const auto ref = reference(id[i], pos[i], keys, kWindow);
+      for (std::size_t c = 0; c < HD; ++c) err = std::max(err, std::abs(double(oh(i, c)) - ref[std::size_t(h0 * kDim) + c]));
+    }
+    CHECK(err < tol<T>());
+    // Each CP rank's share of the batch: every token once over the CP ranks.
+    std::vector<int> all = batch.order();
+    std::sort(all.begin(), all.end());
+    for (int i = 0; i < batch.tokens(); ++i) CHECK(all[std::size_t(i)] == i);
+    CHECK(log.calls_of(TrafficOp::all_gatherv, GroupKind::attn_cp) == (layout.widths().attn_cp > 1 ? 1 : 0));
+
+    // The wo_b partials over attn_tp: each rank's heads' share of a feature sum, completed by the
+    // typed all-reduce into what all heads give.
+    V<T> part("part", n, 3);
+    auto ph = Kokkos::create_mirror_view(part);
+    for (std::size_t i = 0; i < n; ++i)
+      for (int f = 0; f < 3; ++f) {
+        double a = 0;
+        for (std::size_t c = 0; c < HD; ++c) a += double(oh(i, c)) * (1.0 + 0.1 * f + 0.01 * double(h0 * kDim + int(c)));
+        ph(i, f) = T(a);
+      }
+    Kokkos::deep_copy(part, ph);
+    const auto full = attn.all_reduce(exec, Rows<T, Partial<AttnTp>, DpLocal, Exec>(part));
+    const auto fh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), full.view());
+    double ferr = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<std::vector<double>> keys;
+      for (int p = 0; p <= pos[i]; ++p) keys.push_back({kv_val(id[i], p, 0, 0), kv_val(id[i], p, 1, 0), kv_val(id[i], p, 2, 0), kv_val(id[i], p, 3, 0)});
+      const auto ref = reference(id[i], pos[i], keys, kWindow);
+      for (int f = 0; f < 3; ++f) {
+        double a = 0;
+        for (int c = 0; c < kHeads * kDim; ++c) a += ref[std::size_t(c)] * (1.0 + 0.1 * f + 0.01 * c);
+        ferr = std::max(ferr, std::abs(double(fh(i, f)) - a));
+      }
+    }
+    CHECK(ferr < 20 * tol<T>());
+    CHECK(log.calls_of(TrafficOp::all_reduce, GroupKind::attn_tp) == (A > 1 ? 1 : 0));
+    // The plan lists exactly the collectives that ran.
+    std::int64_t listed = 0, ran = 0;
+    for (const AttentionPlanStep& p : attn.plan(AttentionPhase::prefill)) listed += p.group.has_value();
+    for (std::int64_t c : log.calls) ran += c;
+    CHECK(listed == ran);
+  }
+}
+
+namespace {
+
+// One rank's serving loop: a paged cache with the slot allocator, the ledger, and the reference's
+// own copy of every request's kv rows (all positions, as one rank would hold them).
+template <class T>
+struct Server {
+  const RuntimeLayout& layout;
+  CpAttention<MpiCommunicator, T, Exec>& attn;
+  kernels::PagedKvCache<T, Mem> cache;
+  CpKvLedger ledger;
+  std::map<std::int64_t, std::vector<std::vector<double>>> keys;  // the reference's
+  int heads, h0;
+  double err = 0;
+  std::int64_t rows_checked = 0;
+
+  Server(const RuntimeLayout& l, CpAttention<MpiCommunicator, T, Exec>& a, int slots)
+      : layout(l), attn(a), cache(kernels::KvCacheShape{1, kDim, 4, 64, slots, 8}), ledger(a.ledger(slots)) {
+    heads = kHeads / l.widths().attn_tp;
+    h0 = a.groups().coords().attn_tp_rank * heads;
+  }
+
+  // One step: (request id, new rows) in step order; ids not in the cache are admitted first.
+  void step(const std::vector<std::pair<std::int64_t, int>>& rows, int salt) {
+    std::vector<ExtendRequest> req;
+    for (const auto& [id, count] : rows) {
+      if (!cache.slots().holds(id)) {
+        const int slot = cache.admit(id);
+        ledger.clear(slot);
+      }
+      req.push_back({cache.slot_of(id), count});
+    }
+    const ExtendPlan plan = ledger.extend(req, kWindow);
+    std::vector<double> q, kv;
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < plan.rows(); ++i) {
+      const std::int64_t id = cache.slots().id_in(plan.slot[std::size_t(i)]);
+      const int p = plan.position[std::size_t(i)];
+      ids.push_back(id);
+      for (int h = h0; h < h0 + heads; ++h)
+        for (int d = 0; d < kDim; ++d) q.push_back(q_val(id, p, h, d));
+      for (int d = 0; d < kDim; ++d) kv.push_back(kv_val(id, p, d, salt));
+    }
+    for (const auto& [id, count] : rows) {  // the reference keeps every row of the group
+      auto& k = keys[id];
+      for (int c = 0; c < count; ++c) {
+        const int p = int(k.size());
+        k.push_back({kv_val(id, p, 0, salt), kv_val(id, p, 1, salt), kv_val(id, p, 2, salt), kv_val(id, p, 3, salt)});
+      }
+    }
+    const std::size_t n = std::size_t(plan.rows()), HD = std::size_t(heads * kDim);
+    const V<T> qv = device<T>(q, n, HD), kvv = device<T>(kv, n, kDim), out("out", n, HD);
+    Exec exec;
+    append_extend(exec, cache, 0, plan, kvv);
+    attn.extend(exec, plan, extend_rows<Mem>(plan), qv, out, cache, 0, {kDim, 1.0 / std::sqrt(double(kDim)), kWindow});
+    exec.fence();
+    const auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto ref = reference(ids[i], plan.position[i], keys[ids[i]], kWindow);
+      for (std::size_t c = 0; c < HD; ++c) err = std::max(err, std::abs(double(oh(i, c)) - ref[std::size_t(h0 * kDim) + c]));
+      ++rows_checked;
+    }
+  }
+  void rollback(std::int64_t id, int length) {
+    const int slot = cache.slot_of(id);
+    cache.truncate(Exec(), slot, ledger.truncate(slot, length));
+    keys[id].resize(std::size_t(length));
+  }
+  void leave(std::int64_t id) {
+    ledger.clear(cache.slot_of(id));
+    cache.finish(Exec(), id);
+    keys.erase(id);
+  }
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("CpAttention extend: decode, prompt chunks, verify rows, joins and leaves match one rank", T, float,
+                   double) {
+  for (const Setup& s : setups(test::world().size())) {
+    CAPTURE(s.name);
+    const RuntimeLayout layout(s.config);
+    const ProcessGroups pg(layout, test::world());
+    TrafficLog log;
+    CpAttention<MpiCommunicator, T, Exec> attn(pg, &log);
+    Server<T> srv(layout, attn, 3);
+    const std::int64_t g = 100 * pg.coords().attn_dp_rank;
+    // Step 1: two prompts of 6 and 1 rows into the cache (extend from empty).
+    srv.step({{g + 1, 6}, {g + 2, 1}}, 1);
+    // Steps 2-3: decode rows; a third request joins at step 3 with a 5-row prompt (mixed rows).
+    srv.step({{g + 1, 1}, {g + 2, 1}}, 2);
+    srv.step({{g + 1, 1}, {g + 3, 5}, {g + 2, 1}}, 3);
+    // Step 4: verify rows of a speculative round (3 for g+1), then 1 of 3 accepted: roll back.
+    srv.step({{g + 3, 1}, {g + 1, 3}}, 4);
+    srv.rollback(g + 1, 9);
+    // g+2 leaves; a fourth request takes its slot; decode continues over the rolled-back cache.
+    srv.leave(g + 2);
+    srv.step({{g + 4, 2}, {g + 1, 1}, {g + 3, 1}}, 5);
+    srv.step({{g + 4, 1}, {g + 1, 1}}, 6);
+    CHECK(srv.rows_checked > 0);
+    CHECK(srv.err < tol<T>());
+    CHECK(srv.cache.slot_of(g + 4) == 1);  // the slot g+2 left
+    CHECK(srv.ledger.length(srv.cache.slot_of(g + 1)) == 11);
+    const int cp = layout.widths().attn_cp;
+    CHECK(log.calls_of(TrafficOp::all_gatherv, GroupKind::attn_cp) == (cp > 1 ? 6 : 0));
+    CHECK(log.calls_of(TrafficOp::all_to_allv, GroupKind::attn_cp) == (cp > 1 ? 12 : 0));
+    // Every row checked once over the CP ranks of the group.
+    std::int64_t rows = srv.rows_checked;
+    all_reduce_in_place(pg.comm(GroupKind::attn_cp), std::span<std::int64_t>(&rows, 1));
+    CHECK(rows == 6 + 1 + 2 + 7 + 4 + 4 + 2);
+  }
+}
+
+TEST_CASE("CpAttention: a rank's rows must be the plan's; a plan for another CP width is refused") {
+  const int np = test::world().size();
+  if (np % 2 != 0) return;
+  const RuntimeLayout layout({.tp = np, .cp = 2});
+  const ProcessGroups pg(layout, test::world());
+  CpAttention<MpiCommunicator, double, Exec> attn(pg);
+  CpKvLedger other(2, 1, 0);
+  std::vector<ExtendRequest> req{{0, 2}};
+  const ExtendPlan plan = other.extend(req);
+  V<double> q("q", 2, kDim), out("out", 2, kDim);
+  kernels::PagedKvCache<double, Mem> cache(kernels::KvCacheShape{1, kDim, 4, 8, 2, 2});
+  CHECK_THROWS_WITH_AS(attn.extend(Exec(), plan, extend_rows<Mem>(plan), q, out, cache, 0, {kDim, 0.5, 0}),
+                       doctest::Contains("the plan is for attn_cp 1, the layout has 2"), LayoutError);
+  CHECK_THROWS_WITH_AS(CpBatch({3, 2}, CpTokenSplit::contiguous, 3).rank_of(2, 0), doctest::Contains("request 2 is not in [0, 2)"),
+                       LayoutError);
+  CpKvLedger mine = attn.ledger(2);
+  const std::vector<ExtendRequest> twice{{1, 1}, {1, 2}};
+  CHECK_THROWS_WITH_AS(mine.extend(twice), doctest::Contains("slot 1 is listed twice"), LayoutError);
+  CHECK(mine.length(1) == 0);  // nothing changed
+}

@@ -1,0 +1,774 @@
+// `relayout plan --preset deepseek-v3`: the real DeepSeek-V3/R1 model (MLA attention, 3 dense
+// layers then 58 MoE layers, embeddings and LM head, FP8 weights and BF16 activations) on a layout
+// and a GPU, per layer and per step, for prefill or decode, over the world: pipeline stages each
+// holding SGLang's share of the layers (plan_world.hpp; embeddings on the first, LM head on the
+// last, hidden states and residual handed between them) and replicas. The compute is a roofline per kernel
+// (flops at the FP8 or BF16 rate, bytes at the HBM rate, each times an achieved share); the EP
+// all-to-all is DeepEP's (normal: one RDMA copy per destination node then NVLink fan-out;
+// low-latency: one copy per expert, one latency per call); two-batch overlap, redundant experts
+// and an expert-load imbalance (from a load file: placed by the library's rebalancer) apply to it. The demo layer's exact plan stays in plan.hpp.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/plan_rank.hpp"
+#include "cli/plan_time.hpp"
+#include "cli/plan_world.hpp"
+#include "relayout/mesh.hpp"
+#include "relayout/placement/ep_message.hpp"
+#include "relayout/placement/expert_load_json.hpp"
+#include "relayout/placement/expert_location.hpp"
+
+namespace relayout::cli {
+
+// DeepSeek-V3's config.json (deepseek-ai/DeepSeek-V3 on Hugging Face; DeepSeek-R1 has the same dims).
+struct MlaModel {
+  std::string name = "deepseek-v3";
+  int hidden = 7168;         // hidden_size
+  int layers = 61;           // num_hidden_layers
+  int dense_layers = 3;      // first_k_dense_replace
+  int dense_inter = 18432;   // intermediate_size
+  int experts = 256;         // n_routed_experts
+  int shared_experts = 1;    // n_shared_experts
+  int topk = 8;              // num_experts_per_tok
+  int moe_inter = 2048;      // moe_intermediate_size
+  int groups = 8;            // n_group
+  int topk_groups = 4;       // topk_group (node-limited routing)
+  int heads = 128;           // num_attention_heads
+  int q_lora = 1536;         // q_lora_rank
+  int kv_lora = 512;         // kv_lora_rank
+  int qk_nope = 128;         // qk_nope_head_dim
+  int qk_rope = 64;          // qk_rope_head_dim
+  int v_head = 128;          // v_head_dim
+  int vocab = 129280;        // vocab_size
+
+  int moe_layers() const { return layers - dense_layers; }
+  // Parameters of one layer's attention: replicated over attn_tp (q_a, kv_a) and split over it.
+  double attn_replicated() const { return double(hidden) * q_lora + double(hidden) * (kv_lora + qk_rope); }
+  double attn_split() const {
+    return double(q_lora) * heads * (qk_nope + qk_rope) + double(kv_lora) * heads * (qk_nope + v_head) +
+           double(heads) * v_head * hidden;
+  }
+  double expert_params() const { return 3.0 * hidden * moe_inter; }  // gate, up, down
+  double kv_per_token_layer() const { return double(kv_lora + qk_rope); }  // MLA's cached latent + rope key
+};
+
+inline bool is_mla_preset(const std::string& name) { return name == "deepseek-v3" || name == "deepseek-r1"; }
+
+inline MlaModel mla_preset(const std::string& name) {
+  if (!is_mla_preset(name))
+    throw LayoutError("--preset", "--preset: unknown model '" + name + "'; expected one of: demo, deepseek-v3, deepseek-r1");
+  MlaModel m;
+  m.name = name;
+  return m;
+}
+
+enum class Phase { prefill, decode };
+enum class DeepEpMode { normal, low_latency, automatic };
+
+inline DeepEpMode parse_deepep_mode(const std::string& s) {
+  if (s == "normal") return DeepEpMode::normal;
+  if (s == "low_latency") return DeepEpMode::low_latency;
+  if (s == "auto") return DeepEpMode::automatic;
+  throw LayoutError("--deepep-mode", "--deepep-mode must be normal, low_latency or auto, got '" + s + "'");
+}
+
+inline Phase parse_phase(const std::string& s) {
+  if (s == "prefill") return Phase::prefill;
+  if (s == "decode") return Phase::decode;
+  throw LayoutError("--phase", "--phase must be prefill or decode, got '" + s + "'");
+}
+
+// Max over mean tokens per moe_ep rank for logical per-expert loads (the mean over the layers):
+// the experts placed as the library places them, contiguously without redundant experts, by its
+// rebalancer (ExpertLocation::rebalanced: groups onto nodes, hot experts replicated, replicas
+// packed onto ranks) with them; each expert's load split evenly over its replicas.
+inline double imbalance_of(const std::vector<std::vector<double>>& layers, int ep, int redundant, int nodes, int groups) {
+  double sum = 0;
+  for (const std::vector<double>& load : layers) {
+    const int routed = int(load.size());
+    if ((routed + redundant) % ep != 0)
+      throw LayoutError("--expert-load", "--expert-load: " + std::to_string(routed) + " experts + " + std::to_string(redundant) +
+                                             " redundant must be a multiple of moe_ep = " + std::to_string(ep));
+    const ExpertLocation loc = redundant > 0 ? ExpertLocation::rebalanced(load, redundant, ep, {.nodes = nodes, .groups = groups})
+                                             : ExpertLocation::identity(routed, 0, ep);
+    sum += max_over_mean(expected_member_load(loc, load));
+  }
+  return sum / double(layers.size());
+}
+
+// Where a token's top-k experts land under node-limited routing: topk_groups of `groups` expert
+// groups chosen uniformly, then k experts uniformly among the chosen groups' experts; experts are
+// placed contiguously over `ep` ranks (expert e on rank e * ep / experts), gpus_per_node ranks a
+// node. Expected ranks and nodes a token reaches.
+struct Spread {
+  double ranks = 0, nodes = 0;
+  int node_count = 1;
+};
+
+inline double miss_probability(int pool, int mine, int k) {  // C(pool - mine, k) / C(pool, k)
+  double p = 1.0;
+  for (int i = 0; i < k; ++i) p *= std::max(0.0, double(pool - mine - i) / double(pool - i));
+  return p;
+}
+
+inline Spread routing_spread(int experts, int k, int groups, int topk_groups, int ep, int gpus_per_node) {
+  Spread s;
+  const int per_node = std::min(gpus_per_node, ep);
+  s.node_count = (ep + per_node - 1) / per_node;
+  if (groups < 1 || experts % groups != 0 || topk_groups >= groups) groups = topk_groups = 1;
+  const int per_group = experts / groups;
+  std::vector<int> pick(static_cast<std::size_t>(topk_groups));
+  for (int i = 0; i < topk_groups; ++i) pick[std::size_t(i)] = i;
+  double subsets = 0;
+  std::vector<int> rank_n(static_cast<std::size_t>(ep)), node_n(static_cast<std::size_t>(s.node_count));
+  while (true) {
+    std::fill(rank_n.begin(), rank_n.end(), 0);
+    std::fill(node_n.begin(), node_n.end(), 0);
+    for (int g : pick)
+      for (int e = g * per_group; e < (g + 1) * per_group; ++e) {
+        const int r = int(std::int64_t(e) * ep / experts);
+        ++rank_n[std::size_t(r)];
+        ++node_n[std::size_t(r / per_node)];
+      }
+    const int pool = topk_groups * per_group;
+    const int kk = std::min(k, pool);
+    for (int n : rank_n) s.ranks += 1.0 - miss_probability(pool, n, kk);
+    for (int n : node_n) s.nodes += 1.0 - miss_probability(pool, n, kk);
+    subsets += 1;
+    int i = topk_groups - 1;  // next subset in lexicographic order
+    while (i >= 0 && pick[std::size_t(i)] == groups - topk_groups + i) --i;
+    if (i < 0) break;
+    ++pick[std::size_t(i)];
+    for (int j = i + 1; j < topk_groups; ++j) pick[std::size_t(j)] = pick[std::size_t(j - 1)] + 1;
+  }
+  s.ranks /= subsets;
+  s.nodes /= subsets;
+  return s;
+}
+
+// One DeepEP call on one rank sending `tokens` rows: seconds. Normal kernels: a token travels once
+// over RDMA to each other destination node (to the GPU of its own local index there), which
+// forwards it over NVLink to the GPUs holding its experts; inside one node, once per destination
+// GPU over NVLink. Low-latency kernels: one copy per (token, expert), over RDMA to other nodes and
+// NVLink inside the node, one latency per call. `row` is the bytes a copy carries.
+struct DeepEpCost {
+  double seconds = 0, rdma_bytes = 0, nvlink_bytes = 0;
+};
+
+inline DeepEpCost deepep_seconds(bool low_latency, double tokens, double row, int k, const Spread& s, int ep,
+                                 const Cluster& c) {
+  DeepEpCost out;
+  if (ep < 2 || tokens <= 0) return out;
+  const Efficiency& e = c.eff;
+  const int per_node = std::min(c.gpus_per_node, ep);
+  if (low_latency) {
+    const double copies = tokens * k;
+    const double remote = s.node_count > 1 ? 1.0 - double(per_node) / ep : 0.0;
+    out.rdma_bytes = remote * copies * row;
+    out.nvlink_bytes = (1.0 - remote) * copies * row;
+    out.seconds = e.ll_latency + std::max(out.rdma_bytes / (c.inter_bw * e.ll_rdma), out.nvlink_bytes / (c.intra_bw * e.ll_nvlink));
+    return out;
+  }
+  if (s.node_count == 1) {
+    out.nvlink_bytes = tokens * s.ranks * (1.0 - 1.0 / ep) * row;
+  } else {
+    out.rdma_bytes = tokens * s.nodes * (1.0 - 1.0 / s.node_count) * row;
+    out.nvlink_bytes = tokens * s.ranks * (1.0 - 1.0 / per_node) * row;
+  }
+  out.seconds = e.normal_latency +
+                std::max(out.rdma_bytes / (c.inter_bw * e.normal_rdma), out.nvlink_bytes / (c.intra_bw * e.normal_nvlink));
+  return out;
+}
+
+// What a deployment is planned from (besides its layout and cluster).
+struct DeployInput {
+  MlaModel model;
+  Phase phase = Phase::prefill;
+  std::int64_t batch_tokens = 0;  // prefill: tokens of one forward over the domain
+  int request_tokens = 2048;      // prefill: prompt length
+  int kv_len = 0;                 // decode: tokens already cached per request
+  int requests_per_gpu = 0;       // decode: requests each GPU steps
+  double weight_bytes = 1, act_bytes = 2, kv_bytes = 2;  // FP8 weights, BF16 activations and KV
+  DeepEpMode deepep_mode = DeepEpMode::automatic;
+  bool two_batch_overlap = false;
+  int redundant_experts = 0;
+  double imbalance = 1.0;  // busiest EP rank's tokens over the mean
+  std::optional<std::vector<std::vector<double>>> load;  // --expert-load: per layer, per logical expert
+};
+
+// Seconds of one layer on the busiest rank, split as the ranking prints it.
+struct LayerTime {
+  double attention = 0, experts = 0, dispatch = 0, combine = 0, other_comm = 0;  // other: attn_tp all-reduce, gathers
+  double total = 0, exposed = 0;  // exposed: communication not hidden behind compute
+  double compute() const { return attention + experts; }
+  double comm() const { return dispatch + combine + other_comm; }
+};
+
+struct DeployMemory {
+  double attention = 0, dense_mlp = 0, experts = 0, shared = 0, router = 0, embeddings = 0, kv = 0, activations = 0;
+  double weights() const { return attention + dense_mlp + experts + shared + router + embeddings; }
+  double total() const { return weights() + kv + activations; }
+};
+
+// One pipeline stage: its layers (SGLang's split; the dense layers are the model's first), the
+// embeddings on the first stage and the LM head on the last, and its hand-over to the next stage
+// (SGLang's DeepSeek model hands over two tensors: hidden states and residual).
+inline constexpr int kMlaHandoverTensors = 2;
+struct DeployStage {
+  StageLayers layers;
+  int dense = 0, moe = 0;
+  bool embed = false, head = false, sends = false, receives = false;
+  Handover handover;                             // per rank, one micro-batch
+  double send_s = 0, gather_s = 0, seconds = 0;  // one micro-batch on the busiest rank
+  DeployMemory memory;
+};
+
+struct Deployment {
+  Widths widths;
+  BridgePath path = BridgePath::tp_moe;
+  bool deepep = false, low_latency = false;
+  double group_tokens = 0, group_requests = 0, routed_rows = 0, expert_pairs = 0, local_experts = 0;
+  Spread spread;
+  std::int64_t dispatch_row = 0, combine_row = 0;  // bytes of one dispatched / combined copy
+  LayerTime dense, moe;
+  double head = 0;  // LM head, once per step
+  double step = 0;  // seconds of one forward / decode step: pp micro-batches through the slowest stage
+  double tokens_per_gpu_s = 0;
+  double imbalance = 1.0;
+  DeployMemory memory;  // the fullest stage's rank
+  // The world: replicas x pp stages x this domain.
+  int replicas = 1, pp = 1, world_ranks = 1, ranks_per_node = 8;
+  std::int64_t nodes = 1;
+  std::vector<DeployStage> stages;
+  int fullest = 0;                       // the stage of `memory`
+  double latency = 0, interval = 0;      // a micro-batch through every stage; the slowest stage
+  double micro_tokens = 0;               // tokens (decode: requests) of one micro-batch over the domain
+  double world_tokens_s = 0;
+};
+
+// Bytes of one FP8 weight with its 128x128 block scale (fp32 weight_scale_inv, as the checkpoint ships).
+inline double weight_bytes_of(double w) { return w == 1 ? 1.0 + 4.0 / (128.0 * 128.0) : w; }
+
+inline double roofline(double flops, double rate, double bytes, const Cluster& c) {
+  return std::max(flops / rate, bytes / (c.hbm_bw * c.eff.hbm));
+}
+
+namespace impl {
+
+// The rank's per-layer quantities for `share` of the batch (1, or 0.5 per micro-batch).
+struct LayerParts {
+  double attention = 0, dense_mlp = 0, experts = 0, dispatch = 0, combine = 0, attn_comm = 0, moe_comm = 0;
+};
+
+inline LayerParts layer_parts(const Deployment& d, const DeployInput& in, const Cluster& c, double share) {
+  const MlaModel& m = in.model;
+  const Widths& w = d.widths;
+  const double H = m.hidden, A = w.attn_tp, wb = in.weight_bytes;
+  const double gemm = c.fp8_flops * c.eff.gemm * (wb == 1 ? 1.0 : c.gpu_flops / c.fp8_flops);
+  const double T = d.group_tokens * share, R = d.group_requests * share;
+  LayerParts p;
+  // Attention: q_a, kv_a on every attn_tp rank; q_b, kv_b, o split over heads. Decode runs MLA
+  // absorbed (W_UK, W_UV folded in: the same flops as kv_b on each token) over the cached latent.
+  const double proj = m.attn_replicated() + m.attn_split() / A;
+  const double h = m.heads / A;
+  double core_flops = 0, kv_read = 0;
+  if (in.phase == Phase::prefill) {
+    const double L = in.request_tokens;
+    core_flops = 2.0 * R * (L * (L + 1) / 2) * h * (m.qk_nope + m.qk_rope + m.v_head);  // causal: half the pairs
+  } else {
+    const double S = in.kv_len + 1.0;
+    core_flops = 2.0 * R * S * h * (m.kv_lora + m.qk_rope + m.kv_lora);  // scores over 576, values over 512
+    kv_read = R * S * m.kv_per_token_layer() * in.kv_bytes;
+  }
+  p.attention = roofline(2.0 * T * proj, gemm, proj * wb, c) +
+                roofline(core_flops, c.gpu_flops * c.eff.attention, kv_read, c);
+  const bool one_node = A <= c.gpus_per_node;
+  if (A > 1) p.attn_comm = collective_seconds(TrafficOp::all_reduce, A, one_node, 1, T * H * in.act_bytes, c);
+  // Dense MLP (first layers): split over attn_tp like the attention, one more all-reduce.
+  const double dense = 3.0 * H * m.dense_inter / A;
+  p.dense_mlp = roofline(2.0 * T * dense, gemm, dense * wb, c);
+  // MoE: the router and shared expert on the rows this rank routes, its experts on its pairs.
+  const double rows = d.routed_rows * share, pairs = d.expert_pairs * share;
+  const double inter = double(m.moe_inter) / w.moe_tp;
+  const double shared = m.shared_experts * 3.0 * H * (d.deepep ? m.moe_inter : inter);
+  const double hit = d.local_experts * (1.0 - std::exp(-pairs / std::max(d.local_experts, 1e-9)));
+  p.experts = roofline(2.0 * rows * m.experts * H, c.gpu_flops * c.eff.gemm, m.experts * H * 2.0, c) +
+              roofline(2.0 * rows * shared, gemm, shared * wb, c) +
+              roofline(2.0 * pairs * 3.0 * H * inter, gemm, hit * 3.0 * H * inter * wb, c);
+  const double f = in.imbalance;
+  if (d.deepep) {
+    const int ep = w.moe_ep;
+    p.dispatch = deepep_seconds(d.low_latency, rows * f, double(d.dispatch_row), m.topk, d.spread, ep, c).seconds;
+    p.combine = deepep_seconds(d.low_latency, rows * f, double(d.combine_row), m.topk, d.spread, ep, c).seconds;
+  } else if (w.tp > 1) {
+    // Backend none: path dp_gather all-gathers every row over tp and reduce-scatters the outputs;
+    // path tp_moe all-reduces them.
+    const bool tp_node = w.tp <= c.gpus_per_node;
+    const double bytes = rows * H * in.act_bytes;
+    if (d.path == BridgePath::dp_gather)
+      p.moe_comm = collective_seconds(TrafficOp::all_gather, w.tp, tp_node, 1, bytes, c) +
+                   collective_seconds(TrafficOp::reduce_scatter, w.tp, tp_node, 1, bytes, c);
+    else
+      p.moe_comm = collective_seconds(TrafficOp::all_reduce, w.tp, tp_node, 1, bytes, c);
+  }
+  return p;
+}
+
+}  // namespace impl
+
+// The busiest rank's layer times: without two-batch overlap compute and communication add up;
+// with it the batch runs as two micro-batches, one's dispatch/combine behind the other's compute,
+// so a layer takes max(compute, communication) of the two together (each computed on half the
+// rows: decode reads every weight twice). The attn_tp all-reduce is not overlapped.
+inline LayerTime layer_time(const Deployment& d, const DeployInput& in, const Cluster& c, bool moe) {
+  const bool tbo = in.two_batch_overlap && moe && d.widths.tp > 1;
+  const int n = tbo ? 2 : 1;
+  const impl::LayerParts p = impl::layer_parts(d, in, c, 1.0 / n);
+  LayerTime t;
+  t.attention = n * p.attention;
+  t.experts = n * (moe ? p.experts : p.dense_mlp);
+  t.dispatch = moe ? n * p.dispatch : 0.0;
+  t.combine = moe ? n * p.combine : 0.0;
+  t.other_comm = n * (p.attn_comm * (moe ? 1 : 2) + (moe ? p.moe_comm : 0.0));
+  const double overlappable = t.dispatch + t.combine + (moe ? n * p.moe_comm : 0.0);
+  const double fixed = t.other_comm - (moe ? n * p.moe_comm : 0.0);
+  if (tbo) {
+    t.total = std::max(t.compute(), overlappable) + fixed;
+    t.exposed = std::max(0.0, overlappable - t.compute()) + fixed;
+  } else {
+    t.total = t.compute() + overlappable + fixed;
+    t.exposed = overlappable + fixed;
+  }
+  return t;
+}
+
+// A rank of stage `s` of `pp`: its layers' weights, and K/V for the pp micro-batches in flight.
+inline DeployMemory deploy_memory(const Deployment& d, const DeployInput& in, const DeployStage& s, int pp) {
+  const MlaModel& m = in.model;
+  const Widths& w = d.widths;
+  const double H = m.hidden, A = w.attn_tp, wb = weight_bytes_of(in.weight_bytes);
+  DeployMemory mem;
+  // Norms stay BF16 (2 per layer of hidden, q_lora's and kv_lora's).
+  mem.attention = s.layers.count * ((m.attn_replicated() + m.attn_split() / A) * wb + (2.0 * H + m.q_lora + m.kv_lora) * 2.0);
+  mem.dense_mlp = s.dense * 3.0 * H * m.dense_inter / A * wb;
+  mem.experts = s.moe * d.local_experts * 3.0 * H * (double(m.moe_inter) / w.moe_tp) * wb;
+  mem.shared = s.moe * m.shared_experts * 3.0 * H * (d.deepep ? m.moe_inter : double(m.moe_inter) / w.moe_tp) * wb;
+  mem.router = s.moe * double(m.experts) * H * 2.0;  // the gate stays BF16
+  // Embeddings (first stage) and LM head (last), BF16, over attn_tp.
+  mem.embeddings = ((s.embed ? 1.0 : 0.0) + (s.head ? 1.0 : 0.0)) * double(m.vocab) * H * 2.0 / A;
+  // MLA caches one latent (kv_lora) and one rope key per token and layer, the same on every attn_tp rank.
+  const double cached = in.phase == Phase::prefill ? d.group_tokens : d.group_requests * (in.kv_len + 1.0);
+  mem.kv = pp * cached * s.layers.count * m.kv_per_token_layer() * in.kv_bytes;
+  // One layer at a time: the rows' hidden states, queries and attention output, and the experts'
+  // received rows with their intermediate.
+  const double T = d.group_tokens, h = m.heads / A;
+  mem.activations = in.act_bytes * (T * (4.0 * H + h * 2.0 * (m.qk_nope + m.qk_rope + m.v_head)) +
+                                    (s.moe > 0 ? d.expert_pairs * in.imbalance * (H + 3.0 * double(m.moe_inter) / w.moe_tp) : 0.0));
+  return mem;
+}
+
+// Whether every rank of the domain at world rank `first` sits on the node of its peer `tp` ranks on
+// (the same tp rank of the next stage).
+inline bool handover_on_node(std::int64_t first, int tp, int gpus_per_node) {
+  for (std::int64_t t = 0; t < tp; ++t)
+    if ((first + t) / gpus_per_node != (first + t + tp) / gpus_per_node) return false;
+  return true;
+}
+
+// The deployment of the MLA model on the world `world` (`c`: the time model, its node size the
+// world's: world_cluster). The prefill batch is the world's: split evenly over the replicas and into
+// pp micro-batches; the decode batch is --requests-per-gpu on every GPU, pp micro-batches in
+// flight. Throws LayoutError naming the flag when the model or the flags do not fit the layout.
+inline Deployment plan_deployment(const WorldLayout& world, const DeployInput& given, const Cluster& c,
+                                  bool nnodes_given = false) {
+  DeployInput in = given;
+  const MlaModel& m = in.model;
+  const RuntimeLayout& layout = world.domain();
+  const int pp = world.pp();
+  check_stages(m.layers, pp, "--preset " + m.name + " (" + std::to_string(m.layers) + " layers)");
+  Deployment d;
+  d.replicas = world.replicas();
+  d.pp = pp;
+  d.world_ranks = world.size();
+  d.ranks_per_node = c.gpus_per_node;
+  d.nodes = world_nodes(world, nnodes_given, c);
+  d.widths = layout.widths();
+  const Widths& w = d.widths;
+  d.path = layout.bridge_path();
+  if (w.attn_cp > 1 || w.moe_dp > 1)
+    throw LayoutError(w.attn_cp > 1 ? "--cp" : "--moe-dp-size",
+                      std::string(w.attn_cp > 1 ? "--cp" : "--moe-dp-size") + ": attention CP and --moe-dp-size are not " +
+                          "modelled for --preset " + m.name);
+  if (m.heads % w.attn_tp != 0)
+    throw LayoutError("--tp", "--preset " + m.name + ": heads = " + std::to_string(m.heads) +
+                                  " must be a multiple of attn_tp = " + std::to_string(w.attn_tp));
+  if (in.redundant_experts > 0 && w.moe_ep < 2)
+    throw LayoutError("--ep-num-redundant-experts", "--ep-num-redundant-experts " + std::to_string(in.redundant_experts) +
+                                                        " needs expert parallelism (moe_ep > 1), this layout has moe_ep = 1");
+  const int physical = m.experts + in.redundant_experts;
+  if (physical % w.moe_ep != 0)
+    throw LayoutError(in.redundant_experts > 0 ? "--ep-num-redundant-experts" : "--ep",
+                      (in.redundant_experts > 0 ? "--ep-num-redundant-experts " + std::to_string(in.redundant_experts)
+                                                : "--preset " + m.name) +
+                          ": physical experts = " + std::to_string(m.experts) + " routed + " +
+                          std::to_string(in.redundant_experts) + " redundant = " + std::to_string(physical) +
+                          " must be a multiple of moe_ep = " + std::to_string(w.moe_ep));
+  if (m.moe_inter % w.moe_tp != 0)
+    throw LayoutError("--ep", "--preset " + m.name + ": moe_intermediate_size 2048 must be a multiple of moe_tp = " +
+                                  std::to_string(w.moe_tp));
+  d.spread = routing_spread(m.experts, m.topk, m.groups, m.topk_groups, w.moe_ep, c.gpus_per_node);
+  if (in.load) {
+    if (in.load->front().size() != std::size_t(m.experts))
+      throw LayoutError("--expert-load", "--expert-load: " + std::to_string(in.load->front().size()) + " experts; --preset " +
+                                             m.name + " routes over " + std::to_string(m.experts));
+    const int nodes = w.moe_ep % d.spread.node_count == 0 ? d.spread.node_count : 1;
+    in.imbalance = imbalance_of(*in.load, w.moe_ep, in.redundant_experts, nodes, m.groups);
+  }
+  d.deepep = d.path == BridgePath::a2a_split || d.path == BridgePath::direct;
+  d.low_latency = d.deepep && (in.deepep_mode == DeepEpMode::low_latency ||
+                               (in.deepep_mode == DeepEpMode::automatic && in.phase == Phase::decode));
+  const double gpus = layout.size();
+  if (in.phase == Phase::prefill) {
+    d.group_tokens = double(in.batch_tokens) / d.replicas / pp / w.attn_dp;
+    d.group_requests = d.group_tokens / in.request_tokens;
+  } else {
+    d.group_requests = double(in.requests_per_gpu) * w.attn_tp;
+    d.group_tokens = d.group_requests;
+  }
+  const double domain_tokens = d.group_tokens * w.attn_dp;
+  // Rows entering this rank's MoE: its share of its group's rows (all-to-all paths), every row of
+  // the domain (dp_gather) or of its group (tp_moe, one group).
+  d.routed_rows = d.deepep ? d.group_tokens / w.attn_tp : (d.path == BridgePath::dp_gather ? domain_tokens : d.group_tokens);
+  const double moe_tokens = d.deepep ? domain_tokens : d.routed_rows;
+  d.expert_pairs = moe_tokens * m.topk / w.moe_ep * in.imbalance;
+  d.local_experts = double(physical) / w.moe_ep;
+  // FP8 dispatch (e4m3 + one fp32 scale per 128 values) and BF16 combine, as DeepEP sends them;
+  // low-latency copies carry the row only.
+  d.dispatch_row = d.low_latency ? EpMessage::fp8_row_bytes(m.hidden) : EpMessage::of_fp8<float>(m.topk, m.hidden).bytes;
+  d.combine_row = std::int64_t(m.hidden) * 2;
+  d.imbalance = in.imbalance;
+  d.dense = layer_time(d, in, c, false);
+  d.moe = layer_time(d, in, c, true);
+  const double gemm16 = c.gpu_flops * c.eff.gemm;
+  const double logits = d.group_requests;  // the last token of each request (prefill), every token (decode)
+  d.head = roofline(2.0 * logits * m.hidden * m.vocab / w.attn_tp, gemm16, double(m.hidden) * m.vocab * 2.0 / w.attn_tp, c);
+  // The stages: each its layers, the hand-over to the next and the gather of what it received.
+  const int tp = layout.size(), A = w.attn_tp;
+  d.micro_tokens = in.phase == Phase::prefill ? domain_tokens : d.group_requests * w.attn_dp;
+  for (int s = 0; s < pp; ++s) {
+    DeployStage st;
+    st.layers = stage_layers(m.layers, pp, s);
+    st.dense = std::clamp(m.dense_layers - st.layers.first, 0, st.layers.count);
+    st.moe = st.layers.count - st.dense;
+    st.embed = s == 0;
+    st.head = s + 1 == pp;
+    st.sends = s + 1 < pp;
+    st.receives = s > 0;
+    st.handover = handover(d.group_tokens, m.hidden, in.act_bytes, kMlaHandoverTensors, A);
+    if (st.sends) {
+      bool one_node = true;  // over every replica's offset modulo the node size
+      for (int rep = 0; rep < std::min(d.replicas, c.gpus_per_node); ++rep)
+        one_node = one_node && handover_on_node((std::int64_t{rep} * pp + s) * tp, tp, c.gpus_per_node);
+      st.send_s = p2p_seconds(st.handover.sent, one_node, c);
+    }
+    if (st.receives && st.handover.gathered > 0)
+      st.gather_s = collective_seconds(TrafficOp::all_gather, A, A <= c.gpus_per_node, 1, st.handover.gathered, c);
+    st.seconds = st.dense * d.dense.total + st.moe * d.moe.total + (st.head ? d.head : 0.0) + st.send_s + st.gather_s;
+    st.memory = deploy_memory(d, in, st, pp);
+    d.latency += st.seconds;
+    d.interval = std::max(d.interval, st.seconds);
+    if (d.stages.empty() || st.memory.total() > d.stages[std::size_t(d.fullest)].memory.total()) d.fullest = s;
+    d.stages.push_back(st);
+  }
+  d.step = pp * d.interval;
+  d.tokens_per_gpu_s = d.micro_tokens / gpus / d.step;
+  d.memory = d.stages[std::size_t(d.fullest)].memory;
+  d.world_tokens_s = d.replicas * d.micro_tokens / d.interval;
+  return d;
+}
+
+// The MLA model on one domain `layout` taken as the whole world.
+inline Deployment plan_deployment(const RuntimeLayout& layout, const DeployInput& given, const Cluster& c) {
+  return plan_deployment(WorldLayout::single_domain(layout), given, c);
+}
+
+inline nlohmann::json layer_json(const LayerTime& t) {
+  return {{"attention_s", t.attention}, {"experts_s", t.experts}, {"dispatch_s", t.dispatch}, {"combine_s", t.combine},
+          {"other_comm_s", t.other_comm}, {"exposed_comm_s", t.exposed}, {"total_s", t.total}};
+}
+
+inline nlohmann::json memory_json(const DeployMemory& m) {
+  return {{"attention", m.attention}, {"dense_mlp", m.dense_mlp}, {"experts", m.experts}, {"shared_expert", m.shared},
+          {"router", m.router}, {"embeddings_lm_head", m.embeddings}, {"weights", m.weights()}, {"kv", m.kv},
+          {"activations", m.activations}, {"total", m.total()}};
+}
+
+// The world of a deployment and its stages, one micro-batch each.
+inline nlohmann::json deploy_world_json(const Deployment& d) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (std::size_t s = 0; s < d.stages.size(); ++s) {
+    const DeployStage& st = d.stages[s];
+    stages.push_back({{"stage", s},
+                      {"first_layer", st.layers.first},
+                      {"layers", st.layers.count},
+                      {"dense_layers", st.dense},
+                      {"moe_layers", st.moe},
+                      {"embeddings", st.embed},
+                      {"lm_head", st.head},
+                      {"handover_bytes", st.sends ? st.handover.sent : 0.0},
+                      {"gather_bytes", st.receives ? st.handover.gathered : 0.0},
+                      {"handover_s", st.send_s},
+                      {"gather_s", st.gather_s},
+                      {"stage_s", st.seconds},
+                      {"memory", memory_json(st.memory)}});
+  }
+  return {{"replicas", d.replicas},
+          {"pp", d.pp},
+          {"tp", d.widths.tp},
+          {"size", d.world_ranks},
+          {"nnodes", d.nodes},
+          {"ranks_per_node", d.ranks_per_node},
+          {"layer_split", kLayerSplitNote},
+          {"handover_tensors", kMlaHandoverTensors},
+          {"micro_batch", d.micro_tokens},
+          {"pipeline_latency_s", d.latency},
+          {"stage_interval_s", d.interval},
+          {"world_tokens_per_s", d.world_tokens_s},
+          {"fullest_stage", d.fullest},
+          {"stages", stages}};
+}
+
+inline nlohmann::json deployment_json(const Deployment& d, const DeployInput& in) {
+  return {{"model", in.model.name},
+          {"phase", in.phase == Phase::prefill ? "prefill" : "decode"},
+          {"path", std::string(to_string(d.path))},
+          {"deepep_mode", d.deepep ? (d.low_latency ? "low_latency" : "normal") : "none"},
+          {"two_batch_overlap", in.two_batch_overlap},
+          {"imbalance", d.imbalance},
+          {"physical_experts", in.model.experts + in.redundant_experts},
+          {"tokens_per_group", d.group_tokens},
+          {"routed_rows_per_rank", d.routed_rows},
+          {"expert_pairs_per_rank", d.expert_pairs},
+          {"destination_ranks_per_token", d.spread.ranks},
+          {"destination_nodes_per_token", d.spread.nodes},
+          {"dispatch_row_bytes", d.dispatch_row},
+          {"combine_row_bytes", d.combine_row},
+          {"dense_layer", layer_json(d.dense)},
+          {"moe_layer", layer_json(d.moe)},
+          {"lm_head_s", d.head},
+          {"step_s", d.step},
+          {"tokens_per_gpu_s", d.tokens_per_gpu_s},
+          {"memory", memory_json(d.memory)},
+          {"world", deploy_world_json(d)}};
+}
+
+inline std::string us_text(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f us", s * 1e6);
+  return b;
+}
+
+inline std::string deployment_text(const Deployment& d, const DeployInput& in, const Cluster& c) {
+  const Widths& w = d.widths;
+  const MlaModel& m = in.model;
+  std::ostringstream s;
+  char b[400];
+  s << "plan: " << m.name << " (" << (in.phase == Phase::prefill ? "prefill" : "decode") << "), tp=" << w.tp
+    << " attn dp x tp = " << w.attn_dp << " x " << w.attn_tp << ", moe ep x tp = " << w.moe_ep << " x " << w.moe_tp
+    << " -> bridge " << to_string(d.path);
+  if (d.deepep) s << ", DeepEP " << (d.low_latency ? "low_latency" : "normal");
+  s << (in.two_batch_overlap ? ", two-batch overlap" : "") << "\n";
+  std::snprintf(b, sizeof b,
+                "model: config.json dims, %d layers (%d dense), %d routed experts%s + %d shared, top-%d, node-limited "
+                "routing %d groups top-%d; %.3g-byte weights, %.3g-byte activations and K/V\n",
+                m.layers, m.dense_layers, m.experts,
+                in.redundant_experts > 0 ? (" + " + std::to_string(in.redundant_experts) + " redundant").c_str() : "",
+                m.shared_experts, m.topk, m.groups, m.topk_groups, in.weight_bytes, in.act_bytes);
+  s << b;
+  if (in.phase == Phase::prefill)
+    std::snprintf(b, sizeof b, "batch: %.0f tokens per attention-DP group (requests of %d tokens)\n", d.group_tokens,
+                  in.request_tokens);
+  else
+    std::snprintf(b, sizeof b, "batch: %d requests per GPU, %d tokens cached per request\n", in.requests_per_gpu, in.kv_len);
+  s << b;
+  std::snprintf(b, sizeof b,
+                "per rank: %.1f rows routed, %.1f (row, expert) pairs on %.3g local experts (imbalance %.3g); a token "
+                "reaches %.2f ranks on %.2f of %d nodes; dispatch %lld B a copy, combine %lld B\n",
+                d.routed_rows, d.expert_pairs, d.local_experts, d.imbalance, d.spread.ranks, d.spread.nodes,
+                d.spread.node_count, static_cast<long long>(d.dispatch_row), static_cast<long long>(d.combine_row));
+  s << b << "\nper layer (busiest rank)  attention     experts    dispatch     combine  other comm     exposed       total\n";
+  for (const auto& [name, t] : {std::pair<const char*, const LayerTime&>{"dense layer (x", d.dense}, {"MoE layer (x", d.moe}}) {
+    const int n = std::string(name) == "dense layer (x" ? m.dense_layers : m.moe_layers();
+    std::snprintf(b, sizeof b, "%-24s %11s %11s %11s %11s %11s %11s %11s\n", (name + std::to_string(n) + ")").c_str(),
+                  us_text(t.attention).c_str(), us_text(t.experts).c_str(), us_text(t.dispatch).c_str(),
+                  us_text(t.combine).c_str(), us_text(t.other_comm).c_str(), us_text(t.exposed).c_str(),
+                  us_text(t.total).c_str());
+    s << b;
+  }
+  if (d.pp > 1) {
+    s << "stages: " << kLayerSplitNote << ":";
+    for (std::size_t i = 0; i < d.stages.size(); ++i) {
+      const DeployStage& st = d.stages[i];
+      std::string parts;
+      if (st.dense > 0) parts += std::to_string(st.dense) + " dense";
+      if (st.moe > 0) parts += (parts.empty() ? "" : " + ") + std::to_string(st.moe) + " MoE";
+      if (st.embed) parts += " + embeddings";
+      if (st.head) parts += " + LM head";
+      s << " stage " << i << " [" << st.layers.first << ", " << st.layers.end() << ") " << parts << ": " << ms_text(st.seconds)
+        << (i + 1 < d.stages.size() ? ";" : "\n");
+    }
+    const DeployStage& first = d.stages.front();
+    std::snprintf(b, sizeof b,
+                  "pipeline: a micro-batch of %.0f %s over the domain; each rank hands hidden states and residual to the "
+                  "next stage, %s a rank%s in %s; a micro-batch crosses the %d stages in %s, one leaves every %s; %d "
+                  "micro-batches in flight\n",
+                  d.micro_tokens, in.phase == Phase::prefill ? "tokens" : "requests", bytes_text(first.handover.sent).c_str(),
+                  first.handover.gathered > 0 ? " (its 1/attn_tp slice, all-gathered over attn_tp there)" : "",
+                  us_text(first.send_s).c_str(), d.pp, ms_text(d.latency).c_str(), ms_text(d.interval).c_str(), d.pp);
+    s << b;
+  }
+  std::snprintf(b, sizeof b, "LM head: %s\n%s: %s; %.0f tokens/s per GPU\n", us_text(d.head).c_str(),
+                in.phase == Phase::prefill ? "forward" : "decode step", ms_text(d.step).c_str(), d.tokens_per_gpu_s);
+  s << b;
+  std::snprintf(b, sizeof b, "world: %d replica%s x pp %d x tp %d = %d ranks on %lld node%s: %.0f tokens/s in all\n", d.replicas,
+                d.replicas == 1 ? "" : "s", d.pp, w.tp, d.world_ranks, static_cast<long long>(d.nodes), d.nodes == 1 ? "" : "s",
+                d.world_tokens_s);
+  s << b;
+  const DeployMemory& mm = d.memory;
+  s << "memory per rank " << bytes_text(mm.total()) << " of " << bytes_text(c.memory) << ": weights "
+    << bytes_text(mm.weights()) << " (attention " << bytes_text(mm.attention) << ", dense MLP " << bytes_text(mm.dense_mlp)
+    << ", experts " << bytes_text(mm.experts) << ", shared expert " << bytes_text(mm.shared) << ", router "
+    << bytes_text(mm.router) << ", embeddings + LM head " << bytes_text(mm.embeddings) << "), K/V " << bytes_text(mm.kv)
+    << ", activations " << bytes_text(mm.activations)
+    << (d.pp > 1 ? " (stage " + std::to_string(d.fullest) + ", the fullest)" : std::string()) << "\n";
+  return s.str();
+}
+
+// `relayout plan --gpus N --preset deepseek-v3`: every domain size (replicas of it: independent
+// instances, each with its own DP attention), DP attention of every width, backend none with every
+// ep and DeepEP (EP over the domain), sorted by tokens/s per GPU (those that fit first).
+struct RankedDeployment {
+  std::string flags, unit;
+  LayoutConfig config;
+  int replicas = 1;
+  Deployment plan;
+  bool fits = true;
+};
+
+struct DeployRanking {
+  int gpus = 0;
+  std::vector<RankedDeployment> layouts;
+  std::map<std::string, int> skipped;  // reason -> layouts
+};
+
+inline std::string unit_text(int replicas, const Deployment& d) {
+  const Widths& w = d.widths;
+  std::string u = std::to_string(replicas) + " x " + (d.pp > 1 ? "PP" + std::to_string(d.pp) + " x " : "") +
+                  (w.moe_ep > 1 ? "EP" + std::to_string(w.moe_ep) : "TP" + std::to_string(w.tp));
+  if (w.attn_dp > 1) u += " DP" + std::to_string(w.attn_dp);
+  return u;
+}
+
+inline DeployRanking rank_deployments(int gpus, const DeployInput& in, const Cluster& c, double gpu_memory) {
+  DeployRanking out;
+  out.gpus = gpus;
+  for (int replicas : divisors(gpus))
+    for (int pp : divisors(gpus / replicas)) {
+    if (pp > in.model.layers) break;  // every stage needs a layer
+    const int n = gpus / replicas / pp;
+    DeployInput each = in;
+    each.batch_tokens = in.batch_tokens / replicas;
+    if (in.phase == Phase::prefill && each.batch_tokens / pp < 1) continue;
+    for (bool dpa : {false, true})
+      for (int dp : dpa ? divisors(n) : std::vector<int>{1}) {
+        if (dpa && dp == 1) continue;
+        for (Backend b : {Backend::none, Backend::deepep})
+          for (int ep : b == Backend::none ? divisors(n) : std::vector<int>{1}) {
+            const LayoutConfig cfg{.tp = n, .dp = dp, .ep = ep, .enable_dp_attention = dpa, .moe_a2a_backend = b, .pp = pp};
+            if (derive_widths(cfg).rule != LayoutRule::ok) continue;
+            RankedDeployment r;
+            try {
+              r.plan = plan_deployment(WorldLayout(cfg), each, c);
+            } catch (const LayoutError& e) {
+              ++out.skipped[std::string(e.input()) + " (e.g. " + e.what() + ")"];
+              continue;
+            }
+            r.config = cfg;
+            r.replicas = replicas;
+            r.flags = layout_flags(cfg, {b});
+            r.unit = unit_text(replicas, r.plan);
+            r.fits = r.plan.memory.total() <= gpu_memory;
+            out.layouts.push_back(std::move(r));
+          }
+      }
+  }
+  if (out.layouts.empty()) {
+    std::string why;
+    for (const auto& [reason, k] : out.skipped) why += "; " + std::to_string(k) + " skipped for " + reason;
+    throw LayoutError("--gpus", "--gpus " + std::to_string(gpus) + ": no layout of " + std::to_string(gpus) +
+                                    " GPUs runs " + in.model.name + why);
+  }
+  std::stable_sort(out.layouts.begin(), out.layouts.end(), [](const RankedDeployment& a, const RankedDeployment& b) {
+    return a.fits != b.fits ? a.fits : a.plan.tokens_per_gpu_s > b.plan.tokens_per_gpu_s;
+  });
+  return out;
+}
+
+inline nlohmann::json deploy_ranking_json(const DeployRanking& r, const DeployInput& in) {
+  nlohmann::json j;
+  j["gpus"] = r.gpus;
+  j["layouts"] = nlohmann::json::array();
+  for (const RankedDeployment& l : r.layouts) {
+    nlohmann::json e = deployment_json(l.plan, in);
+    e["flags"] = l.flags;
+    e["unit"] = l.unit;
+    e["replicas"] = l.replicas;
+    e["fits"] = l.fits;
+    j["layouts"].push_back(e);
+  }
+  j["skipped"] = nlohmann::json::object();
+  for (const auto& [reason, n] : r.skipped) j["skipped"][reason] = n;
+  return j;
+}
+
+// One row per layout: the step, tokens/s per GPU and the split of the step over its parts.
+inline std::string deploy_ranking_text(const DeployRanking& r, const DeployInput& in, const std::string& header,
+                                       std::size_t top) {
+  std::ostringstream s;
+  s << header;
+  char line[600];
+  std::snprintf(line, sizeof line, "%4s  %11s  %9s  %10s  %10s  %10s  %10s  %10s  %11s  %-4s  %-20s  %s\n", "#",
+                in.phase == Phase::prefill ? "forward" : "step", "tok/s/GPU", "attention", "experts", "dispatch",
+                "combine", "exposed", "memory/rank", "fits", "unit", "flags");
+  s << line;
+  std::size_t i = 0;
+  for (const RankedDeployment& l : r.layouts) {
+    if (top > 0 && i >= top) break;
+    const Deployment& d = l.plan;
+    const MlaModel& m = in.model;
+    // Whole-step seconds of each part: dense and MoE layers together.
+    const auto sum = [&](double LayerTime::*f) { return m.dense_layers * d.dense.*f + m.moe_layers() * d.moe.*f; };
+    std::snprintf(line, sizeof line, "%4zu  %11s  %9.0f  %10s  %10s  %10s  %10s  %10s  %11s  %-4s  %-20s  %s\n", ++i,
+                  ms_text(d.step).c_str(), d.tokens_per_gpu_s, ms_text(sum(&LayerTime::attention)).c_str(),
+                  ms_text(sum(&LayerTime::experts)).c_str(), ms_text(sum(&LayerTime::dispatch)).c_str(),
+                  ms_text(sum(&LayerTime::combine)).c_str(), ms_text(sum(&LayerTime::exposed)).c_str(),
+                  bytes_text(d.memory.total()).c_str(), l.fits ? "yes" : "NO", l.unit.c_str(), l.flags.c_str());
+    s << line;
+  }
+  if (top > 0 && r.layouts.size() > top) s << "  ... " << r.layouts.size() - top << " more (--top 0 lists all)\n";
+  for (const auto& [reason, n] : r.skipped) s << "skipped: " << n << " layout" << (n > 1 ? "s" : "") << ", " << reason << "\n";
+  return s.str();
+}
+
+}  // namespace relayout::cli
