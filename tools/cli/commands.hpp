@@ -113,6 +113,29 @@ inline constexpr const char* kRankedLayoutFlags[] = {"--tp", "--dp", "--cp", "--
                                                      "--attn-dp-size", "--enable-prefill-cp", "--moe-a2a-backend",
                                                      "--pp-size", "--nnodes"};
 
+// A single layout asked for by its flags: the plan is printed whole, and when its fullest rank does
+// not fit in --gpu-memory the command says so on stderr and exits 2 (as the ranking does when no
+// layout fits): the layout as given cannot run.
+inline int misfit_exit(double need, double have, std::ostream& err) {
+  if (need <= have) return 0;
+  err << "error: --gpu-memory " << bytes_text(have) << ": this layout needs " << bytes_text(need)
+      << " on its fullest rank; use more GPUs, a smaller batch or fewer cached tokens, or raise --gpu-memory\n";
+  return 2;
+}
+
+// --deepep-mode picks DeepEP's kernels: on one layout it needs --moe-a2a-backend deepep (or
+// deepep_v2). SGLang ignores the flag under another backend; the plan refuses a flag it would not
+// use, so a mode the user meant for DeepEP is never dropped. (The ranking applies it to its DeepEP rows.)
+inline void check_deepep_mode(const CLI::App& plan, const RuntimeLayout& layout) {
+  const Backend b = layout.backend();
+  if (plan.count("--deepep-mode") == 0 || b == Backend::deepep || b == Backend::deepep_v2) return;
+  const std::string mode = plan.get_option("--deepep-mode")->as<std::string>();
+  throw LayoutError("--deepep-mode", "--deepep-mode " + mode + " with --moe-a2a-backend " + std::string(to_string(layout.config().moe_a2a_backend)) +
+                                         ": relayout plan: --deepep-mode chooses DeepEP's kernels and needs "
+                                         "--moe-a2a-backend deepep (SGLang ignores it under another backend; the plan "
+                                         "refuses a flag it would not use)");
+}
+
 // `relayout plan --preset deepseek-v3|deepseek-r1`: one deployment over the world, or with --gpus the ranking.
 inline int deploy_command(const CLI::App& plan, LayoutFlags& flags, const DeployInput& in, int gpus, int top,
                           double gpu_memory, const Cluster& cluster, const std::string& format, std::ostream& out,
@@ -147,14 +170,15 @@ inline int deploy_command(const CLI::App& plan, LayoutFlags& flags, const Deploy
     return 0;
   }
   const WorldLayout world = flags.world();
+  check_deepep_mode(plan, world.domain());
   const bool nnodes_given = plan.count("--nnodes") > 0;
   const Cluster timed = world_cluster(world, nnodes_given, cluster);
   const Deployment d = plan_deployment(world, in, timed, nnodes_given);
   if (format == "json")
     out << deployment_json(d, in).dump(2) << "\n";
   else
-    out << deployment_text(d, in, timed) << cluster_text(timed);
-  return 0;
+    out << deployment_text(d, in) << cluster_text(timed);
+  return misfit_exit(d.memory.total(), gpu_memory, err);
 }
 
 // `relayout plan` after parsing: one layout's plan, or with --gpus the ranking of every layout.
@@ -163,6 +187,7 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
                         double gpu_memory, Cluster cluster, const std::string& format, std::ostream& out, std::ostream& err) {
   cluster.resolve(&plan);
   if (plan.count("--gpu-memory") == 0) gpu_memory = cluster.memory;
+  cluster.memory = gpu_memory;  // the memory a GPU has: every plan's fit verdict
   if (batch_tokens > 0 && plan.count("--requests") > 0)
     throw LayoutError("--batch-tokens", "--batch-tokens and --requests both give the batch: give one of them");
   if (is_mla_preset(preset))
@@ -225,7 +250,7 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
     out << plan_svg(wp.plans.front(), wp.cluster);
   else
     out << world_plan_text(wp);
-  return 0;
+  return misfit_exit(wp.memory_per_rank(), gpu_memory, err);
 }
 
 // `relayout plan [flags] -- python3 -m sglang.launch_server ...`: the SGLang flags the plan reads

@@ -251,6 +251,8 @@ struct Deployment {
   int replicas = 1, pp = 1, world_ranks = 1, ranks_per_node = 8;
   std::int64_t nodes = 1;
   std::vector<DeployStage> stages;
+  double gpu_memory = 0;                 // bytes a GPU has (--gpu-memory, else the --hardware preset's)
+  bool fits() const { return memory.total() <= gpu_memory; }
   int fullest = 0;                       // the stage of `memory`
   double latency = 0, interval = 0;      // a micro-batch through every stage; the slowest stage
   double micro_tokens = 0;               // tokens (decode: requests) of one micro-batch over the domain
@@ -403,6 +405,7 @@ inline Deployment plan_deployment(const WorldLayout& world, const DeployInput& g
   d.world_ranks = world.size();
   d.ranks_per_node = c.gpus_per_node;
   d.nodes = world_nodes(world, nnodes_given, c);
+  d.gpu_memory = c.memory;
   d.widths = layout.widths();
   const Widths& w = d.widths;
   d.path = layout.bridge_path();
@@ -570,6 +573,8 @@ inline nlohmann::json deployment_json(const Deployment& d, const DeployInput& in
           {"step_s", d.step},
           {"tokens_per_gpu_s", d.tokens_per_gpu_s},
           {"memory", memory_json(d.memory)},
+          {"gpu_memory", d.gpu_memory},
+          {"fits", d.fits()},
           {"world", deploy_world_json(d)}};
 }
 
@@ -579,7 +584,7 @@ inline std::string us_text(double s) {
   return b;
 }
 
-inline std::string deployment_text(const Deployment& d, const DeployInput& in, const Cluster& c) {
+inline std::string deployment_text(const Deployment& d, const DeployInput& in) {
   const Widths& w = d.widths;
   const MlaModel& m = in.model;
   std::ostringstream s;
@@ -646,12 +651,13 @@ inline std::string deployment_text(const Deployment& d, const DeployInput& in, c
                 d.world_tokens_s);
   s << b;
   const DeployMemory& mm = d.memory;
-  s << "memory per rank " << bytes_text(mm.total()) << " of " << bytes_text(c.memory) << ": weights "
+  s << "memory per rank " << bytes_text(mm.total()) << " of " << bytes_text(d.gpu_memory) << ": weights "
     << bytes_text(mm.weights()) << " (attention " << bytes_text(mm.attention) << ", dense MLP " << bytes_text(mm.dense_mlp)
     << ", experts " << bytes_text(mm.experts) << ", shared expert " << bytes_text(mm.shared) << ", router "
     << bytes_text(mm.router) << ", embeddings + LM head " << bytes_text(mm.embeddings) << "), K/V " << bytes_text(mm.kv)
     << ", activations " << bytes_text(mm.activations)
     << (d.pp > 1 ? " (stage " + std::to_string(d.fullest) + ", the fullest)" : std::string()) << "\n";
+  s << fit_text(mm.total(), d.gpu_memory);
   return s.str();
 }
 
@@ -708,7 +714,8 @@ inline DeployRanking rank_deployments(int gpus, const DeployInput& in, const Clu
             r.replicas = replicas;
             r.flags = layout_flags(cfg, {b});
             r.unit = unit_text(replicas, r.plan);
-            r.fits = r.plan.memory.total() <= gpu_memory;
+            r.plan.gpu_memory = gpu_memory;
+            r.fits = r.plan.fits();
             out.layouts.push_back(std::move(r));
           }
       }

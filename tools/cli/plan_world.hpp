@@ -95,6 +95,15 @@ inline std::string world_line(const WorldLayout& world, bool nnodes_given, const
          " of " + s(c.gpus_per_node) + " ranks" + (nnodes_given ? " (--nnodes)" : " (ranks numbered node by node)") + "\n";
 }
 
+// The verdict line of a single layout's plan: whether its fullest rank, `need` bytes, fits in
+// `have` (--gpu-memory, else the --hardware preset's HBM).
+inline std::string fit_text(double need, double have) {
+  if (need <= have)
+    return "fits in --gpu-memory " + bytes_text(have) + ": yes, " + bytes_text(have - need) + " to spare on the fullest rank\n";
+  return "fits in --gpu-memory " + bytes_text(have) + ": NO, the fullest rank needs " + bytes_text(need) + ", " +
+         bytes_text(need - have) + " more than a GPU has\n";
+}
+
 // One rank's time in a stage: its domain's collectives and flops, its hand-over to the next stage
 // (`sends`) and the all-gather of the slices it received (`receives`).
 struct StageRankTime {
@@ -150,6 +159,14 @@ struct WorldPlan {
     for (const WorldStage& s : stages) t += s.time.time.total();
     return t;
   }
+  // The most memory a rank of any stage holds, and whether it fits a GPU (cluster.memory).
+  double memory_per_rank() const {
+    double m = 0;
+    for (const LayerPlan& p : plans)
+      for (const RankPlan& r : p.ranks) m = std::max(m, r.memory.total());
+    return m;
+  }
+  bool fits() const { return memory_per_rank() <= cluster.memory; }
   const WorldStage& slowest_stage() const {
     return *std::max_element(stages.begin(), stages.end(),
                              [](const WorldStage& a, const WorldStage& b) { return a.time.time.total() < b.time.time.total(); });
@@ -255,7 +272,10 @@ inline nlohmann::json plan_world_json(const WorldPlan& wp) {
           {"pipeline_latency_s", wp.latency()},
           {"stage_interval_s", wp.interval()},
           {"tokens_per_s", wp.tokens_per_s()},
-          {"world_tokens_per_s", wp.world_tokens_per_s()}};
+          {"world_tokens_per_s", wp.world_tokens_per_s()},
+          {"memory_per_rank", wp.memory_per_rank()},
+          {"gpu_memory", wp.cluster.memory},
+          {"fits", wp.fits()}};
 }
 
 // plan_json of the first stage (its ranks: the whole domain's when pp = 1), the model's layers, the
@@ -399,7 +419,7 @@ inline std::string world_plan_text(const WorldPlan& wp) {
     }
     s << "\n";
   }
-  s << cluster_text(c) << "no overlap of communication and compute\n";
+  s << fit_text(wp.memory_per_rank(), c.memory) << cluster_text(c) << "no overlap of communication and compute\n";
   return s.str();
 }
 
