@@ -85,6 +85,14 @@ TEST_CASE("DSpark's launch hook under DP attention with dp > 1") {
   v = RuntimeLayout(c).dspark();
   CHECK(v.input == "--moe-a2a-backend");
   CHECK(v.error == RELAYOUT_DSPARK_BACKEND_MESSAGE);
+  // _handle_dspark also accepts megamoe when SGLANG_RAGGED_VERIFY_MODE=static; relayout reads no
+  // environment, so it refuses megamoe and its message says that it is stricter than SGLang.
+  CHECK(contains(std::string(v.error), "relayout is stricter than SGLang"));
+  CHECK(contains(std::string(v.error), "megamoe"));
+  CHECK(contains(std::string(v.error), "SGLANG_RAGGED_VERIFY_MODE=static"));
+  c.moe_a2a_backend = Backend::megamoe;
+  CHECK(RuntimeLayout(c).dspark().input == "--moe-a2a-backend");
+  c.moe_a2a_backend = Backend::deepep;
   CHECK_THROWS_WITH_AS(RuntimeLayout(c).require_dspark_allowed(), RELAYOUT_DSPARK_BACKEND_MESSAGE, LayoutError);
   // ascend_tp runs as none, so it is the built-in TP MoE.
   c.moe_a2a_backend = Backend::ascend_tp;
@@ -144,6 +152,46 @@ TEST_CASE("--enable-dp-lm-head and --enable-tp-lm-head-all-to-all") {
   CHECK(rejection_of(pf).message.empty());
 }
 
+// The LM head's layout the two flags give (RuntimeLayout::lm_head): SGLang's
+// VocabParallelEmbedding (layers/vocab_parallel_embedding.py) shards the vocabulary over the
+// attention-TP group when enable_dp_lm_head is set, over the TP group otherwise; the TP LM-head
+// all-to-all keeps the TP shards. Expected groups written out by hand.
+TEST_CASE("the LM head's vocabulary group follows --enable-dp-lm-head and --enable-tp-lm-head-all-to-all") {
+  // tp 8, dp 4, DP attention, DP LM head: attn_tp 2, so the vocabulary is cut in 2 inside each DP
+  // group; rank 5 is the second rank of group [4 5] and holds slice 1.
+  LayoutConfig head = dpa(8, 4);
+  head.enable_dp_lm_head = true;
+  const RuntimeLayout l(head);
+  const LmHeadLayout h = l.lm_head();
+  CHECK(h.vocab_group == GroupKind::attn_tp);
+  CHECK(h.vocab_shards == 2);
+  CHECK(h.dp_lm_head);
+  CHECK_FALSE(h.tp_all_to_all);
+  CHECK(l.group_members(h.vocab_group, 5) == std::vector<int>{4, 5});
+  std::vector<int> shards;
+  for (int r = 0; r < 8; ++r) shards.push_back(l.lm_head_vocab_shard(r));
+  CHECK(shards == std::vector<int>{0, 1, 0, 1, 0, 1, 0, 1});
+  // Without the flag the same widths shard the vocabulary over all 8 ranks.
+  const RuntimeLayout plain(dpa(8, 4));
+  CHECK(plain.lm_head() == LmHeadLayout{GroupKind::tp, 8, false, false});
+  shards.clear();
+  for (int r = 0; r < 8; ++r) shards.push_back(plain.lm_head_vocab_shard(r));
+  CHECK(shards == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
+  // --dp-size 1 turns the DP LM head off (_data_parallelism_defaults): over tp again.
+  LayoutConfig one{.tp = 4};
+  one.enable_dp_lm_head = true;
+  CHECK(RuntimeLayout(one).lm_head() == LmHeadLayout{GroupKind::tp, 4, false, false});
+  // The TP LM-head all-to-all: tp == dp == 4, one rank per DP group, the vocabulary over tp.
+  LayoutConfig a2a = dpa(4, 4);
+  a2a.enable_tp_lm_head_all_to_all = true;
+  CHECK(RuntimeLayout(a2a).lm_head() == LmHeadLayout{GroupKind::tp, 4, false, true});
+  // The compile-time form answers the same.
+  using H = Layout<Tp<8>, Dp<4>, DpAttention<true>, DpLmHead<true>>;
+  static_assert(H::lm_head().vocab_group == GroupKind::attn_tp && H::lm_head().vocab_shards == 2);
+  using A = Layout<Tp<4>, Dp<4>, DpAttention<true>, TpLmHeadAllToAll<true>>;
+  static_assert(A::lm_head() == LmHeadLayout{GroupKind::tp, 4, false, true});
+}
+
 // validation_hook.py check_server_args: moe_dense_tp_size in (None, 1, tp_size); prefill CP
 // forces 1 (validate_deepseek_v4_cp).
 TEST_CASE("--moe-dense-tp-size: the dense layers' TP group") {
@@ -191,13 +239,18 @@ TEST_CASE("--dcp-size: decode-CP groups inside TP with their coordinates") {
   check_rejected(c, "--dcp-size", "--dcp-size = 0 is invalid", RELAYOUT_RULE_COUNT_RANGE);
 }
 
-// Redundant experts are extra physical copies spread over the EP ranks: without EP there is
-// nowhere to put them.
+// managers/expert_location.py ExpertLocationMetadata._init_common: the physical experts are the
+// logical ones plus --ep-num-redundant-experts, laid out over ep_size ranks
+// (num_physical_experts % ep_size == 0). SGLang has no launch rule tying the flag to EP
+// (arg_groups/parallel_hook.py handle_eplb_and_dispatch asserts ep_size > 1 for --enable-eplb
+// only), so this rule is relayout's own and its message says it is stricter than SGLang: with
+// moe_ep == 1 the one EP rank would hold every copy, which places nothing.
 TEST_CASE("--ep-num-redundant-experts needs expert parallelism") {
   LayoutConfig c{.tp = 4};
   c.ep_num_redundant_experts = 2;
   check_rejected(c, "--ep-num-redundant-experts", "--ep-num-redundant-experts 2 with moe_ep = 1",
                  RELAYOUT_RULE_REDUNDANT_NEEDS_EP);
+  CHECK(contains(rejection_of(c).message, "relayout is stricter than SGLang"));
   c.ep = 2;
   CHECK(rejection_of(c).message.empty());
   CHECK(RuntimeLayout(c).config().ep_num_redundant_experts == 2);
@@ -255,7 +308,13 @@ TEST_CASE("--pp-size and --nnodes rules") {
 }
 
 // Accept/reject over the further flags against spec_model.hpp's restatement of the same hooks
-// (sglang_launch), and the decode-CP and dense-TP widths of every accepted layout.
+// (sglang_launch: our transcription of SGLang's argument hooks, which calls nothing of the layout
+// engine; it shares only LayoutConfig and the enums), and the decode-CP, dense-TP and MoE-EP widths
+// of every accepted layout. The grid is 8 * 3 * 2 * 2 * 3 * 2 * 4 * 3 * 4 * 2 * 2 * 3 * 2 * 2 =
+// 1,327,104 configurations (with tp 1 and 2 the dense values {1, 2, tp} repeat one value, so a few
+// are visited twice); the transcription accepts 70,810 of them and rejects 1,256,294, and the
+// library must agree on every one: the counts pin the grid and the transcription, so a change to
+// either shows here.
 TEST_CASE("sweep: the further flags agree with the restated SGLang hooks") {
   long accepted = 0, rejected = 0;
   for (int tp : {1, 2, 3, 4, 6, 8, 12, 16})
@@ -303,6 +362,7 @@ TEST_CASE("sweep: the further flags agree with the restated SGLang hooks") {
                               REQUIRE(got.widths.moe_ep == want.w.moe_ep);
                             }
   MESSAGE("further flags: " << accepted << " accepted, " << rejected << " rejected");
-  CHECK(accepted > 1000);
-  CHECK(rejected > 100000);
+  CHECK(accepted + rejected == 8L * 3 * 2 * 2 * 3 * 2 * 4 * 3 * 4 * 2 * 2 * 3 * 2 * 2);
+  CHECK(accepted == 70810);
+  CHECK(rejected == 1256294);
 }

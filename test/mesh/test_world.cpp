@@ -102,6 +102,31 @@ TEST_CASE("world: native DP replicas are the slowest axis, then pp, then tp") {
   CHECK(WorldLayout(inside).size() == 4);
 }
 
+// What `relayout explain --tp 2 --dp 2 --pp-size 2 --rank 5` needs: world rank 5 is replica 1,
+// stage 0, domain rank 1 (5 = (1 * 2 + 0) * 2 + 1), and back.
+TEST_CASE("world: a world rank maps to (replica, pp, domain rank) and back") {
+  LayoutConfig c{.tp = 2, .dp = 2};
+  c.pp = 2;
+  const WorldLayout w(c);
+  const WorldCoords k = w.coords(5);
+  CHECK(k.replica == 1);
+  CHECK(k.pp_rank == 0);
+  CHECK(k.domain.rank == 1);
+  CHECK(w.domain_index(5) == 2);
+  CHECK(w.world_rank(1, 0, 1) == 5);
+  CHECK(w.world_rank(0, 1, 0) == 2);
+  CHECK(w.world_rank(1, 1, 1) == 7);
+  for (int r = 0; r < w.size(); ++r) {
+    const WorldCoords q = w.coords(r);
+    CHECK(w.world_rank(q.replica, q.pp_rank, q.domain.rank) == r);
+  }
+  CHECK_THROWS_WITH_AS(w.world_rank(2, 0, 0), "replica 2 is out of range [0, 2) (replicas = 2)", LayoutError);
+  CHECK_THROWS_WITH_AS(w.world_rank(0, -1, 0), "pp_rank -1 is out of range [0, 2) (pp = 2)", LayoutError);
+  CHECK_THROWS_WITH_AS(w.world_rank(0, 0, 2), "tp_rank 2 is out of range [0, 2) (tp = 2)", LayoutError);
+  CHECK_THROWS_WITH_AS(w.coords(8), "world rank 8 is out of range [0, 8) (replicas x pp x tp = 2 x 2 x 2)",
+                       LayoutError);
+}
+
 TEST_CASE("world: nodes hold consecutive blocks of tp * pp / nnodes ranks") {
   LayoutConfig c{.tp = 4};
   c.pp = 2;

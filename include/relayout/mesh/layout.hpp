@@ -108,6 +108,27 @@ constexpr DsparkVerdict dspark_verdict(const LayoutConfig& c, const Widths& w) {
   return {};
 }
 
+// The LM head's layout (--enable-dp-lm-head, --enable-tp-lm-head-all-to-all): which group splits
+// the vocabulary, into how many slices, and how the logits meet the rows. SGLang's
+// VocabParallelEmbedding shards the vocabulary over the attention-TP group with the DP LM head
+// (each DP group computes its own rows' logits, no gather across DP groups) and over the whole TP
+// group otherwise; the TP LM-head all-to-all keeps the TP split and exchanges hidden rows and
+// logits by one all-to-all over tp in place of the DP gather and scatter.
+struct LmHeadLayout {
+  GroupKind vocab_group = GroupKind::tp;  // attn_tp with the DP LM head (dp > 1), tp otherwise
+  int vocab_shards = 1;                   // that group's size: the slices of the vocabulary
+  bool dp_lm_head = false;                // --enable-dp-lm-head as resolved (dp_lm_head_on)
+  bool tp_all_to_all = false;             // --enable-tp-lm-head-all-to-all
+
+  friend constexpr bool operator==(const LmHeadLayout&, const LmHeadLayout&) = default;
+};
+
+constexpr LmHeadLayout lm_head_layout(const LayoutConfig& c, const Widths& w) {
+  const bool dp_head = dp_lm_head_on(c);
+  return {dp_head ? GroupKind::attn_tp : GroupKind::tp, dp_head ? w.attn_tp : w.tp, dp_head,
+          c.enable_tp_lm_head_all_to_all};
+}
+
 // Which attention-CP rank holds which token of a request. Plain CP gives each CP rank one contiguous
 // chunk; DeepSeek-V4 prefill CP deals tokens round-robin (SGLang's "round-robin-split"). Either
 // way CP rank r holds n / cp tokens, plus one when r < n % cp.
@@ -230,6 +251,10 @@ class RuntimeLayout {
     return relayout::padding_mode(global_num_tokens, widths_.attn_dp, backend());
   }
   CpTokenSplit cp_token_split() const { return relayout::cp_token_split(config_); }
+  // The LM head's vocabulary-parallel group and how its logits are exchanged (LmHeadLayout).
+  LmHeadLayout lm_head() const { return lm_head_layout(config_, widths_); }
+  // Which slice of the vocabulary `rank` holds: its position in the LM head's vocabulary group.
+  int lm_head_vocab_shard(int rank) const { return group_rank(lm_head().vocab_group, rank); }
   // The attention-CP rank that holds token `token` of a request of `tokens` tokens.
   int cp_rank_of_token(std::int64_t token, std::int64_t tokens) const {
     if (tokens < 0 || tokens > (std::int64_t{1} << 40))

@@ -1,4 +1,5 @@
 // Compile-time layout policies: Layout<Tp<32>, Dp<16>, DpAttention<true>, A2a<Backend::deepep>>.
+// Every launch flag of LayoutConfig has an option (Tp ... Nnodes below).
 // Widths and coordinates are constexpr and come from the same rules as RuntimeLayout; an invalid
 // layout (SGLang's launch rules included), or one the DSpark start-up check rejects, is a
 // static_assert with a sentence.
@@ -13,7 +14,10 @@ namespace relayout {
 
 namespace impl {
 // Each option knows which field it sets; a Layout may name each kind of option at most once.
-enum class OptionKind { tp, dp, cp, ep, moe_dp, dp_attention, a2a, draft, attn_dp, prefill_cp, dp_lm_head };
+enum class OptionKind {
+  tp, dp, cp, ep, moe_dp, dp_attention, a2a, draft, attn_dp, prefill_cp, dp_lm_head,
+  tp_lm_head_a2a, dense_tp, dcp, redundant_experts, pp, nnodes
+};
 }  // namespace impl
 
 template <int N>
@@ -96,6 +100,43 @@ struct DpLmHead {
   static constexpr void apply(LayoutConfig& c) { c.enable_dp_lm_head = On; }
 };
 
+// --enable-tp-lm-head-all-to-all: the TP-sharded LM head exchanged by one all-to-all.
+template <bool On>
+struct TpLmHeadAllToAll {
+  static constexpr impl::OptionKind kind = impl::OptionKind::tp_lm_head_a2a;
+  static constexpr void apply(LayoutConfig& c) { c.enable_tp_lm_head_all_to_all = On; }
+};
+// --moe-dense-tp-size N: the TP width of the dense (non-MoE) layers (1 or tp).
+template <int N>
+struct MoeDenseTp {
+  static constexpr impl::OptionKind kind = impl::OptionKind::dense_tp;
+  static constexpr void apply(LayoutConfig& c) { c.moe_dense_tp_size = N; }
+};
+// --dcp-size N: decode context parallelism, blocks of N ranks inside the TP group.
+template <int N>
+struct Dcp {
+  static constexpr impl::OptionKind kind = impl::OptionKind::dcp;
+  static constexpr void apply(LayoutConfig& c) { c.dcp = N; }
+};
+// --ep-num-redundant-experts N: redundant expert copies over the EP ranks.
+template <int N>
+struct EpRedundantExperts {
+  static constexpr impl::OptionKind kind = impl::OptionKind::redundant_experts;
+  static constexpr void apply(LayoutConfig& c) { c.ep_num_redundant_experts = N; }
+};
+// --pp-size N and --nnodes N describe the world around the domain; a Layout is still one TP
+// domain (size() == tp), and WorldLayout(L::config()) numbers the whole world.
+template <int N>
+struct Pp {
+  static constexpr impl::OptionKind kind = impl::OptionKind::pp;
+  static constexpr void apply(LayoutConfig& c) { c.pp = N; }
+};
+template <int N>
+struct Nnodes {
+  static constexpr impl::OptionKind kind = impl::OptionKind::nnodes;
+  static constexpr void apply(LayoutConfig& c) { c.nnodes = N; }
+};
+
 template <LayoutOption... Opts>
 struct Layout {
   static_assert(((impl::OptionKind{Opts::kind} == Opts::kind) && ...));
@@ -106,7 +147,8 @@ struct Layout {
         if (kinds[i] == kinds[j]) return false;
     return true;
   }(), "relayout: a Layout names each option (Tp, Dp, Cp, Ep, MoeDp, DpAttention, A2a, DraftModel, "
-     "AttnDp, PrefillCp, DpLmHead) at most once");
+     "AttnDp, PrefillCp, DpLmHead, TpLmHeadAllToAll, MoeDenseTp, Dcp, EpRedundantExperts, Pp, "
+     "Nnodes) at most once");
 
  private:
   static constexpr LayoutConfig make_config() {
@@ -133,9 +175,18 @@ struct Layout {
   static_assert(result_.rule != LayoutRule::moe_dp_fills_tp, RELAYOUT_RULE_MOE_DP_FILLS_TP);
   static_assert(result_.rule != LayoutRule::cp_moe_dp, RELAYOUT_RULE_CP_MOE_DP);
   static_assert(result_.rule != LayoutRule::prefill_cp_no_strategy, RELAYOUT_RULE_PREFILL_CP_NO_STRATEGY);
+  static_assert(result_.rule != LayoutRule::count_range, RELAYOUT_RULE_COUNT_RANGE);
+  static_assert(result_.rule != LayoutRule::redundant_range, RELAYOUT_RULE_REDUNDANT_RANGE);
+  static_assert(result_.rule != LayoutRule::pp_moe_dp, RELAYOUT_RULE_PP_MOE_DP);
+  static_assert(result_.rule != LayoutRule::dense_tp, RELAYOUT_RULE_DENSE_TP);
+  static_assert(result_.rule != LayoutRule::dcp_divides, RELAYOUT_RULE_DCP_DIVIDES);
   static_assert(result_.rule != LayoutRule::dp_lm_head, RELAYOUT_RULE_DP_LM_HEAD);
+  static_assert(result_.rule != LayoutRule::tp_lm_head_a2a, RELAYOUT_RULE_TP_LM_HEAD_A2A);
+  static_assert(result_.rule != LayoutRule::redundant_needs_ep, RELAYOUT_RULE_REDUNDANT_NEEDS_EP);
   static_assert(result_.rule != LayoutRule::pp_speculative, RELAYOUT_RULE_PP_SPECULATIVE);
-  // The options above cannot reach the other rules; any of them still stops the build.
+  static_assert(result_.rule != LayoutRule::nnodes_divides, RELAYOUT_RULE_NNODES_DIVIDES);
+  static_assert(result_.rule != LayoutRule::nnodes_replicas, RELAYOUT_RULE_NNODES_REPLICAS);
+  // Every LayoutRule has its sentence above; a rule added later still stops the build here.
   static_assert(result_.rule == LayoutRule::ok, "relayout: this layout breaks one of SGLang's launch rules");
   static constexpr Widths widths_ = result_.widths;
   static constexpr DsparkVerdict dspark_ = dspark_verdict(config_, widths_);
@@ -152,6 +203,10 @@ struct Layout {
   static constexpr int moe_dp = widths_.moe_dp;
   static constexpr int moe_ep = widths_.moe_ep;
   static constexpr int moe_tp = widths_.moe_tp;
+  static constexpr int dcp = widths_.dcp;            // decode-CP width inside TP (--dcp-size)
+  static constexpr int dense_tp = widths_.dense_tp;  // the dense layers' TP width: 1 or tp
+  static constexpr int pp = config_.pp;              // pipeline stages of the world (--pp-size)
+  static constexpr int nnodes = config_.nnodes;      // machines of the world (--nnodes)
   static constexpr Backend backend = resolved_backend(config_.moe_a2a_backend);
   static constexpr BridgePath path = relayout::bridge_path(widths_, backend);
 
@@ -161,6 +216,7 @@ struct Layout {
   static constexpr BridgePath bridge_path() { return path; }
   static constexpr CpTokenSplit cp_token_split() { return relayout::cp_token_split(config_); }
   static constexpr DsparkVerdict dspark() { return dspark_; }
+  static constexpr LmHeadLayout lm_head() { return lm_head_layout(config_, widths_); }
 
   // Coordinates of a rank known at compile time; an out-of-range rank does not compile.
   template <int Rank>

@@ -58,8 +58,10 @@
   "DSpark with DP attention (dp > 1) requires --enable-dp-lm-head: the draft computes each DP " \
   "group's logits on its own ranks, so the vocabulary is split over the attention-TP group, "   \
   "not across DP groups"
-#define RELAYOUT_DSPARK_BACKEND_MESSAGE                                                         \
-  "DSpark with DP attention (dp > 1) only supports the built-in TP MoE (--moe-a2a-backend none)"
+#define RELAYOUT_DSPARK_BACKEND_MESSAGE                                                           \
+  "DSpark with DP attention (dp > 1) only supports the built-in TP MoE (--moe-a2a-backend none); " \
+  "relayout is stricter than SGLang here: SGLang also lets --moe-a2a-backend megamoe through "     \
+  "behind an environment switch (SGLANG_RAGGED_VERIFY_MODE=static), which relayout does not read"
 #define RELAYOUT_DSPARK_CP_MESSAGE                                                           \
   "DSpark with DP attention (dp > 1) does not support attention context parallelism (attn_cp " \
   "must be 1)"
@@ -77,8 +79,10 @@
 #define RELAYOUT_RULE_TP_LM_HEAD_A2A                                                              \
   "relayout: --enable-tp-lm-head-all-to-all needs DP attention with tp == dp, attn_cp == 1 and no " \
   "--enable-dp-lm-head"
-#define RELAYOUT_RULE_REDUNDANT_NEEDS_EP \
-  "relayout: --ep-num-redundant-experts > 0 needs expert parallelism (moe_ep > 1)"
+#define RELAYOUT_RULE_REDUNDANT_NEEDS_EP                                                          \
+  "relayout: --ep-num-redundant-experts > 0 needs expert parallelism (moe_ep > 1); relayout is "  \
+  "stricter than SGLang here: SGLang starts with moe_ep == 1 and gives the one EP rank every "   \
+  "redundant copy, which places nothing and only duplicates experts"
 #define RELAYOUT_RULE_PP_SPECULATIVE \
   "relayout: --pp-size > 1 does not combine with speculative decoding (--draft)"
 #define RELAYOUT_RULE_NNODES_DIVIDES "relayout: tp * pp must be divisible by --nnodes"

@@ -63,8 +63,16 @@ class WorldLayout {
     const auto c = world_radix(replicas_, pp_, tp()).coords(checked_rank(rank));
     return {rank, c[0], c[1], rank / ranks_per_node(), domain_.coords(c[2])};
   }
-  // Which TP domain (replica * pp + pp_rank) a world rank is in, and its first world rank.
+  // Which TP domain (replica * pp + pp_rank) a world rank is in.
   int domain_index(int rank) const { return checked_rank(rank) / tp(); }
+  // The inverse of coords(): the world rank of domain rank `tp_rank` of stage `pp_rank` of
+  // replica `replica`. Each coordinate out of range throws LayoutError naming it.
+  int world_rank(int replica, int pp_rank, int tp_rank) const {
+    check_coord("replica", replica, replicas_, "replicas");
+    check_coord("pp_rank", pp_rank, pp_, "pp");
+    check_coord("tp_rank", tp_rank, tp(), "tp");
+    return world_radix(replicas_, pp_, tp()).index({replica, pp_rank, tp_rank});
+  }
 
   int group_size(GroupKind kind) const { return geometry(kind).radix.group_size(geometry(kind).free); }
   int group_count(GroupKind kind) const { return geometry(kind).radix.group_count(geometry(kind).free); }
@@ -109,6 +117,11 @@ class WorldLayout {
                                     std::to_string(size()) + ") (replicas x pp x tp = " + std::to_string(replicas_) +
                                     " x " + std::to_string(pp_) + " x " + std::to_string(tp()) + ")");
     return rank;
+  }
+  static void check_coord(const char* what, int value, int count, const char* bound) {
+    if (value < 0 || value >= count)
+      throw LayoutError(what, std::string(what) + " " + std::to_string(value) + " is out of range [0, " +
+                                  std::to_string(count) + ") (" + bound + " = " + std::to_string(count) + ")");
   }
   std::vector<int> members_of(GroupKind kind, int id) const {
     std::vector<int> members(static_cast<std::size_t>(group_size(kind)));
