@@ -271,3 +271,35 @@ TEST_CASE("explain: the layout's notes under the widths, in text and JSON") {
   CHECK(cli::explain_text(on).find("note ") == std::string::npos);
   CHECK(cli::explain_json(on)["notes"] == json::array());
 }
+
+TEST_CASE("explain: the attention plan of prefill and decode / extend rows, in JSON and text") {
+  // tp 4, cp 2: attn_cp 2, attn_tp 2. Decode / extend under CP: append the new rows' kv, gather the
+  // group's queries over attn_cp, partial attention over the keys held here, the partials back to
+  // each row's CP rank, the log-sum-exp merge, then wo_b's all-reduce over attn_tp.
+  const RuntimeLayout cp({.tp = 4, .cp = 2});
+  const json a = cli::explain_json(cp)["attention"];
+  CHECK(a["component"] == "relayout::CpAttention");
+  std::vector<std::pair<std::string, json>> got;
+  for (const json& s : a["decode_extend"]) got.push_back({s["step"].get<std::string>(), s["group"]});
+  CHECK(got == std::vector<std::pair<std::string, json>>{{"kv_append", nullptr}, {"all_gatherv", "attn_cp"},
+                                                         {"partial", nullptr},   {"all_to_allv", "attn_cp"},
+                                                         {"merge", nullptr},     {"all_reduce", "attn_tp"}});
+  // Prefill under CP: the kv rows gathered over attn_cp, the kernel, the all-reduce.
+  REQUIRE(a["prefill"].size() == 3);
+  CHECK(a["prefill"][0]["group"] == "attn_cp");
+  CHECK(a["prefill"][2]["step"] == "all_reduce");
+  CHECK(cli::explain_text(cp).find("  decode / extend rows (relayout::CpAttention): kv_append all_gatherv@attn_cp partial "
+                                   "all_to_allv@attn_cp merge all_reduce@attn_tp\n") != std::string::npos);
+  // tp 8 dp 8 with DP attention: attn_tp 1, no CP: only local steps, no all-reduce.
+  const RuntimeLayout dpa({.tp = 8, .dp = 8, .enable_dp_attention = true});
+  CHECK(cli::explain_json(dpa)["attention"]["decode_extend"].size() == 2);
+  CHECK(cli::explain_text(dpa).find("  decode / extend rows (relayout::CpAttention): kv_append attention\n") != std::string::npos);
+}
+
+TEST_CASE("explain: --attn-dp-size 1 with --dp-size N: the replicas are the layout's note, said once") {
+  const std::string t = cli::explain_text(RuntimeLayout({.tp = 4, .dp = 8, .attn_dp_size = 1}));
+  CHECK(t.find("--attn-dp-size 1: no DP attention\n") != std::string::npos);
+  const std::string note = "replicas outside this domain";
+  REQUIRE(t.find(note) != std::string::npos);
+  CHECK(t.find(note, t.find(note) + 1) == std::string::npos);
+}

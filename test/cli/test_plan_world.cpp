@@ -185,6 +185,14 @@ TEST_CASE("plan world: the demo layer's expert load from a file") {
   // Per layer: (1.5 + 1) / 2 and (0.5 + 1) / 2.
   in.load = cli::parse_load_layers(R"({"experts": 8, "layers": [[3, 3, 3, 3, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]]})", "test");
   CHECK(cli::plan_layer(RuntimeLayout({.tp = 2, .ep = 2}), in).load_factors == std::vector<double>{1.25, 0.75});
+  // The imbalance is each layer's busiest rank, averaged: rank 0 is hot in layer 0 (12 of 16: 1.5x),
+  // rank 1 in layer 1 (1.5x). Averaged per rank the two are even (1 and 1), yet every layer waits
+  // 1.5x the mean: the demo plan and the MLA plan (imbalance_of) give 1.5 from one function.
+  in.load = cli::parse_load_layers(R"({"experts": 8, "layers": [[3, 3, 3, 3, 1, 1, 1, 1], [1, 1, 1, 1, 3, 3, 3, 3]]})", "test");
+  const cli::LayerPlan swapped = cli::plan_layer(RuntimeLayout({.tp = 2, .ep = 2}), in);
+  CHECK(swapped.load_factors == std::vector<double>{1.0, 1.0});
+  CHECK(swapped.imbalance() == doctest::Approx(1.5));
+  CHECK(cli::imbalance_of(*in.load, 2, 0, 1, 1) == doctest::Approx(1.5));
   in.load = cli::parse_load_layers(R"({"experts": 4, "loads": [1, 1, 1, 1]})", "test");
   CHECK_THROWS_WITH_AS(cli::plan_layer(RuntimeLayout({.tp = 2, .ep = 2}), in),
                        "--expert-load: the file holds the loads of 4 experts; the demo layer routes over --experts 8: "

@@ -108,10 +108,41 @@ inline DeployInput deploy_input(const CLI::App& plan, const DeployFlags& f, cons
   return in;
 }
 
+// Layout flags both plans check as SGLang checks them (exit 2 on a bad value) but do not model:
+// decode CP, the dense layers' TP width, the LM-head flags and the draft leave the plan unchanged.
+// A single layout's plan names them on stderr; the ranking refuses them.
+inline constexpr const char* kUnmodelledLayoutFlags[] = {"--dcp-size", "--moe-dense-tp-size", "--enable-dp-lm-head",
+                                                         "--enable-tp-lm-head-all-to-all", "--draft"};
+
+inline void note_unmodelled(const CLI::App& plan, std::ostream& err) {
+  std::string names;
+  for (const char* name : kUnmodelledLayoutFlags)
+    if (plan.count(name) > 0) names += (names.empty() ? "" : ", ") + std::string(name);
+  if (!names.empty())
+    err << "note: " << names << ": checked as SGLang checks them; relayout plan does not model them, the plan is the "
+        << "same without them\n";
+}
+
 // The layout flags --gpus refuses: it ranks every layout itself.
 inline constexpr const char* kRankedLayoutFlags[] = {"--tp", "--dp", "--cp", "--ep", "--moe-dp-size", "--enable-dp-attention",
-                                                     "--attn-dp-size", "--enable-prefill-cp", "--moe-a2a-backend",
-                                                     "--pp-size", "--nnodes"};
+                                                     "--attn-dp-size", "--enable-prefill-cp", "--cp-strategy",
+                                                     "--moe-a2a-backend", "--pp-size", "--nnodes"};
+
+// --gpus with a layout flag: the ranking chooses the layout (and models none of kUnmodelledLayoutFlags).
+inline void refuse_ranked_flags(const CLI::App& plan, int gpus, const std::vector<const char*>& more = {}) {
+  std::vector<const char*> names(std::begin(kRankedLayoutFlags), std::end(kRankedLayoutFlags));
+  names.insert(names.end(), more.begin(), more.end());
+  const std::string head = ": --gpus ranks every layout of " + std::to_string(gpus) + " GPUs";
+  for (const char* name : names)
+    if (plan.count(name) > 0)
+      throw LayoutError(name, name + head + (more.empty() ? "; give no layout flags with it"
+                                                         : " with automatic padding; give no layout, request or padding flags with it"));
+  for (const char* name : kUnmodelledLayoutFlags)
+    if (plan.count(name) > 0)
+      throw LayoutError(name, name + head + " and does not model " + name +
+                                  " (decode CP, the dense TP width, the LM-head flags and the draft leave its times "
+                                  "unchanged); give no layout flags with it");
+}
 
 // A single layout asked for by its flags: the plan is printed whole, and when its fullest rank does
 // not fit in --gpu-memory the command says so on stderr and exits 2 (as the ranking does when no
@@ -142,10 +173,7 @@ inline int deploy_command(const CLI::App& plan, LayoutFlags& flags, const Deploy
                           std::ostream& err) {
   if (format == "svg") throw LayoutError("--format", "--format svg draws the demo layer's plan; use text or json with --preset " + in.model.name);
   if (gpus > 0) {
-    for (const char* name : kRankedLayoutFlags)
-      if (plan.count(name) > 0)
-        throw LayoutError(name, std::string(name) + ": --gpus ranks every layout of " + std::to_string(gpus) +
-                                    " GPUs; give no layout flags with it");
+    refuse_ranked_flags(plan, gpus);
     const DeployRanking r = rank_deployments(gpus, in, cluster, gpu_memory);
     if (format == "json") {
       out << deploy_ranking_json(r, in).dump(2) << "\n";
@@ -171,6 +199,7 @@ inline int deploy_command(const CLI::App& plan, LayoutFlags& flags, const Deploy
   }
   const WorldLayout world = flags.world();
   check_deepep_mode(plan, world.domain());
+  note_unmodelled(plan, err);
   const bool nnodes_given = plan.count("--nnodes") > 0;
   const Cluster timed = world_cluster(world, nnodes_given, cluster);
   const Deployment d = plan_deployment(world, in, timed, nnodes_given);
@@ -201,12 +230,7 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
   // --expert-load: the loads dsv4_layer measured (checked against --experts by plan_layer).
   if (plan.count("--expert-load") > 0) in.load = read_load_file(deploy.load_file);
   if (gpus > 0) {
-    std::vector<const char*> refused(std::begin(kRankedLayoutFlags), std::end(kRankedLayoutFlags));
-    refused.insert(refused.end(), {"--requests", "--placement", "--padding"});
-    for (const char* name : refused)
-      if (plan.count(name) > 0)
-        throw LayoutError(name, std::string(name) + ": --gpus ranks every layout of " + std::to_string(gpus) +
-                                    " GPUs with automatic padding; give no layout, request or padding flags with it");
+    refuse_ranked_flags(plan, gpus, {"--requests", "--placement", "--padding"});
     if (batch_tokens == 0) throw LayoutError("--batch-tokens", "--gpus needs --batch-tokens (the tokens of one forward over all GPUs)");
     const Ranking r = rank_layouts(gpus, batch_tokens, request_tokens, in, cluster, gpu_memory);
     if (format == "json") {
@@ -235,6 +259,7 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
   // The world: --requests are one micro-batch of a domain; --batch-tokens the world's, split evenly
   // over the replicas and into pp micro-batches.
   const WorldLayout world = flags.world();
+  note_unmodelled(plan, err);
   if (format == "svg" && world.pp() > 1)
     throw LayoutError("--format", "--format svg draws one domain's plan; --pp-size " + std::to_string(world.pp()) +
                                       " plans " + std::to_string(world.pp()) + " stages: use text or json");
@@ -259,13 +284,24 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
 // Every other word is listed as ignored.
 struct SglangWords {
   std::vector<std::string> flags, read, ignored;
+  std::string model;  // --model-path / --model as given ("" when the command has none)
+  bool model_known = false;  // it names a preset (DeepSeek-V3 or R1)
 };
 
+// The SGLang flags the plan reads, as the direct flags of apps/common/layout_flags.hpp and
+// DeployFlags spell them (each alias SGLang has): valued, and switches.
+inline constexpr const char* kSglangValued[] = {
+    "--tp", "--tp-size", "--dp", "--dp-size", "--ep", "--ep-size", "--moe-a2a-backend", "--deepep-mode",
+    "--ep-num-redundant-experts", "--attn-cp-size", "--moe-dp-size", "--pp-size", "--pipeline-parallel-size", "--nnodes",
+    "--dcp-size", "--decode-context-parallel-size", "--moe-dense-tp-size", "--cp-strategy", "--attn-dp-size",
+    "--attention-data-parallel-size"};
+inline constexpr const char* kSglangSwitches[] = {"--enable-dp-attention", "--enable-two-batch-overlap",
+                                                  "--enable-dp-lm-head", "--enable-tp-lm-head-all-to-all",
+                                                  "--enable-prefill-cp"};
+
 inline SglangWords sglang_flags(const std::vector<std::string>& words, const std::vector<std::string>& given) {
-  static const char* const kValued[] = {"--tp", "--tp-size", "--dp", "--dp-size", "--ep", "--ep-size", "--moe-a2a-backend",
-                                        "--deepep-mode", "--ep-num-redundant-experts", "--attn-cp-size", "--moe-dp-size",
-                                        "--pp-size", "--pipeline-parallel-size", "--nnodes"};
-  static const char* const kSwitches[] = {"--enable-dp-attention", "--enable-two-batch-overlap"};
+  const auto& kValued = kSglangValued;
+  const auto& kSwitches = kSglangSwitches;
   const auto in = [](const auto& list, const std::string& w) {
     return std::find(std::begin(list), std::end(list), w) != std::end(list);
   };
@@ -287,6 +323,8 @@ inline SglangWords sglang_flags(const std::vector<std::string>& words, const std
       std::string lower = value;
       for (char& ch : lower) ch = char(std::tolower(static_cast<unsigned char>(ch)));
       const bool r1 = lower.find("deepseek-r1") != std::string::npos, v3 = lower.find("deepseek-v3") != std::string::npos;
+      out.model = value;
+      out.model_known = r1 || v3;
       if (!r1 && !v3) {
         out.ignored.push_back(shown + " (no preset for this model)");
         continue;
@@ -314,106 +352,61 @@ inline SglangWords sglang_flags(const std::vector<std::string>& words, const std
   return out;
 }
 
-inline int relayout_command(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
-  // An SGLang command after `relayout plan ... --`: planned with the flags it gives.
-  if (argc > 2 && std::string(argv[1]) == "plan")
-    for (int dash = 2; dash < argc; ++dash) {
-      if (std::string(argv[dash]) != "--") continue;
-      std::vector<std::string> words(argv + dash + 1, argv + argc), given(argv + 2, argv + dash);
-      const SglangWords sg = sglang_flags(words, given);
-      std::vector<std::string> args{argv[0], "plan"};
-      args.insert(args.end(), given.begin(), given.end());
-      args.insert(args.end(), sg.flags.begin(), sg.flags.end());
-      const auto list = [](const std::vector<std::string>& v) {
-        std::string t;
-        for (const std::string& w : v) t += (t.empty() ? "" : ", ") + w;
-        return t.empty() ? std::string("none") : t;
-      };
-      out << "sglang command: read " << list(sg.read) << "\nsglang command: ignored " << list(sg.ignored) << "\n\n";
-      std::vector<const char*> ptrs;
-      for (const std::string& a : args) ptrs.push_back(a.c_str());
-      return relayout_command(int(ptrs.size()), ptrs.data(), out, err);
+inline int relayout_command(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+// An SGLang command after `relayout plan ... --`: planned with the flags it gives (nullopt when
+// argv has no such command).
+inline std::optional<int> sglang_command(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  if (argc <= 2 || std::string(argv[1]) != "plan") return std::nullopt;
+  for (int dash = 2; dash < argc; ++dash) {
+    if (std::string(argv[dash]) != "--") continue;
+    std::vector<std::string> words(argv + dash + 1, argv + argc), given(argv + 2, argv + dash);
+    const SglangWords sg = sglang_flags(words, given);
+    // The model: a preset the path names, or one given before `--`; never the demo layer by default.
+    const bool preset_given = std::any_of(given.begin(), given.end(), [](const std::string& w) {
+      return w == "--preset" || w.rfind("--preset=", 0) == 0;
+    });
+    if (!sg.model_known && !preset_given) {
+      err << "error: --model-path" << (sg.model.empty() ? ": the SGLang command names no model"
+                                                         : " " + sg.model + ": no preset for this model")
+          << "; relayout plan knows deepseek-ai/DeepSeek-V3 and DeepSeek-R1 (--preset deepseek-v3, deepseek-r1) "
+             "and the demo layer (--preset demo): give --preset before -- to plan another\n";
+      return 2;
     }
+    std::vector<std::string> args{argv[0], "plan"};
+    args.insert(args.end(), given.begin(), given.end());
+    args.insert(args.end(), sg.flags.begin(), sg.flags.end());
+    const auto list = [](const std::vector<std::string>& v) {
+      std::string t;
+      for (const std::string& w : v) t += (t.empty() ? "" : ", ") + w;
+      return t.empty() ? std::string("none") : t;
+    };
+    out << "sglang command: read " << list(sg.read) << "\nsglang command: ignored " << list(sg.ignored) << "\n\n";
+    std::vector<const char*> ptrs;
+    for (const std::string& a : args) ptrs.push_back(a.c_str());
+    return relayout_command(int(ptrs.size()), ptrs.data(), out, err);
+  }
+  return std::nullopt;
+}
 
-  CLI::App app{"relayout: parallel layouts for DP-attention / EP-MoE inference engines"};
-  app.require_subcommand(1);
-
+// `relayout explain`: a layout's flags, --rank and --format. Not movable once added (LayoutFlags
+// keeps pointers to the options it registered).
+struct ExplainArgs {
   LayoutFlags flags;
   std::string format = "text";
   int rank = -1;
-  CLI::App* explain = app.add_subcommand("explain", "explain a layout given SGLang-style flags");
-  flags.add_to(*explain);
-  add_int(*explain, "--rank", rank, "focus one rank of the domain");
-  explain->add_option("--format", format, "text, json, dot or svg")
-      ->check(CLI::IsMember({"text", "json", "dot", "svg"}));
+  CLI::App* app = nullptr;
 
-  // plan: the collectives, rows and memory per rank of the demo layer (plan.hpp), from dsv4_layer's flags.
-  LayoutFlags plan_flags;  // its own: LayoutFlags keeps a pointer to the option it registered
-  plan_flags.add_redundant_experts = false;  // DeployFlags reads --ep-num-redundant-experts
-  PlanInput plan_in;
-  std::string plan_format = "text";
-  CLI::App* plan = app.add_subcommand(
-      "plan", "predicted collectives, rows, memory and time per rank of one forward over the world (replicas x pipeline stages x a domain)");
-  plan_flags.add_to(*plan);
-  add_model_flags(*plan, plan_in.dims);
-  add_int_list(*plan, "--requests", plan_in.requests, "prompt lengths, e.g. 5,3,4 (request i -> DP group i mod attn_dp)");
-  add_int_list(*plan, "--placement", plan_in.placement, "the DP group of each request, e.g. 0,0,2");
-  plan->add_option("--padding", plan_in.padding, "auto (docs/bridge.md#padding rule), max_len or sum_len");
-  plan->add_option("--restore", plan_in.restore, "path A restore: reduce or scatter");
-  plan->add_option("--format", plan_format, "text, json or svg")->check(CLI::IsMember({"text", "json", "svg"}));
-  // Sizes of values and weights, the model preset, the batch, and the ranking of layouts.
-  add_float(*plan, "--element-bytes", plan_in.elem, "bytes of one activation value (default 4: the demo layer's float)", 1.0, 64.0);
-  add_float(*plan, "--weight-bytes", plan_in.weight_elem, "bytes of one weight (default: --element-bytes)", 0.125, 64.0);
-  plan->add_option("--dispatch-dtype", plan_in.dispatch_dtype,
-                   "paths a2a_split and direct: dispatched rows as fp32 (the value type, default), bf16 (2 bytes a value) "
-                   "or fp8 (e4m3 with a 4-byte scale per 128 values; with --gpus, the layouts that dispatch)");
-  std::string preset;
-  plan->add_option("--preset", preset,
-                   "model: demo (the demo layer, default), deepseek-v3 or deepseek-r1 (config.json's MLA model, FP8 weights)");
-  DeployFlags deploy;
-  deploy.add_to(*plan);
-  std::int64_t batch_tokens = 0;
-  int request_tokens = 2048, gpus = 0, top = 20;
-  add_int<std::int64_t>(*plan, "--batch-tokens", batch_tokens, "tokens of one forward over all GPUs, as requests of --request-tokens (instead of --requests)", 1, std::int64_t(1) << 24);
-  add_int(*plan, "--request-tokens", request_tokens, "prompt length of the --batch-tokens requests (default 2048)", 1, 1 << 20);
-  add_int(*plan, "--gpus", gpus, "rank every valid layout of this many GPUs by predicted time per forward", 1, 4096);
-  add_int(*plan, "--top", top, "ranking: rows of the text table (default 20; 0: all)", 0, 1 << 20);
-  std::uint64_t gpu_memory = std::uint64_t(80) << 30;
-  plan->add_option_function<std::string>(
-          "--gpu-memory", [&gpu_memory](const std::string& text) { gpu_memory = parse_bytes("--gpu-memory", text); },
-          "memory per GPU (K, M, G, T suffixes; default 80G): layouts needing more are marked")
-      ->type_name("BYTES");
-  Cluster cluster;
-  cluster.add_to(*plan);
-
-
-  // trace diff BASELINE CANDIDATE: first divergence of two row-ownership traces (trace_diff.hpp).
-  CLI::App* trace = app.add_subcommand("trace", "row-ownership traces written with --trace DIR");
-  trace->require_subcommand(1);
-  CLI::App* diff = trace->add_subcommand(
-      "diff", "first boundary where CANDIDATE's rows diverge from BASELINE's (exit 0 agree, 1 diverge, 2 unreadable)");
-  std::string baseline, candidate;
-  DiffOptions diff_opts;
-  diff->add_option("BASELINE", baseline, "trace directory of the trusted run (e.g. one rank)")->required();
-  diff->add_option("CANDIDATE", candidate, "trace directory of the layout under test")->required();
-  // At most 1: the checksums of O(1) activations, which a layout bug changes by O(1), would agree
-  // whatever the rows hold under a larger tolerance.
-  add_float(*diff, "--rtol", diff_opts.tolerance.rtol, "relative checksum tolerance, in [0, 1] (see relayout/trace/record.hpp)", 0.0, 1.0);
-  add_float(*diff, "--atol", diff_opts.tolerance.atol, "absolute checksum tolerance, in [0, 1]", 0.0, 1.0);
-
-  // A misspelt subcommand is named (CLI11 would take it for a stray argument and ask for one).
-  if (const std::string unknown = unknown_subcommand(app, argc, argv); !unknown.empty()) {
-    err << "error: " << unknown << "\n";
-    return 2;
+  void add_to(CLI::App& parent) {
+    app = parent.add_subcommand("explain", "explain a layout given SGLang-style flags");
+    flags.add_to(*app);
+    add_int(*app, "--rank", rank, "focus one rank of the domain");
+    app->add_option("--format", format, "text, json, dot or svg")->check(CLI::IsMember({"text", "json", "dot", "svg"}));
   }
-
-  return run_main(app, argc, argv, out, err, [&] {
-    if (diff->parsed()) return trace_diff(baseline, candidate, diff_opts, out, err);
-    if (plan->parsed()) return plan_command(*plan, plan_flags, plan_in, preset, deploy, batch_tokens, request_tokens,
-                                            gpus, top, double(gpu_memory), cluster, plan_format, out, err);
+  int run(std::ostream& out) {
     const RuntimeLayout layout = flags.layout();
     std::optional<int> focus;
-    if (explain->count("--rank")) focus = layout.coords(rank).rank;  // throws when out of range
+    if (app->count("--rank")) focus = layout.coords(rank).rank;  // throws when out of range
     if (format == "json")
       out << explain_json(layout, focus).dump(2) << "\n";
     else if (format == "dot")
@@ -423,6 +416,97 @@ inline int relayout_command(int argc, const char* const* argv, std::ostream& out
     else
       out << explain_text(layout, focus);
     return 0;
+  }
+};
+
+// `relayout plan`: the collectives, rows and memory per rank of the demo layer (plan.hpp), from
+// dsv4_layer's flags, or of an MLA preset (plan_deploy.hpp), and the ranking of a cluster's layouts.
+struct PlanArgs {
+  LayoutFlags flags;
+  PlanInput in;
+  std::string format = "text", preset;
+  DeployFlags deploy;
+  std::int64_t batch_tokens = 0;
+  int request_tokens = 2048, gpus = 0, top = 20;
+  std::uint64_t gpu_memory = std::uint64_t(80) << 30;
+  Cluster cluster;
+  CLI::App* app = nullptr;
+
+  void add_to(CLI::App& parent) {
+    CLI::App* plan = app = parent.add_subcommand(
+        "plan", "predicted collectives, rows, memory and time per rank of one forward over the world (replicas x pipeline stages x a domain)");
+    flags.add_redundant_experts = false;  // DeployFlags reads --ep-num-redundant-experts
+    flags.add_to(*plan);
+    add_model_flags(*plan, in.dims);
+    add_int_list(*plan, "--requests", in.requests, "prompt lengths, e.g. 5,3,4 (request i -> DP group i mod attn_dp)");
+    add_int_list(*plan, "--placement", in.placement, "the DP group of each request, e.g. 0,0,2");
+    plan->add_option("--padding", in.padding, "auto (docs/bridge.md#padding rule), max_len or sum_len");
+    plan->add_option("--restore", in.restore, "path A restore: reduce or scatter");
+    plan->add_option("--format", format, "text, json or svg")->check(CLI::IsMember({"text", "json", "svg"}));
+    // Sizes of values and weights, the model preset, the batch, and the ranking of layouts.
+    add_float(*plan, "--element-bytes", in.elem, "bytes of one activation value (default 4: the demo layer's float)", 1.0, 64.0);
+    add_float(*plan, "--weight-bytes", in.weight_elem, "bytes of one weight (default: --element-bytes)", 0.125, 64.0);
+    plan->add_option("--dispatch-dtype", in.dispatch_dtype,
+                     "paths a2a_split and direct: dispatched rows as fp32 (the value type, default), bf16 (2 bytes a value) "
+                     "or fp8 (e4m3 with a 4-byte scale per 128 values; with --gpus, the layouts that dispatch)");
+    plan->add_option("--preset", preset,
+                     "model: demo (the demo layer, default), deepseek-v3 or deepseek-r1 (config.json's MLA model, FP8 weights)");
+    deploy.add_to(*plan);
+    add_int<std::int64_t>(*plan, "--batch-tokens", batch_tokens, "tokens of one forward over all GPUs, as requests of --request-tokens (instead of --requests)", 1, std::int64_t(1) << 24);
+    add_int(*plan, "--request-tokens", request_tokens, "prompt length of the --batch-tokens requests (default 2048)", 1, 1 << 20);
+    add_int(*plan, "--gpus", gpus, "rank every valid layout of this many GPUs by predicted time per forward", 1, 4096);
+    add_int(*plan, "--top", top, "ranking: rows of the text table (default 20; 0: all)", 0, 1 << 20);
+    plan->add_option_function<std::string>(
+            "--gpu-memory", [this](const std::string& text) { gpu_memory = parse_bytes("--gpu-memory", text); },
+            "memory per GPU (K, M, G, T suffixes; default 80G): layouts needing more are marked")
+        ->type_name("BYTES");
+    cluster.add_to(*plan);
+  }
+  int run(std::ostream& out, std::ostream& err) {
+    return plan_command(*app, flags, in, preset, deploy, batch_tokens, request_tokens, gpus, top, double(gpu_memory), cluster,
+                        format, out, err);
+  }
+};
+
+// `relayout trace diff BASELINE CANDIDATE`: first divergence of two row-ownership traces (trace_diff.hpp).
+struct TraceArgs {
+  std::string baseline, candidate;
+  DiffOptions options;
+  CLI::App* diff = nullptr;
+
+  void add_to(CLI::App& parent) {
+    CLI::App* trace = parent.add_subcommand("trace", "row-ownership traces written with --trace DIR");
+    trace->require_subcommand(1);
+    diff = trace->add_subcommand(
+        "diff", "first boundary where CANDIDATE's rows diverge from BASELINE's (exit 0 agree, 1 diverge, 2 unreadable)");
+    diff->add_option("BASELINE", baseline, "trace directory of the trusted run (e.g. one rank)")->required();
+    diff->add_option("CANDIDATE", candidate, "trace directory of the layout under test")->required();
+    // At most 1: the checksums of O(1) activations, which a layout bug changes by O(1), would agree
+    // whatever the rows hold under a larger tolerance.
+    add_float(*diff, "--rtol", options.tolerance.rtol, "relative checksum tolerance, in [0, 1] (see relayout/trace/record.hpp)", 0.0, 1.0);
+    add_float(*diff, "--atol", options.tolerance.atol, "absolute checksum tolerance, in [0, 1]", 0.0, 1.0);
+  }
+};
+
+inline int relayout_command(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  if (const std::optional<int> rc = sglang_command(argc, argv, out, err)) return *rc;
+  CLI::App app{"relayout: parallel layouts for DP-attention / EP-MoE inference engines"};
+  app.require_subcommand(1);
+  ExplainArgs explain;
+  explain.add_to(app);
+  PlanArgs plan;  // its own LayoutFlags: LayoutFlags keeps a pointer to the option it registered
+  plan.add_to(app);
+  TraceArgs trace;
+  trace.add_to(app);
+  // A misspelt subcommand is named (CLI11 would take it for a stray argument and ask for one).
+  if (const std::string unknown = unknown_subcommand(app, argc, argv); !unknown.empty()) {
+    err << "error: " << unknown << "\n";
+    return 2;
+  }
+  return run_main(app, argc, argv, out, err, [&] {
+    if (trace.diff->parsed()) return trace_diff(trace.baseline, trace.candidate, trace.options, out, err);
+    if (plan.app->parsed()) return plan.run(out, err);
+    return explain.run(out);
   });
 }
 

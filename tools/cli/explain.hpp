@@ -162,9 +162,7 @@ inline std::vector<std::string> resolution_steps(const RuntimeLayout& l) {
                     " groups (the widths of --dp-size " + s(n) + " --enable-dp-attention)" +
                     (c.enable_dp_attention ? "; --enable-dp-attention next to it is redundant" : ""));
     else
-      out.push_back("--attn-dp-size 1: no DP attention" +
-                    (c.dp > 1 ? "; --dp-size " + s(c.dp) + " are replicas outside this domain"
-                              : std::string()));
+      out.push_back("--attn-dp-size 1: no DP attention");  // dp > 1: the layout's note says what dp is
   }
   if (c.enable_prefill_cp) {
     out.push_back("--enable-prefill-cp --cp-strategy " + std::string(to_string(*c.cp_strategy)) +
@@ -244,6 +242,23 @@ inline nlohmann::json world_json(const WorldLayout& world) {
   return j;
 }
 
+// The attention side of one layer (relayout::attention_plan, the steps CpAttention runs): for
+// the prefill and for decode / extend rows, each step with its group (null: local) and what it does.
+inline nlohmann::json attention_json(const RuntimeLayout& l) {
+  const Widths& w = l.widths();
+  const auto steps = [&](AttentionPhase phase) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const AttentionPlanStep& p : attention_plan(phase, w.attn_cp > 1, w.attn_tp > 1))
+      a.push_back({{"step", std::string(p.name)},
+                   {"group", p.group ? nlohmann::json(std::string(to_string(*p.group))) : nlohmann::json(nullptr)},
+                   {"what", std::string(p.what)}});
+    return a;
+  };
+  return {{"component", "relayout::CpAttention"},
+          {"prefill", steps(AttentionPhase::prefill)},
+          {"decode_extend", steps(AttentionPhase::extend)}};
+}
+
 inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> focus = std::nullopt) {
   using nlohmann::json;
   const LayoutConfig& c = l.config();
@@ -307,6 +322,7 @@ inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> fo
     }
     j["expert_map"] = e;
   }
+  j["attention"] = attention_json(l);
   j["bridge"]["path"] = std::string(to_string(l.bridge_path()));
   j["bridge"]["reason"] = bridge_reason(l);
   j["bridge"]["steps"] = json::array();
@@ -386,11 +402,12 @@ inline std::string world_text(const WorldLayout& world) {
   return o.str();
 }
 
-inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus = std::nullopt) {
+namespace impl {
+
+// The flags line and the resolution steps.
+inline void explain_header(std::ostream& o, const RuntimeLayout& l) {
   const LayoutConfig& c = l.config();
-  const Widths& w = l.widths();
   const std::string backend(to_string(c.moe_a2a_backend));
-  std::ostringstream o;
   o << "relayout explain: tp=" << c.tp << " dp=" << c.dp << " cp=" << c.cp << " ep=" << c.ep
     << " moe_dp=" << c.moe_dp << " dp_attention=" << (dp_attention_on(c) ? "on" : "off")
     << " moe_a2a_backend=" << backend << " draft=" << to_string(c.draft);
@@ -410,7 +427,13 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
     for (std::size_t i = 0; i < steps.size(); ++i) o << "  " << i + 1 << ". " << steps[i] << "\n";
     o << "\n";
   }
+}
 
+// Each width with its formula, the check and the layout's notes.
+inline void explain_widths(std::ostream& o, const RuntimeLayout& l) {
+  const LayoutConfig& c = l.config();
+  const Widths& w = l.widths();
+  const std::string backend(to_string(c.moe_a2a_backend));
   o << "Widths\n";
   o << "  attn_dp = "
     << (c.attn_dp_size ? "--attn-dp-size"
@@ -443,7 +466,10 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
     << " (MoE dp x ep x tp)\n";
   for (const LayoutNote& n : l.notes()) o << "  note    " << n.text << "\n";
   o << "\n";
+}
 
+// The rank table (the first 128 ranks; `focus` marked).
+inline void explain_ranks(std::ostream& o, const RuntimeLayout& l, std::optional<int> focus) {
   o << "Ranks            attention          |  MoE\n";
   o << "  rank    attn_dp attn_cp attn_tp   |  moe_dp moe_ep moe_tp\n";
   constexpr int kMaxRows = 128;
@@ -458,7 +484,11 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
   if (l.size() > kMaxRows)
     o << "  ... " << l.size() - kMaxRows << " more ranks (use --rank R or --format json)\n";
   o << "\n";
+}
 
+// Every group kind with its members, and the focused rank's groups.
+inline void explain_groups(std::ostream& o, const RuntimeLayout& l, std::optional<int> focus) {
+  const Widths& w = l.widths();
   o << "Groups\n";
   for (GroupKind g : kDomainGroupKinds) {
     const auto groups = l.groups(g);
@@ -486,7 +516,13 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
         << impl::rank_list(l.group_members(g, *focus)) << "\n";
   }
   o << "\n";
+}
 
+// The bridge's steps with their groups, the decode / extend attention plan and the padding rule.
+inline void explain_bridge(std::ostream& o, const RuntimeLayout& l, std::optional<int> focus) {
+  const LayoutConfig& c = l.config();
+  const Widths& w = l.widths();
+  const std::string backend(to_string(c.moe_a2a_backend));
   o << "Attention -> MoE bridge: " << to_string(l.bridge_path()) << "   (" << bridge_reason(l)
     << ")\n";
   int n = 1;
@@ -511,7 +547,10 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
             : std::string("max_len if 2*sum(global_num_tokens) >= max*attn_dp, else sum_len") +
                   (w.attn_cp > 1 ? " (under CP, one count per CP share: attn_dp * attn_cp in place of attn_dp)" : ""))
     << "\n\n";
+}
 
+// The expert map, with redundant experts.
+inline void explain_expert_map(std::ostream& o, const RuntimeLayout& l) {
   if (const ExpertMap m = expert_map(l); m.redundant > 0) {
     o << "Expert map (static placement, physical p holds logical p mod " << m.routed << "; DeepSeek-V3's " << m.routed
       << " routed experts + " << m.redundant << " redundant = " << m.physical << " physical";
@@ -534,8 +573,12 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
       o << "\n";
     }
   }
-  o << world_text(WorldLayout(c));
+}
 
+// DSpark's start-up check.
+inline void explain_dspark(std::ostream& o, const RuntimeLayout& l) {
+  const LayoutConfig& c = l.config();
+  const Widths& w = l.widths();
   const DsparkVerdict v = l.dspark();
   o << "DSpark start-up check (draft " << to_string(c.draft) << "): ";
   if (!v.allowed)
@@ -551,6 +594,20 @@ inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus
   }
   else
     o << "allowed\n";
+}
+
+}  // namespace impl
+
+inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus = std::nullopt) {
+  std::ostringstream o;
+  impl::explain_header(o, l);
+  impl::explain_widths(o, l);
+  impl::explain_ranks(o, l, focus);
+  impl::explain_groups(o, l, focus);
+  impl::explain_bridge(o, l, focus);
+  impl::explain_expert_map(o, l);
+  o << world_text(WorldLayout(l.config()));
+  impl::explain_dspark(o, l);
   return o.str();
 }
 

@@ -90,19 +90,42 @@ inline std::vector<std::vector<double>> read_load_file(const std::string& path) 
   return parse_load_layers(text.str(), "--expert-load '" + path + "'");
 }
 
-// Each moe_ep rank's (row, expert) pairs over the mean for logical per-expert loads, the experts
-// placed contiguously as the demo layer places them (ExpertLocation::identity: expert e on moe_ep
-// rank e / (experts / moe_ep)), averaged over the file's layers.
-inline std::vector<double> load_factors(const std::vector<std::vector<double>>& layers, int ep) {
-  std::vector<double> f(static_cast<std::size_t>(ep), 0.0);
+// The expert-load factors of both plans (the demo layer's and the MLA presets'), from logical
+// per-expert loads, one list per layer: each layer's experts placed by `place` (a function of the
+// layer's loads returning the library's ExpertLocation), each expert's load split evenly over its
+// replicas (expected_member_load), each moe_ep rank's load over the layer's mean. `per_rank` is
+// the mean over the layers of each rank's factor (its expected pairs); `imbalance` the mean over
+// the layers of the layer's busiest rank (max_over_mean): every layer waits for its own busiest
+// rank, whichever it is, so a rank hot in one layer and cold in the next still costs both layers.
+struct ExpertLoadFactors {
+  std::vector<double> per_rank;
+  double imbalance = 1.0;
+};
+
+template <class Place>
+ExpertLoadFactors expert_load_factors(const std::vector<std::vector<double>>& layers, int ep, Place&& place) {
+  ExpertLoadFactors f;
+  f.per_rank.assign(static_cast<std::size_t>(ep), 0.0);
+  double busiest = 0;
   for (const std::vector<double>& load : layers) {
-    const std::vector<double> member = expected_member_load(ExpertLocation::identity(int(load.size()), 0, ep), load);
+    const ExpertLocation loc = place(load);
+    const std::vector<double> member = expected_member_load(loc, load);
     double sum = 0;
     for (double x : member) sum += x;
-    for (std::size_t r = 0; r < f.size(); ++r) f[r] += sum > 0 ? member[r] * ep / sum : 1.0;
+    for (std::size_t r = 0; r < f.per_rank.size(); ++r) f.per_rank[r] += sum > 0 ? member[r] * ep / sum : 1.0;
+    busiest += max_over_mean(member);
   }
-  for (double& x : f) x /= double(layers.size());
+  for (double& x : f.per_rank) x /= double(layers.size());
+  f.imbalance = busiest / double(layers.size());
   return f;
+}
+
+// The demo layer's placement: contiguous over moe_ep (ExpertLocation::identity: expert e on moe_ep
+// rank e / (experts / moe_ep)), no redundant experts.
+inline ExpertLoadFactors load_factors(const std::vector<std::vector<double>>& layers, int ep) {
+  return expert_load_factors(layers, ep, [ep](const std::vector<double>& load) {
+    return ExpertLocation::identity(int(load.size()), 0, ep);
+  });
 }
 
 inline constexpr std::size_t kPlanSlots = TrafficLog::kOps * TrafficLog::kGroups;
@@ -146,9 +169,10 @@ struct LayerPlan {
   EpMessage message;  // one dispatched row (ep_dispatch's message, with elem-byte values)
   double destinations_per_row = 0;  // expected moe_ep ranks a row is dispatched to (uniform routing)
   std::vector<double> load_factors;  // per moe_ep rank: its (row, expert) pairs over the mean (1: uniform)
+  double load_imbalance = 1.0;       // expert_load_factors' imbalance: the busiest rank of each layer
   bool measured_load = false;        // the factors come from --expert-load
   std::vector<RankPlan> ranks;
-  double imbalance() const { return *std::max_element(load_factors.begin(), load_factors.end()); }
+  double imbalance() const { return load_imbalance; }
 };
 
 // Expected number of moe_ep ranks holding at least one of a row's top-k experts when the k
@@ -161,32 +185,27 @@ inline double expected_destinations(int experts, int k, int ep) {
   return ep * (1.0 - miss);
 }
 
-// The plan of one forward (all layers) of the demo layer on `layout`. Throws LayoutError naming
-// the flag when the dims, requests or placement do not fit the layout (the layer's own checks).
-inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
-  const Widths& w = layout.widths();
-  model::validate(in.dims, w);
-  if (in.elem != 1 && in.elem != 2 && in.elem != 4 && in.elem != 8) {
+namespace impl {
+
+// --element-bytes: the bytes of one value type.
+inline void check_element_bytes(double elem) {
+  if (elem != 1 && elem != 2 && elem != 4 && elem != 8) {
     char got[32];
-    std::snprintf(got, sizeof got, "%g", in.elem);
+    std::snprintf(got, sizeof got, "%g", elem);
     throw LayoutError("--element-bytes", std::string("--element-bytes must be 1, 2, 4 or 8 (the bytes of one value type), got ") + got);
   }
-  const DispatchDtype rows_as = dispatch_dtype_of(layout, in.dispatch_dtype);
-  const model::Workload work = model::Workload::make(in.requests, in.placement, w.attn_dp);
-  LayerPlan p(layout);
-  p.dims = in.dims;
-  p.elem = in.elem;
-  p.weight_elem = in.weight_elem > 0 ? in.weight_elem : in.elem;
-  p.dispatch_dtype = in.dispatch_dtype;
-  p.path = layout.bridge_path();
-  p.restore = relayout::parse_restore(in.restore, "--restore");
+}
+
+// The rows of every DP group and of every CP share of it (p.group_rows, p.global_num_tokens);
+// returns each DP group's longest request.
+inline std::vector<double> plan_shares(LayerPlan& p, const RuntimeLayout& layout, const model::Workload& work) {
+  const Widths& w = layout.widths();
   // Under attention CP (attn_cp > 1) each rank holds its CP share of its DP group's rows, and the
   // bridge moves every (DP group, CP rank) share as a DP group of its own (cp_share_layout:
   // the same domain with attn_dp * attn_cp groups and no CP); global_num_tokens has one entry per
   // share, in rank order. Each share's rows: plain CP cuts every request into attn_cp chunks, prefill
   // CP deals the group's tokens round-robin (docs/cp.md); both give cp_token_count rows.
   const int C = w.attn_cp;
-  const RuntimeLayout shares = cp_share_layout(layout);
   const bool round_robin = layout.cp_token_split() == CpTokenSplit::round_robin;
   p.global_num_tokens.assign(std::size_t(w.attn_dp * C), 0);
   p.group_rows.assign(std::size_t(w.attn_dp), 0);
@@ -203,11 +222,15 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
     for (int g = 0; g < w.attn_dp; ++g)
       for (int c = 0; c < C; ++c)
         p.global_num_tokens[std::size_t(g * C + c)] = cp_token_count(p.group_rows[std::size_t(g)], C, c);
-  p.padding = in.padding == "auto" ? shares.padding_mode(p.global_num_tokens) : parse_padding(in.padding);
-  p.steps = bridge_plan(p.path, p.padding, p.restore, C > 1);
+  return longest_of;
+}
+
+// The dispatched row (ep_dispatch's message), its expected destinations and the experts' load
+// factors (--expert-load).
+inline void plan_routing(LayerPlan& p, const RuntimeLayout& layout, const PlanInput& in, DispatchDtype rows_as) {
   const model::ModelDims& d = in.dims;
-  const double H = d.hidden, K = d.topk, e = in.elem, L = d.layers;
-  const int A = w.attn_tp, ep = w.moe_ep;
+  const int ep = layout.widths().moe_ep;
+  const double e = in.elem;
   // The payload is the value type (ep_dispatch<T, T>) unless the rows are dispatched as bf16
   // (ep_dispatch<T, bf16>) or fp8 (ep_dispatch<T, fp8_e4m3>: EpMessage::of_fp8); scalars are
   // aligned to their size.
@@ -216,7 +239,6 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
                   ? EpMessage::of_fp8(d.topk, d.hidden, std::int64_t(e), std::int64_t(e))
                   : EpMessage::of(d.topk, d.hidden, std::int64_t(e), std::int64_t(e), payload, payload);
   p.destinations_per_row = ep > 1 ? expected_destinations(d.experts, d.topk, ep) : 1.0;
-  const double hit = p.destinations_per_row / ep;  // P(a row goes to a given moe_ep rank)
   // --expert-load: the file's experts must be the layer's; each moe_ep rank's pairs (and the rows
   // it receives, at most every arriving row) scale by its load over the mean.
   p.load_factors.assign(std::size_t(ep), 1.0);
@@ -226,108 +248,154 @@ inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
       throw LayoutError("--expert-load", "--expert-load: the file holds the loads of " + std::to_string(experts) +
                                              " experts; the demo layer routes over --experts " + std::to_string(d.experts) +
                                              ": the file must come from a run with the same --experts");
-    p.load_factors = load_factors(*in.load, ep);
+    const ExpertLoadFactors f = load_factors(*in.load, ep);
+    p.load_factors = f.per_rank;
+    p.load_imbalance = f.imbalance;
     p.measured_load = true;
   }
-  const DpSlots slots(shares, p.global_num_tokens, p.padding);
-  const double total = double(slots.total_rows());
+}
+
+// What every rank's plan reads: the DP slots' rows, each rank's tensor_split chunk of its group's
+// rows (the all-to-all paths) and their sum over each moe_ep group (the rows that may come to its
+// members), and each DP group's longest request.
+struct RankInputs {
+  double total = 0;
+  std::int64_t slot_rows = 0;
+  std::vector<double> chunk, ep_rows, longest_of;
+};
+
+inline std::size_t share_of(const RankCoords& k, int attn_cp) { return std::size_t(k.attn_dp_rank * attn_cp + k.attn_cp_rank); }
+
+// One rank's plan: its rows, one layer's collectives (every layer is the same) times the layers,
+// its weights, memory and flops.
+inline RankPlan plan_rank(const LayerPlan& p, const PlanInput& in, const RankInputs& ri, int r) {
+  const RuntimeLayout& layout = p.layout;
+  const Widths& w = layout.widths();
+  const model::ModelDims& d = in.dims;
+  const double H = d.hidden, K = d.topk, e = in.elem, L = d.layers, total = ri.total;
+  const int A = w.attn_tp, ep = w.moe_ep, C = w.attn_cp;
+  const double hit = p.destinations_per_row / ep;  // P(a row goes to a given moe_ep rank)
   const auto multi = [&](GroupKind g) { return layout.group_size(g) > 1; };
-  // Rows each rank routes on the all-to-all paths: its tensor_split chunk of its group's rows;
-  // and their sum over each moe_ep group (the rows that may come to its members).
-  std::vector<double> chunk(std::size_t(layout.size()));
-  std::vector<double> ep_rows(std::size_t(layout.group_count(GroupKind::moe_ep)), 0.0);
-  const auto share_of = [&](const RankCoords& k) { return std::size_t(k.attn_dp_rank * C + k.attn_cp_rank); };
+  RankPlan rp;
+  rp.coords = layout.coords(r);
+  const RankCoords& k = rp.coords;
+  const std::int64_t n_rows = p.global_num_tokens[share_of(k, C)];
+  const double n = double(n_rows);
+  rp.attention_rows = n;
+  // The token counts of every DP group, once per forward (gather_num_tokens).
+  if (layout.size() > 1) rp.add(TrafficOp::all_gather_counts, GroupKind::tp, double(layout.size()) * 8.0);
+  double buffer_rows = n;  // rows the bridge holds at once on this rank
+  bool shared_here = true;
+  // One layer; every layer is the same.
+  RankPlan layer;
+  // CP: the shared K/V rows of every CP rank, all-gathered over attn_cp (the demo layer's
+  // gather_kv): the assembled buffer is the whole DP group's rows.
+  const double kv_rows = double(p.group_rows[std::size_t(k.attn_dp_rank)]);
+  if (C > 1) layer.add(TrafficOp::all_gatherv, GroupKind::attn_cp, kv_rows * d.head_dim * e);
+  if (multi(GroupKind::attn_tp)) layer.add(TrafficOp::all_reduce, GroupKind::attn_tp, n * H * e);
+  for (const PlanStep& s : p.steps) {
+    switch (s.step) {
+      case BridgeStep::dp_gather:
+        layer.add(p.padding == PaddingMode::sum_len ? TrafficOp::all_gatherv : TrafficOp::all_gather, *s.group,
+                  total * H * e);
+        break;
+      case BridgeStep::local_experts: {
+        const double rows = p.path == BridgePath::dp_gather ? total : n;
+        rp.moe_rows = double(tensor_split_range(std::int64_t(rows), w.moe_dp, k.moe_dp_rank).count);
+        rp.expert_rows = rp.moe_rows;
+        rp.expert_pairs = rp.moe_rows * K / ep * p.load_factors[std::size_t(k.moe_ep_rank)];
+        buffer_rows = rows;
+        shared_here = d.shared_inter > 0 && k.moe_ep_rank == 0;
+        break;
+      }
+      case BridgeStep::reduce_scatterv:
+        layer.add(TrafficOp::reduce_scatterv, *s.group, total * H * e);
+        if (multi(GroupKind::attn_tp)) layer.add(TrafficOp::all_gatherv, GroupKind::attn_tp, n * H * e);
+        break;
+      case BridgeStep::dp_reduce_scatter:
+        layer.add(TrafficOp::reduce_scatter, *s.group, total * H * e);
+        if (multi(GroupKind::attn_tp))
+          layer.add(TrafficOp::all_gather, GroupKind::attn_tp, double(ri.slot_rows) * H * e);
+        break;
+      case BridgeStep::all_reduce:
+        if (multi(*s.group)) layer.add(TrafficOp::all_reduce, *s.group, (p.path == BridgePath::dp_gather ? total : n) * H * e);
+        break;
+      case BridgeStep::split_rows: rp.moe_rows = ri.chunk[std::size_t(r)]; break;
+      case BridgeStep::dispatch: {
+        // Each routed row once per destination rank, in one message with its k expert ids and weights.
+        if (multi(*s.group))
+          layer.add(TrafficOp::dispatch, *s.group, rp.moe_rows * p.destinations_per_row * double(p.message.bytes));
+        // rows of every member of this rank's moe_ep group, each here with P(hit)
+        const double arriving = ri.ep_rows[std::size_t(layout.group_index(GroupKind::moe_ep, r))];
+        const double f = p.load_factors[std::size_t(k.moe_ep_rank)];
+        rp.expert_rows = arriving * std::min(1.0, hit * f);
+        rp.expert_pairs = arriving * K / ep * f;
+        buffer_rows = n + rp.moe_rows + rp.expert_rows;
+        break;
+      }
+      case BridgeStep::combine:
+        if (multi(*s.group)) layer.add(TrafficOp::combine, *s.group, rp.expert_rows * H * e);
+        break;
+      case BridgeStep::all_gather:
+        if (multi(*s.group))
+          layer.add(n_rows % A == 0 ? TrafficOp::all_gather : TrafficOp::all_gatherv, *s.group, n * H * e);
+        break;
+      case BridgeStep::route:
+      case BridgeStep::experts:
+      case BridgeStep::shared_expert:
+      case BridgeStep::dp_scatter: break;
+    }
+  }
+  for (std::size_t i = 0; i < kPlanSlots; ++i) {
+    rp.calls[i] += layer.calls[i] * std::int64_t(L);
+    rp.bytes[i] += layer.bytes[i] * L;
+  }
+  const double longest = ri.longest_of[std::size_t(k.attn_dp_rank)];
+  const WeightShards ws = weight_shards(d, w, shared_here);
+  const double we = p.weight_elem;
+  rp.weights = {ws.attention * we, ws.router * we, ws.experts * we, ws.shared * we};
+  const double gathered = C > 1 ? kv_rows : 0.0;
+  rp.memory = estimate_rank(d, w, {n, buffer_rows, rp.expert_pairs, gathered}, longest, shared_here, e, we);
+  rp.memory.flops = estimate_rank(d, w, {n, rp.moe_rows, rp.expert_pairs, gathered}, longest, shared_here, e, we).flops;
+  rp.kv_per_token = L * d.head_dim * e;  // the shared K/V row of every layer
+  return rp;
+}
+
+}  // namespace impl
+
+// The plan of one forward (all layers) of the demo layer on `layout`. Throws LayoutError naming
+// the flag when the dims, requests or placement do not fit the layout (the layer's own checks).
+inline LayerPlan plan_layer(const RuntimeLayout& layout, const PlanInput& in) {
+  const Widths& w = layout.widths();
+  model::validate(in.dims, w);
+  impl::check_element_bytes(in.elem);
+  const DispatchDtype rows_as = dispatch_dtype_of(layout, in.dispatch_dtype);
+  const model::Workload work = model::Workload::make(in.requests, in.placement, w.attn_dp);
+  LayerPlan p(layout);
+  p.dims = in.dims;
+  p.elem = in.elem;
+  p.weight_elem = in.weight_elem > 0 ? in.weight_elem : in.elem;
+  p.dispatch_dtype = in.dispatch_dtype;
+  p.path = layout.bridge_path();
+  p.restore = relayout::parse_restore(in.restore, "--restore");
+  const int C = w.attn_cp, A = w.attn_tp;
+  impl::RankInputs ri;
+  ri.longest_of = impl::plan_shares(p, layout, work);
+  const RuntimeLayout shares = cp_share_layout(layout);
+  p.padding = in.padding == "auto" ? shares.padding_mode(p.global_num_tokens) : parse_padding(in.padding);
+  p.steps = bridge_plan(p.path, p.padding, p.restore, C > 1);
+  impl::plan_routing(p, layout, in, rows_as);
+  const DpSlots slots(shares, p.global_num_tokens, p.padding);
+  ri.total = double(slots.total_rows());
+  ri.slot_rows = slots.slot_rows();
+  ri.chunk.assign(std::size_t(layout.size()), 0.0);
+  ri.ep_rows.assign(std::size_t(layout.group_count(GroupKind::moe_ep)), 0.0);
   for (int r = 0; r < layout.size(); ++r) {
     const RankCoords k = layout.coords(r);
-    chunk[std::size_t(r)] = double(tensor_split_range(p.global_num_tokens[share_of(k)], A, k.attn_tp_rank).count);
-    ep_rows[std::size_t(layout.group_index(GroupKind::moe_ep, r))] += chunk[std::size_t(r)];
+    ri.chunk[std::size_t(r)] = double(tensor_split_range(p.global_num_tokens[impl::share_of(k, C)], A, k.attn_tp_rank).count);
+    ri.ep_rows[std::size_t(layout.group_index(GroupKind::moe_ep, r))] += ri.chunk[std::size_t(r)];
   }
-
-  for (int r = 0; r < layout.size(); ++r) {
-    RankPlan rp;
-    rp.coords = layout.coords(r);
-    const RankCoords& k = rp.coords;
-    const std::int64_t n_rows = p.global_num_tokens[share_of(k)];
-    const double n = double(n_rows);
-    rp.attention_rows = n;
-    // The token counts of every DP group, once per forward (gather_num_tokens).
-    if (layout.size() > 1) rp.add(TrafficOp::all_gather_counts, GroupKind::tp, double(layout.size()) * 8.0);
-    double buffer_rows = n;  // rows the bridge holds at once on this rank
-    bool shared_here = true;
-    // One layer; every layer is the same.
-    RankPlan layer;
-    // CP: the shared K/V rows of every CP rank, all-gathered over attn_cp (the demo layer's
-    // gather_kv): the assembled buffer is the whole DP group's rows.
-    const double kv_rows = double(p.group_rows[std::size_t(k.attn_dp_rank)]);
-    if (C > 1) layer.add(TrafficOp::all_gatherv, GroupKind::attn_cp, kv_rows * d.head_dim * e);
-    if (multi(GroupKind::attn_tp)) layer.add(TrafficOp::all_reduce, GroupKind::attn_tp, n * H * e);
-    for (const PlanStep& s : p.steps) {
-      switch (s.step) {
-        case BridgeStep::dp_gather:
-          layer.add(p.padding == PaddingMode::sum_len ? TrafficOp::all_gatherv : TrafficOp::all_gather, *s.group,
-                    total * H * e);
-          break;
-        case BridgeStep::local_experts: {
-          const double rows = p.path == BridgePath::dp_gather ? total : n;
-          rp.moe_rows = double(tensor_split_range(std::int64_t(rows), w.moe_dp, k.moe_dp_rank).count);
-          rp.expert_rows = rp.moe_rows;
-          rp.expert_pairs = rp.moe_rows * K / ep * p.load_factors[std::size_t(k.moe_ep_rank)];
-          buffer_rows = rows;
-          shared_here = d.shared_inter > 0 && k.moe_ep_rank == 0;
-          break;
-        }
-        case BridgeStep::reduce_scatterv:
-          layer.add(TrafficOp::reduce_scatterv, *s.group, total * H * e);
-          if (multi(GroupKind::attn_tp)) layer.add(TrafficOp::all_gatherv, GroupKind::attn_tp, n * H * e);
-          break;
-        case BridgeStep::dp_reduce_scatter:
-          layer.add(TrafficOp::reduce_scatter, *s.group, total * H * e);
-          if (multi(GroupKind::attn_tp))
-            layer.add(TrafficOp::all_gather, GroupKind::attn_tp, double(slots.slot_rows()) * H * e);
-          break;
-        case BridgeStep::all_reduce:
-          if (multi(*s.group)) layer.add(TrafficOp::all_reduce, *s.group, (p.path == BridgePath::dp_gather ? total : n) * H * e);
-          break;
-        case BridgeStep::split_rows: rp.moe_rows = chunk[std::size_t(r)]; break;
-        case BridgeStep::dispatch: {
-          // Each routed row once per destination rank, in one message with its k expert ids and weights.
-          if (multi(*s.group))
-            layer.add(TrafficOp::dispatch, *s.group, rp.moe_rows * p.destinations_per_row * double(p.message.bytes));
-          // rows of every member of this rank's moe_ep group, each here with P(hit)
-          const double arriving = ep_rows[std::size_t(layout.group_index(GroupKind::moe_ep, r))];
-          const double f = p.load_factors[std::size_t(k.moe_ep_rank)];
-          rp.expert_rows = arriving * std::min(1.0, hit * f);
-          rp.expert_pairs = arriving * K / ep * f;
-          buffer_rows = n + rp.moe_rows + rp.expert_rows;
-          break;
-        }
-        case BridgeStep::combine:
-          if (multi(*s.group)) layer.add(TrafficOp::combine, *s.group, rp.expert_rows * H * e);
-          break;
-        case BridgeStep::all_gather:
-          if (multi(*s.group))
-            layer.add(n_rows % A == 0 ? TrafficOp::all_gather : TrafficOp::all_gatherv, *s.group, n * H * e);
-          break;
-        case BridgeStep::route:
-        case BridgeStep::experts:
-        case BridgeStep::shared_expert:
-        case BridgeStep::dp_scatter: break;
-      }
-    }
-    for (std::size_t i = 0; i < kPlanSlots; ++i) {
-      rp.calls[i] += layer.calls[i] * std::int64_t(L);
-      rp.bytes[i] += layer.bytes[i] * L;
-    }
-    const double longest = longest_of[std::size_t(k.attn_dp_rank)];
-    const WeightShards ws = weight_shards(d, w, shared_here);
-    const double we = p.weight_elem;
-    rp.weights = {ws.attention * we, ws.router * we, ws.experts * we, ws.shared * we};
-    const double gathered = C > 1 ? kv_rows : 0.0;
-    rp.memory = estimate_rank(d, w, {n, buffer_rows, rp.expert_pairs, gathered}, longest, shared_here, e, we);
-    rp.memory.flops = estimate_rank(d, w, {n, rp.moe_rows, rp.expert_pairs, gathered}, longest, shared_here, e, we).flops;
-    rp.kv_per_token = L * d.head_dim * e;  // the shared K/V row of every layer
-    p.ranks.push_back(rp);
-  }
+  for (int r = 0; r < layout.size(); ++r) p.ranks.push_back(impl::plan_rank(p, in, ri, r));
   return p;
 }
 
@@ -435,7 +503,7 @@ inline std::string plan_head_text(const LayerPlan& p, int layers) {
     char line[200];
     std::snprintf(line, sizeof line, "%.3f", p.imbalance());
     s << "expert load: from --expert-load, experts placed contiguously over moe_ep; the busiest moe_ep rank computes "
-      << line << "x the mean (row, expert) pairs\n";
+      << line << "x the mean (row, expert) pairs (each layer's busiest, averaged over the layers)\n";
   }
   return s.str();
 }

@@ -28,6 +28,7 @@
 #include "relayout/placement/ep_message.hpp"
 #include "relayout/placement/expert_load_json.hpp"
 #include "relayout/placement/expert_location.hpp"
+#include "relayout/placement/experts.hpp"
 
 namespace relayout::cli {
 
@@ -74,13 +75,13 @@ inline MlaModel mla_preset(const std::string& name) {
 }
 
 enum class Phase { prefill, decode };
-enum class DeepEpMode { normal, low_latency, automatic };
-
-inline DeepEpMode parse_deepep_mode(const std::string& s) {
-  if (s == "normal") return DeepEpMode::normal;
-  if (s == "low_latency") return DeepEpMode::low_latency;
-  if (s == "auto") return DeepEpMode::automatic;
-  throw LayoutError("--deepep-mode", "--deepep-mode must be normal, low_latency or auto, got '" + s + "'");
+// --deepep-mode (SGLang's flag): the library's EP modes (relayout::EpMode, experts.hpp), or auto,
+// which SGLang resolves per forward (low-latency for decode, normal for prefill): nullopt.
+inline std::optional<EpMode> parse_deepep_mode(const std::string& s) {
+  if (s == "auto") return std::nullopt;
+  if (s != "normal" && s != "low_latency")
+    throw LayoutError("--deepep-mode", "--deepep-mode must be normal, low_latency or auto, got '" + s + "'");
+  return parse_ep_mode(s, "--deepep-mode");
 }
 
 inline Phase parse_phase(const std::string& s) {
@@ -89,22 +90,21 @@ inline Phase parse_phase(const std::string& s) {
   throw LayoutError("--phase", "--phase must be prefill or decode, got '" + s + "'");
 }
 
-// Max over mean tokens per moe_ep rank for logical per-expert loads (the mean over the layers):
-// the experts placed as the library places them, contiguously without redundant experts, by its
-// rebalancer (ExpertLocation::rebalanced: groups onto nodes, hot experts replicated, replicas
-// packed onto ranks) with them; each expert's load split evenly over its replicas.
+// Max over mean tokens per moe_ep rank for logical per-expert loads (expert_load_factors, the
+// demo layer's function: each layer's busiest rank, averaged over the layers): the experts placed
+// as the library places them, contiguously without redundant experts, by its rebalancer
+// (ExpertLocation::rebalanced: groups onto nodes, hot experts replicated, replicas packed onto
+// ranks) with them; each expert's load split evenly over its replicas.
 inline double imbalance_of(const std::vector<std::vector<double>>& layers, int ep, int redundant, int nodes, int groups) {
-  double sum = 0;
-  for (const std::vector<double>& load : layers) {
-    const int routed = int(load.size());
-    if ((routed + redundant) % ep != 0)
-      throw LayoutError("--expert-load", "--expert-load: " + std::to_string(routed) + " experts + " + std::to_string(redundant) +
-                                             " redundant must be a multiple of moe_ep = " + std::to_string(ep));
-    const ExpertLocation loc = redundant > 0 ? ExpertLocation::rebalanced(load, redundant, ep, {.nodes = nodes, .groups = groups})
-                                             : ExpertLocation::identity(routed, 0, ep);
-    sum += max_over_mean(expected_member_load(loc, load));
-  }
-  return sum / double(layers.size());
+  return expert_load_factors(layers, ep, [&](const std::vector<double>& load) {
+           const int routed = int(load.size());
+           if ((routed + redundant) % ep != 0)
+             throw LayoutError("--expert-load", "--expert-load: " + std::to_string(routed) + " experts + " +
+                                                    std::to_string(redundant) + " redundant must be a multiple of moe_ep = " +
+                                                    std::to_string(ep));
+           return redundant > 0 ? ExpertLocation::rebalanced(load, redundant, ep, {.nodes = nodes, .groups = groups})
+                                : ExpertLocation::identity(routed, 0, ep);
+         }).imbalance;
 }
 
 // Where a token's top-k experts land under node-limited routing: topk_groups of `groups` expert
@@ -200,7 +200,7 @@ struct DeployInput {
   int kv_len = 0;                 // decode: tokens already cached per request
   int requests_per_gpu = 0;       // decode: requests each GPU steps
   double weight_bytes = 1, act_bytes = 2, kv_bytes = 2;  // FP8 weights, BF16 activations and KV
-  DeepEpMode deepep_mode = DeepEpMode::automatic;
+  std::optional<EpMode> deepep_mode;  // nullopt: auto
   bool two_batch_overlap = false;
   int redundant_experts = 0;
   double imbalance = 1.0;  // busiest EP rank's tokens over the mean
@@ -388,27 +388,12 @@ inline bool handover_on_node(std::int64_t first, int tp, int gpus_per_node) {
   return true;
 }
 
-// The deployment of the MLA model on the world `world` (`c`: the time model, its node size the
-// world's: world_cluster). The prefill batch is the world's: split evenly over the replicas and into
-// pp micro-batches; the decode batch is --requests-per-gpu on every GPU, pp micro-batches in
-// flight. Throws LayoutError naming the flag when the model or the flags do not fit the layout.
-inline Deployment plan_deployment(const WorldLayout& world, const DeployInput& given, const Cluster& c,
-                                  bool nnodes_given = false) {
-  DeployInput in = given;
+namespace impl {
+
+// The layout rules of the MLA presets (besides the layout engine's): no attention CP or moe_dp,
+// heads over attn_tp, physical experts over moe_ep, the intermediate over moe_tp.
+inline void check_deploy_layout(const Widths& w, const DeployInput& in) {
   const MlaModel& m = in.model;
-  const RuntimeLayout& layout = world.domain();
-  const int pp = world.pp();
-  check_stages(m.layers, pp, "--preset " + m.name + " (" + std::to_string(m.layers) + " layers)");
-  Deployment d;
-  d.replicas = world.replicas();
-  d.pp = pp;
-  d.world_ranks = world.size();
-  d.ranks_per_node = c.gpus_per_node;
-  d.nodes = world_nodes(world, nnodes_given, c);
-  d.gpu_memory = c.memory;
-  d.widths = layout.widths();
-  const Widths& w = d.widths;
-  d.path = layout.bridge_path();
   if (w.attn_cp > 1 || w.moe_dp > 1)
     throw LayoutError(w.attn_cp > 1 ? "--cp" : "--moe-dp-size",
                       std::string(w.attn_cp > 1 ? "--cp" : "--moe-dp-size") + ": attention CP and --moe-dp-size are not " +
@@ -430,6 +415,13 @@ inline Deployment plan_deployment(const WorldLayout& world, const DeployInput& g
   if (m.moe_inter % w.moe_tp != 0)
     throw LayoutError("--ep", "--preset " + m.name + ": moe_intermediate_size 2048 must be a multiple of moe_tp = " +
                                   std::to_string(w.moe_tp));
+}
+
+// The routing (destinations, imbalance from a load file, DeepEP's mode) and the batch: tokens and
+// requests per attention-DP group, rows routed and (row, expert) pairs per rank, the rows' bytes.
+inline void deploy_batch(Deployment& d, DeployInput& in, const Cluster& c) {
+  const MlaModel& m = in.model;
+  const Widths& w = d.widths;
   d.spread = routing_spread(m.experts, m.topk, m.groups, m.topk_groups, w.moe_ep, c.gpus_per_node);
   if (in.load) {
     if (in.load->front().size() != std::size_t(m.experts))
@@ -439,11 +431,10 @@ inline Deployment plan_deployment(const WorldLayout& world, const DeployInput& g
     in.imbalance = imbalance_of(*in.load, w.moe_ep, in.redundant_experts, nodes, m.groups);
   }
   d.deepep = d.path == BridgePath::a2a_split || d.path == BridgePath::direct;
-  d.low_latency = d.deepep && (in.deepep_mode == DeepEpMode::low_latency ||
-                               (in.deepep_mode == DeepEpMode::automatic && in.phase == Phase::decode));
-  const double gpus = layout.size();
+  d.low_latency = d.deepep && in.deepep_mode.value_or(in.phase == Phase::decode ? EpMode::low_latency : EpMode::normal) ==
+                                  EpMode::low_latency;
   if (in.phase == Phase::prefill) {
-    d.group_tokens = double(in.batch_tokens) / d.replicas / pp / w.attn_dp;
+    d.group_tokens = double(in.batch_tokens) / d.replicas / d.pp / w.attn_dp;
     d.group_requests = d.group_tokens / in.request_tokens;
   } else {
     d.group_requests = double(in.requests_per_gpu) * w.attn_tp;
@@ -455,47 +446,81 @@ inline Deployment plan_deployment(const WorldLayout& world, const DeployInput& g
   d.routed_rows = d.deepep ? d.group_tokens / w.attn_tp : (d.path == BridgePath::dp_gather ? domain_tokens : d.group_tokens);
   const double moe_tokens = d.deepep ? domain_tokens : d.routed_rows;
   d.expert_pairs = moe_tokens * m.topk / w.moe_ep * in.imbalance;
-  d.local_experts = double(physical) / w.moe_ep;
+  d.local_experts = double(m.experts + in.redundant_experts) / w.moe_ep;
   // FP8 dispatch (e4m3 + one fp32 scale per 128 values) and BF16 combine, as DeepEP sends them;
   // low-latency copies carry the row only.
   d.dispatch_row = d.low_latency ? EpMessage::fp8_row_bytes(m.hidden) : EpMessage::of_fp8<float>(m.topk, m.hidden).bytes;
   d.combine_row = std::int64_t(m.hidden) * 2;
   d.imbalance = in.imbalance;
+  d.micro_tokens = in.phase == Phase::prefill ? domain_tokens : d.group_requests * w.attn_dp;
+}
+
+// Stage `s` of the pipeline: its layers, its hand-over to the next stage and the gather of what it
+// received, its time and memory (the layer times in `d` already set).
+inline DeployStage deploy_stage(const Deployment& d, const DeployInput& in, const Cluster& c, int s, int tp) {
+  const MlaModel& m = in.model;
+  const int pp = d.pp, A = d.widths.attn_tp;
+  DeployStage st;
+  st.layers = stage_layers(m.layers, pp, s);
+  st.dense = std::clamp(m.dense_layers - st.layers.first, 0, st.layers.count);
+  st.moe = st.layers.count - st.dense;
+  st.embed = s == 0;
+  st.head = s + 1 == pp;
+  st.sends = s + 1 < pp;
+  st.receives = s > 0;
+  st.handover = handover(d.group_tokens, m.hidden, in.act_bytes, kMlaHandoverTensors, A);
+  if (st.sends) {
+    bool one_node = true;  // over every replica's offset modulo the node size
+    for (int rep = 0; rep < std::min(d.replicas, c.gpus_per_node); ++rep)
+      one_node = one_node && handover_on_node((std::int64_t{rep} * pp + s) * tp, tp, c.gpus_per_node);
+    st.send_s = p2p_seconds(st.handover.sent, one_node, c);
+  }
+  if (st.receives && st.handover.gathered > 0)
+    st.gather_s = collective_seconds(TrafficOp::all_gather, A, A <= c.gpus_per_node, 1, st.handover.gathered, c);
+  st.seconds = st.dense * d.dense.total + st.moe * d.moe.total + (st.head ? d.head : 0.0) + st.send_s + st.gather_s;
+  st.memory = deploy_memory(d, in, st, pp);
+  return st;
+}
+
+}  // namespace impl
+
+// The deployment of the MLA model on the world `world` (`c`: the time model, its node size the
+// world's: world_cluster). The prefill batch is the world's: split evenly over the replicas and into
+// pp micro-batches; the decode batch is --requests-per-gpu on every GPU, pp micro-batches in
+// flight. Throws LayoutError naming the flag when the model or the flags do not fit the layout.
+inline Deployment plan_deployment(const WorldLayout& world, const DeployInput& given, const Cluster& c,
+                                  bool nnodes_given = false) {
+  DeployInput in = given;
+  const MlaModel& m = in.model;
+  const RuntimeLayout& layout = world.domain();
+  const int pp = world.pp();
+  check_stages(m.layers, pp, "--preset " + m.name + " (" + std::to_string(m.layers) + " layers)");
+  Deployment d;
+  d.replicas = world.replicas();
+  d.pp = pp;
+  d.world_ranks = world.size();
+  d.ranks_per_node = c.gpus_per_node;
+  d.nodes = world_nodes(world, nnodes_given, c);
+  d.gpu_memory = c.memory;
+  d.widths = layout.widths();
+  d.path = layout.bridge_path();
+  impl::check_deploy_layout(d.widths, in);
+  impl::deploy_batch(d, in, c);
   d.dense = layer_time(d, in, c, false);
   d.moe = layer_time(d, in, c, true);
   const double gemm16 = c.gpu_flops * c.eff.gemm;
   const double logits = d.group_requests;  // the last token of each request (prefill), every token (decode)
-  d.head = roofline(2.0 * logits * m.hidden * m.vocab / w.attn_tp, gemm16, double(m.hidden) * m.vocab * 2.0 / w.attn_tp, c);
-  // The stages: each its layers, the hand-over to the next and the gather of what it received.
-  const int tp = layout.size(), A = w.attn_tp;
-  d.micro_tokens = in.phase == Phase::prefill ? domain_tokens : d.group_requests * w.attn_dp;
+  d.head = roofline(2.0 * logits * m.hidden * m.vocab / d.widths.attn_tp, gemm16,
+                    double(m.hidden) * m.vocab * 2.0 / d.widths.attn_tp, c);
   for (int s = 0; s < pp; ++s) {
-    DeployStage st;
-    st.layers = stage_layers(m.layers, pp, s);
-    st.dense = std::clamp(m.dense_layers - st.layers.first, 0, st.layers.count);
-    st.moe = st.layers.count - st.dense;
-    st.embed = s == 0;
-    st.head = s + 1 == pp;
-    st.sends = s + 1 < pp;
-    st.receives = s > 0;
-    st.handover = handover(d.group_tokens, m.hidden, in.act_bytes, kMlaHandoverTensors, A);
-    if (st.sends) {
-      bool one_node = true;  // over every replica's offset modulo the node size
-      for (int rep = 0; rep < std::min(d.replicas, c.gpus_per_node); ++rep)
-        one_node = one_node && handover_on_node((std::int64_t{rep} * pp + s) * tp, tp, c.gpus_per_node);
-      st.send_s = p2p_seconds(st.handover.sent, one_node, c);
-    }
-    if (st.receives && st.handover.gathered > 0)
-      st.gather_s = collective_seconds(TrafficOp::all_gather, A, A <= c.gpus_per_node, 1, st.handover.gathered, c);
-    st.seconds = st.dense * d.dense.total + st.moe * d.moe.total + (st.head ? d.head : 0.0) + st.send_s + st.gather_s;
-    st.memory = deploy_memory(d, in, st, pp);
+    const DeployStage st = impl::deploy_stage(d, in, c, s, layout.size());
     d.latency += st.seconds;
     d.interval = std::max(d.interval, st.seconds);
     if (d.stages.empty() || st.memory.total() > d.stages[std::size_t(d.fullest)].memory.total()) d.fullest = s;
     d.stages.push_back(st);
   }
   d.step = pp * d.interval;
-  d.tokens_per_gpu_s = d.micro_tokens / gpus / d.step;
+  d.tokens_per_gpu_s = d.micro_tokens / layout.size() / d.step;
   d.memory = d.stages[std::size_t(d.fullest)].memory;
   d.world_tokens_s = d.replicas * d.micro_tokens / d.interval;
   return d;
