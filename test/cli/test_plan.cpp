@@ -404,3 +404,36 @@ TEST_CASE("plan: the DeepSeek-V3 ranking lists replicas of DP-attention domains"
   CHECK_THROWS_WITH_AS(cli::mla_preset("llama"), doctest::Contains("--preset: unknown model 'llama'"), LayoutError);
   CHECK_THROWS_WITH_AS(cli::hardware_preset("a100"), doctest::Contains("--hardware: unknown GPU 'a100'"), LayoutError);
 }
+
+TEST_CASE("plan: every efficiency constant has a flag, and the time model reads it") {
+  CLI::App app;
+  cli::Cluster c;
+  c.add_to(app);
+  const char* argv[] = {"plan", "--gemm-efficiency", "0.5", "--attention-efficiency", "0.4", "--hbm-efficiency", "0.9",
+                        "--deepep-normal-nvlink", "0.6", "--deepep-normal-rdma", "0.7", "--deepep-normal-latency", "20",
+                        "--deepep-ll-nvlink", "0.75", "--deepep-ll-rdma", "0.85", "--deepep-ll-latency", "40"};
+  app.parse(int(std::size(argv)), argv);
+  c.resolve(&app);
+  CHECK(c.eff.gemm == 0.5);
+  CHECK(c.eff.attention == 0.4);
+  CHECK(c.eff.hbm == 0.9);
+  CHECK(c.eff.normal_nvlink == 0.6);
+  CHECK(c.eff.normal_rdma == 0.7);
+  CHECK(c.eff.normal_latency == doctest::Approx(20e-6));
+  CHECK(c.eff.ll_nvlink == 0.75);
+  CHECK(c.eff.ll_rdma == 0.85);
+  CHECK(c.eff.ll_latency == doctest::Approx(40e-6));
+  // Unset, they are the documented defaults (a preset does not touch them).
+  const cli::Cluster d = cli::Cluster::preset("h800");
+  CHECK(d.eff.gemm == 0.7);
+  CHECK(d.eff.normal_latency == doctest::Approx(25e-6));
+  CHECK(d.eff.ll_latency == doctest::Approx(30e-6));
+  // Decode without two-batch overlap: one low-latency dispatch a MoE layer, so 10 us more latency
+  // a call is 10 us more dispatch.
+  cli::Cluster slow = cli::Cluster::preset("h800");
+  slow.eff.ll_latency += 10e-6;
+  const cli::Deployment base = cli::plan_deployment(kEp32, decode(64, 4096), cli::Cluster::preset("h800"));
+  const cli::Deployment later = cli::plan_deployment(kEp32, decode(64, 4096), slow);
+  CHECK(later.moe.dispatch - base.moe.dispatch == doctest::Approx(10e-6));
+  CHECK(later.moe.combine - base.moe.combine == doctest::Approx(10e-6));
+}

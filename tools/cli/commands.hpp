@@ -227,6 +227,10 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
     if (plan.count(name) > 0)
       throw LayoutError(name, std::string(name) + ": applies to the MLA model (--preset deepseek-v3 or deepseek-r1), "
                                                   "not to the demo layer's plan");
+  for (const char* name : kEfficiencyFlags)
+    if (plan.count(name) > 0)
+      throw LayoutError(name, std::string(name) + ": applies to the MLA model's roofline (--preset deepseek-v3 or "
+                                                  "deepseek-r1); the demo layer's time model takes the peak flop rate");
   // --expert-load: the loads dsv4_layer measured (checked against --experts by plan_layer).
   if (plan.count("--expert-load") > 0) in.load = read_load_file(deploy.load_file);
   if (gpus > 0) {

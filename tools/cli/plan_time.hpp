@@ -50,18 +50,27 @@ inline const Hardware& hardware_preset(const std::string& name) {
   throw LayoutError("--hardware", "--hardware: unknown GPU '" + name + "'; expected one of: " + names);
 }
 
-// Achieved shares of the peaks, from public microbenchmarks only (docs/planning.md#constants):
-// GEMMs (DeepGEMM's best FP8 GEMM on H800 is 1550 of 1979 TFLOP/s), MLA attention (FlashMLA: 660
-// of 989 TFLOP/s compute-bound, 3000 of 3350 GB/s memory-bound), and DeepEP's kernels, fitted to
-// its README's tables (test_plan reproduces them within 25%).
+// Achieved shares of the peaks, from public microbenchmarks only (docs/planning.md, "Hardware and
+// constants"): GEMMs (DeepGEMM's best FP8 GEMM on H800 is 1550 of 1979 TFLOP/s), MLA attention
+// (FlashMLA: 660 of 989 TFLOP/s compute-bound, 3000 of 3350 GB/s memory-bound), and DeepEP's
+// kernels, fitted to its README's tables (test_plan reproduces them within 25%). Each has a flag
+// (kEfficiencyFlags); the MLA presets' roofline uses them, the demo layer's time model does not.
 struct Efficiency {
   double gemm = 0.7, attention = 0.6, hbm = 0.85;
   double normal_nvlink = 0.7, normal_rdma = 0.8, normal_latency = 25e-6;  // DeepEP normal kernels
   double ll_nvlink = 0.8, ll_rdma = 0.88, ll_latency = 30e-6;              // DeepEP low-latency kernels
 };
 
+// The flags of the achieved shares and DeepEP's latencies (Efficiency), which only the MLA
+// presets' time model reads.
+inline constexpr const char* kEfficiencyFlags[] = {
+    "--gemm-efficiency",    "--attention-efficiency", "--hbm-efficiency",     "--deepep-normal-nvlink",
+    "--deepep-normal-rdma", "--deepep-normal-latency", "--deepep-ll-nvlink",  "--deepep-ll-rdma",
+    "--deepep-ll-latency"};
+
 // The machine a plan is timed on: an --hardware preset (default h100), each number overridable by
-// its flag; the latencies are a few microseconds inside a node and ten across.
+// its flag. The collective latencies (3 us a step inside a node, 10 across) are an assumption, not
+// a measurement: the order of NCCL's per-step latency over NVLink and InfiniBand (docs/planning.md).
 struct Cluster {
   int gpus_per_node = 8;
   double intra_bw = 450e9;  // bytes/s per GPU and direction
@@ -85,6 +94,17 @@ struct Cluster {
     add_float(app, "--gpu-tflops", tflops, "dense BF16 flop rate per GPU, TFLOP/s (h100: 989)", 1e-9, 1e9);
     add_float(app, "--fp8-tflops", fp8_tflops_, "dense FP8 flop rate per GPU, TFLOP/s (h100: 1979)", 1e-9, 1e9);
     add_float(app, "--hbm-bw", hbm_gbs, "HBM bandwidth per GPU, GB/s (h100: 3350)", 1e-6, 1e9);
+    // Achieved shares (0, 1] and DeepEP's per-call latencies, for the MLA presets.
+    add_float(app, "--gemm-efficiency", eff.gemm, "MLA presets: achieved share of the GEMM flop rate (default 0.7, DeepGEMM)", 1e-6, 1.0);
+    add_float(app, "--attention-efficiency", eff.attention,
+              "MLA presets: achieved share of the BF16 rate in core attention (default 0.6, FlashMLA)", 1e-6, 1.0);
+    add_float(app, "--hbm-efficiency", eff.hbm, "MLA presets: achieved share of the HBM bandwidth (default 0.85, FlashMLA)", 1e-6, 1.0);
+    add_float(app, "--deepep-normal-nvlink", eff.normal_nvlink, "DeepEP normal kernels: NVLink share (default 0.7)", 1e-6, 1.0);
+    add_float(app, "--deepep-normal-rdma", eff.normal_rdma, "DeepEP normal kernels: RDMA share (default 0.8)", 1e-6, 1.0);
+    add_float(app, "--deepep-normal-latency", normal_us, "DeepEP normal kernels: latency per call, microseconds (default 25)", 0.0, 1e9);
+    add_float(app, "--deepep-ll-nvlink", eff.ll_nvlink, "DeepEP low-latency kernels: NVLink share (default 0.8)", 1e-6, 1.0);
+    add_float(app, "--deepep-ll-rdma", eff.ll_rdma, "DeepEP low-latency kernels: RDMA share (default 0.88)", 1e-6, 1.0);
+    add_float(app, "--deepep-ll-latency", ll_us, "DeepEP low-latency kernels: latency per call, microseconds (default 30)", 0.0, 1e9);
   }
   // After parsing: the preset under the flags given, in bytes/s, seconds and flop/s.
   void resolve(const CLI::App* app = nullptr) {
@@ -104,6 +124,8 @@ struct Cluster {
     gpu_flops = tflops * 1e12;
     fp8_flops = fp8_tflops_ * 1e12;
     hbm_bw = hbm_gbs * 1e9;
+    eff.normal_latency = normal_us * 1e-6;
+    eff.ll_latency = ll_us * 1e-6;
   }
   static Cluster preset(const std::string& name) {
     Cluster c;
@@ -114,6 +136,7 @@ struct Cluster {
 
  private:
   double intra_gbs = 450, inter_gbs = 50, intra_us = 3, inter_us = 10, tflops = 989, fp8_tflops_ = 1979, hbm_gbs = 3350;
+  double normal_us = Efficiency{}.normal_latency * 1e6, ll_us = Efficiency{}.ll_latency * 1e6;
 };
 
 struct RankTime {
