@@ -1,15 +1,19 @@
 // CpAttention on real MPI ranks against plain single-rank loops written here: the prefill's KV
 // all-gather and attention under both CP token splits, decode and extend rows under attn_cp
 // (query all-gather, partials, merge) through the paged cache, requests joining mid-run and
-// leaving, a speculative rollback, and the attention-TP all-reduce as the typed transition.
+// leaving, a speculative rollback, the attention-TP all-reduce as the typed transition, the
+// prefill with an engine's own kernel, and the one-rank attention_extend over the paged cache.
 // At np 2 the layout is tp 2, cp 2 (attn_tp 1); at np 4 tp 4, cp 2 (attn_tp 2, heads split);
 // every rank count also runs DP attention without CP. Float and double.
 #include <doctest/doctest.h>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include <relayout/attention.hpp>
@@ -115,7 +119,7 @@ TEST_CASE_TEMPLATE("CpAttention prefill: the KV all-gather in group order and at
     const std::size_t n = mine.size(), HD = std::size_t(heads * kDim);
     const V<T> qv = device<T>(q, n, HD), kvv = device<T>(kv, n, kDim), out("out", n, HD);
     Exec exec;
-    attn.prefill(exec, attn.prefill_keys(batch), qv, kvv, out, {kDim, 1.0 / std::sqrt(double(kDim)), kWindow});
+    attn.prefill(exec, attn.prefill_keys(exec, batch), qv, kvv, out, {kDim, 1.0 / std::sqrt(double(kDim)), kWindow});
     exec.fence();
     const auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
     double err = 0;
@@ -219,7 +223,7 @@ struct Server {
     const V<T> qv = device<T>(q, n, HD), kvv = device<T>(kv, n, kDim), out("out", n, HD);
     Exec exec;
     append_extend(exec, cache, 0, plan, kvv);
-    attn.extend(exec, plan, extend_rows<Mem>(plan), qv, out, cache, 0, {kDim, 1.0 / std::sqrt(double(kDim)), kWindow});
+    attn.extend(exec, plan, extend_rows(exec, plan), qv, out, cache, 0, {kDim, 1.0 / std::sqrt(double(kDim)), kWindow});
     exec.fence();
     const auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
     for (std::size_t i = 0; i < n; ++i) {
@@ -289,7 +293,7 @@ TEST_CASE("CpAttention: a rank's rows must be the plan's; a plan for another CP 
   const ExtendPlan plan = other.extend(req);
   V<double> q("q", 2, kDim), out("out", 2, kDim);
   kernels::PagedKvCache<double, Mem> cache(kernels::KvCacheShape{1, kDim, 4, 8, 2, 2});
-  CHECK_THROWS_WITH_AS(attn.extend(Exec(), plan, extend_rows<Mem>(plan), q, out, cache, 0, {kDim, 0.5, 0}),
+  CHECK_THROWS_WITH_AS(attn.extend(Exec(), plan, extend_rows(Exec(), plan), q, out, cache, 0, {kDim, 0.5, 0}),
                        doctest::Contains("the plan is for attn_cp 1, the layout has 2"), LayoutError);
   CHECK_THROWS_WITH_AS(CpBatch({3, 2}, CpTokenSplit::contiguous, 3).rank_of(2, 0), doctest::Contains("request 2 is not in [0, 2)"),
                        LayoutError);
@@ -297,4 +301,178 @@ TEST_CASE("CpAttention: a rank's rows must be the plan's; a plan for another CP 
   const std::vector<ExtendRequest> twice{{1, 1}, {1, 2}};
   CHECK_THROWS_WITH_AS(mine.extend(twice), doctest::Contains("slot 1 is listed twice"), LayoutError);
   CHECK(mine.length(1) == 0);  // nothing changed
+}
+
+namespace {
+
+KOKKOS_INLINE_FUNCTION double dexp(double x) {
+#if KOKKOS_VERSION >= 40000
+  return Kokkos::exp(x);
+#else
+  return Kokkos::Experimental::exp(x);
+#endif
+}
+
+// An engine's own prefill kernel (not the library's): plain causal softmax attention, no window,
+// every head over the one shared KV head, in a Kokkos loop of its own. It reads only what
+// CpAttention::prefill hands it: the group's kv in batch order, cu_seqlens and each query row's
+// own batch row.
+struct EnginePrefill {
+  int heads = 0;
+  double scale = 0;
+  int* calls = nullptr;
+  template <class Ex, class Q, class KV, class Idx, class O>
+  void operator()(const Ex& exec, const Q& q, const KV& kv, const Idx& cu, const Idx& pos, const O& out) const {
+    ++*calls;
+    const int H = heads;
+    const double sc = scale;
+    const std::int64_t n = std::int64_t(q.extent(0)), requests = std::int64_t(cu.extent(0)) - 1;
+    Kokkos::parallel_for(
+        "engine_prefill", Kokkos::RangePolicy<Ex>(exec, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
+          const int p = pos(i);
+          int start = 0;
+          for (std::int64_t j = 0; j < requests; ++j)
+            if (cu(j) <= p) start = cu(j);
+          for (int h = 0; h < H; ++h) {
+            double m = -1e300, l = 0, acc[kDim] = {};
+            for (int k = start; k <= p; ++k) {
+              double s = 0;
+              for (int d = 0; d < kDim; ++d) s += double(q(i, h * kDim + d)) * double(kv(k, d));
+              s *= sc;
+              const double m2 = s > m ? s : m, a = dexp(m - m2), w = dexp(s - m2);
+              l = l * a + w;
+              for (int d = 0; d < kDim; ++d) acc[d] = acc[d] * a + w * double(kv(k, d));
+              m = m2;
+            }
+            for (int d = 0; d < kDim; ++d) out(i, h * kDim + d) = typename O::value_type(acc[d] / l);
+          }
+        });
+  }
+};
+
+// A DP group's prefill rows on this rank: request ids 10 g + j, positions, queries of this rank's
+// heads and the rows' kv.
+struct PrefillRows {
+  std::vector<std::int64_t> id;
+  std::vector<int> pos;
+  std::vector<double> q, kv;
+};
+PrefillRows prefill_rows(const CpBatch& batch, const RankCoords& k, int heads, int h0) {
+  PrefillRows r;
+  for (int row : batch.rows_of(k.attn_cp_rank)) {
+    const auto& cu = batch.cu_seqlens();
+    const int j = int(std::upper_bound(cu.begin(), cu.end(), row) - cu.begin()) - 1;
+    r.id.push_back(10 * k.attn_dp_rank + j);
+    r.pos.push_back(row - cu[std::size_t(j)]);
+    for (int h = h0; h < h0 + heads; ++h)
+      for (int d = 0; d < kDim; ++d) r.q.push_back(q_val(r.id.back(), r.pos.back(), h, d));
+    for (int d = 0; d < kDim; ++d) r.kv.push_back(kv_val(r.id.back(), r.pos.back(), d, 0));
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("CpAttention prefill runs the engine's own PrefillKernel on the gathered keys: values match plain loops",
+                   T, float, double) {
+  static_assert(PrefillKernel<EnginePrefill, T, Exec>);
+  for (const Setup& s : setups(test::world().size()))
+    for (const CpTokenSplit split : {CpTokenSplit::contiguous, CpTokenSplit::round_robin}) {
+      CAPTURE(s.name);
+      CAPTURE(int(split));
+      const RuntimeLayout layout(s.config);
+      const ProcessGroups pg(layout, test::world());
+      const RankCoords k = pg.coords();
+      const int heads = kHeads / layout.widths().attn_tp, h0 = k.attn_tp_rank * heads;
+      TrafficLog log;
+      CpAttention<MpiCommunicator, T, Exec> attn(pg, &log);
+      const std::vector<int> lengths = k.attn_dp_rank % 2 == 0 ? std::vector<int>{3, 7, 1} : std::vector<int>{4, 2, 5};
+      const CpBatch batch(lengths, split, layout.widths().attn_cp);
+      const PrefillRows in = prefill_rows(batch, k, heads, h0);
+      const std::size_t n = in.id.size(), HD = std::size_t(heads * kDim);
+      const V<T> qv = device<T>(in.q, n, HD), kvv = device<T>(in.kv, n, kDim), out("out", n, HD);
+      Exec exec;
+      int calls = 0;
+      attn.prefill(exec, attn.prefill_keys(exec, batch), qv, kvv, out,
+                   EnginePrefill{heads, 1.0 / std::sqrt(double(kDim)), &calls});
+      exec.fence();
+      CHECK(calls == 1);
+      const auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+      double err = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        std::vector<std::vector<double>> keys;
+        for (int p = 0; p <= in.pos[i]; ++p)
+          keys.push_back({kv_val(in.id[i], p, 0, 0), kv_val(in.id[i], p, 1, 0), kv_val(in.id[i], p, 2, 0), kv_val(in.id[i], p, 3, 0)});
+        const auto ref = reference(in.id[i], in.pos[i], keys, 0);
+        for (std::size_t c = 0; c < HD; ++c) err = std::max(err, std::abs(double(oh(i, c)) - ref[std::size_t(h0 * kDim) + c]));
+      }
+      CHECK(err < tol<T>());
+      // Every row of the group attended once over its CP ranks.
+      std::int64_t rows = std::int64_t(n);
+      all_reduce_in_place(exec, pg.comm(GroupKind::attn_cp), std::span<std::int64_t>(&rows, 1));
+      CHECK(rows == batch.tokens());
+      CHECK(log.calls_of(TrafficOp::all_gatherv, GroupKind::attn_cp) == (layout.widths().attn_cp > 1 ? 1 : 0));
+    }
+}
+
+TEST_CASE_TEMPLATE("attention_extend on one rank: prompt, decode and verify rows over the paged cache match plain loops", T,
+                   float, double) {
+  // No communication: every rank runs it alone, as an engine without CP would.
+  kernels::PagedKvCache<T, Mem> cache(kernels::KvCacheShape{1, kDim, 4, 32, 3, 6});
+  CpKvLedger ledger(3, 1, 0);
+  std::map<std::int64_t, std::vector<std::vector<double>>> keys;  // the reference's copy
+  const kernels::AttentionParams params{kDim, 1.0 / std::sqrt(double(kDim)), kWindow};
+  Exec exec;
+  double err = 0;
+  std::int64_t checked = 0;
+  const auto step = [&](const std::vector<std::pair<std::int64_t, int>>& rows, int salt) {
+    std::vector<ExtendRequest> req;
+    for (const auto& [id, count] : rows) {
+      if (!cache.slots().holds(id)) ledger.clear(cache.admit(id));
+      req.push_back({cache.slot_of(id), count});
+    }
+    const ExtendPlan plan = ledger.extend(req, kWindow);
+    std::vector<double> q, kv;
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < plan.rows(); ++i) {
+      const std::int64_t id = cache.slots().id_in(plan.slot[std::size_t(i)]);
+      const int p = plan.position[std::size_t(i)];
+      ids.push_back(id);
+      for (int h = 0; h < kHeads; ++h)
+        for (int d = 0; d < kDim; ++d) q.push_back(q_val(id, p, h, d));
+      for (int d = 0; d < kDim; ++d) kv.push_back(kv_val(id, p, d, salt));
+      auto& k = keys[id];
+      k.push_back({kv_val(id, p, 0, salt), kv_val(id, p, 1, salt), kv_val(id, p, 2, salt), kv_val(id, p, 3, salt)});
+    }
+    const std::size_t n = std::size_t(plan.rows()), HD = std::size_t(kHeads * kDim);
+    const V<T> qv = device<T>(q, n, HD), kvv = device<T>(kv, n, kDim), out("out", n, HD);
+    append_extend(exec, cache, 0, plan, kvv);
+    const ExtendRows<Mem> ext = extend_rows(exec, plan);
+    CHECK(ext.whole);
+    CHECK(ext.causal == plan.causal);
+    attention_extend(exec, cache, 0, ext, qv, out, params);
+    exec.fence();
+    const auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto ref = reference(ids[i], plan.position[i], keys[ids[i]], kWindow);
+      for (std::size_t c = 0; c < HD; ++c) err = std::max(err, std::abs(double(oh(i, c)) - ref[c]));
+      ++checked;
+    }
+    return plan.causal;
+  };
+  CHECK(step({{1, 6}, {2, 1}}, 1));             // prompts from empty: each row causal by position
+  CHECK_FALSE(step({{1, 1}, {2, 1}}, 2));       // one decode row per request: the whole slot
+  CHECK(step({{1, 3}, {3, 4}, {2, 1}}, 3));     // verify rows, a request joining, a decode row
+  CHECK_FALSE(step({{3, 1}, {1, 1}}, 4));       // decode past the window
+  CHECK(checked == 7 + 2 + 8 + 2);
+  CHECK(err < tol<T>());
+
+  // Rows split over CP ranks are not for the one-rank call.
+  CpKvLedger cp2(1, 2, 0);
+  const std::vector<ExtendRequest> two{{0, 2}};
+  const ExtendPlan split = cp2.extend(two);
+  V<T> q("q", std::size_t(split.rows()), kHeads * kDim), out("out", std::size_t(split.rows()), kHeads * kDim);
+  CHECK_THROWS_WITH_AS(attention_extend(exec, cache, 0, extend_rows(exec, split), q, out, params),
+                       doctest::Contains("the rows span several CP ranks; run them through CpAttention::extend"),
+                       LayoutError);
 }

@@ -74,14 +74,18 @@ class CpAttention {
 
   // ---- prefill
 
-  // This rank's keys for a prefill of `batch` (its DP group's requests).
-  PrefillKeys<memory_space> prefill_keys(const CpBatch& batch) const {
+  // This rank's keys for a prefill of `batch` (its DP group's requests), copied on exec.
+  PrefillKeys<memory_space> prefill_keys(const ExecSpace& exec, const CpBatch& batch) const {
     if (batch.cp() != cp())
       throw LayoutError("batch", "CpAttention::prefill_keys: the batch is split over " + std::to_string(batch.cp()) +
                                      " CP ranks, the layout has attn_cp = " + std::to_string(cp()));
-    return {impl::to_device<memory_space>(batch.cu_seqlens(), "relayout::cu_seqlens"),
-            impl::to_device<memory_space>(batch.rows_of(cp_rank()), "relayout::positions"),
-            impl::to_device<memory_space>(batch.order(), "relayout::kv_order"), batch.counts()};
+    return {impl::to_device(exec, batch.cu_seqlens(), "relayout::cu_seqlens"),
+            impl::to_device(exec, batch.rows_of(cp_rank()), "relayout::positions"),
+            impl::to_device(exec, batch.order(), "relayout::kv_order"), batch.counts()};
+  }
+  [[deprecated("relayout: pass the execution-space instance: prefill_keys(exec, batch)")]]
+  PrefillKeys<memory_space> prefill_keys(const CpBatch& batch) const {
+    return prefill_keys(ExecSpace(), batch);
   }
 
   // The group's kv rows in batch order: under CP every CP rank's rows all-gathered over attn_cp
@@ -92,7 +96,7 @@ class CpAttention {
     if (kv.extent(0) != std::size_t(keys.counts[std::size_t(cp_rank())]))
       throw LayoutError("kv", "CpAttention::gather_kv: " + std::to_string(kv.extent(0)) + " kv rows; this CP rank holds " +
                                   std::to_string(keys.counts[std::size_t(cp_rank())]) + " tokens of the batch");
-    View cat("relayout::kv_cp", total, D), all("relayout::kv_group", total, D);
+    const View cat = buffer("relayout::kv_cp", total, D), all = buffer("relayout::kv_group", total, D);
     std::vector<int> counts;
     for (int c : keys.counts) counts.push_back(c * int(D));
     gatherv(exec, kv, cat, counts, site);
@@ -132,8 +136,10 @@ class CpAttention {
     const std::size_t HD = q.extent(1), n = q.extent(0);
     if (plan.cp == 1) return kernel(exec, q, rows, out, View());
     const std::size_t heads = HD / std::size_t(head_dim), N = std::size_t(rows.rows());
-    View all_q("relayout::q_cp", N, HD), part("relayout::attn_partial", N, HD), lse("relayout::attn_lse", N, heads),
-        parts("relayout::attn_parts", std::size_t(plan.cp) * n, HD), lses("relayout::attn_lses", std::size_t(plan.cp) * n, heads);
+    // Every buffer is written whole (the collectives, the kernel) before it is read.
+    const View all_q = buffer("relayout::q_cp", N, HD), part = buffer("relayout::attn_partial", N, HD),
+               lse = buffer("relayout::attn_lse", N, heads), parts = buffer("relayout::attn_parts", std::size_t(plan.cp) * n, HD),
+               lses = buffer("relayout::attn_lses", std::size_t(plan.cp) * n, heads);
     std::vector<int> q_counts, o_recv, l_send, l_recv;
     for (int c : plan.counts) {
       q_counts.push_back(c * int(HD));
@@ -164,6 +170,10 @@ class CpAttention {
   }
 
  private:
+  // A buffer left uninitialised (no fill on a default instance): its users write it whole.
+  static View buffer(const char* label, std::size_t n, std::size_t cols) {
+    return View(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n, cols);
+  }
   void check_extend(const ExtendPlan& plan, const ExtendRows<memory_space>& rows, const View& q, const View& out,
                     int head_dim) const {
     if (head_dim < 1 || q.extent(1) % std::size_t(head_dim) != 0 || out.extent(1) != q.extent(1))

@@ -31,20 +31,30 @@ struct ExtendRows {
 };
 
 namespace impl {
-template <class MemSpace>
-Kokkos::View<int*, MemSpace> to_device(const std::vector<int>& v, const char* label) {
-  Kokkos::View<int*, MemSpace> d(std::string(label), v.size());
-  Kokkos::deep_copy(d, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(v.data(), v.size()));
+// A host vector's copy on exec's memory, copied on exec (fenced: the vector may be a temporary).
+template <class Exec>
+Kokkos::View<int*, typename Exec::memory_space> to_device(const Exec& exec, const std::vector<int>& v, const char* label) {
+  Kokkos::View<int*, typename Exec::memory_space> d(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
+                                                    v.size());
+  Kokkos::deep_copy(exec, d, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(v.data(), v.size()));
+  exec.fence();
   return d;
 }
 }  // namespace impl
 
-// The device side of a step's plan: the rows attended here.
+// The device side of a step's plan: the rows attended here, copied on the caller's instance.
+template <class Exec>
+  requires Kokkos::is_execution_space<Exec>::value
+ExtendRows<typename Exec::memory_space> extend_rows(const Exec& exec, const ExtendPlan& plan) {
+  return {impl::to_device(exec, plan.attend_slot, "relayout::extend_slots"),
+          impl::to_device(exec, plan.attend_limit, "relayout::extend_limits"),
+          impl::to_device(exec, plan.attend_first, "relayout::extend_first"), plan.cp == 1, plan.causal};
+}
+// The same on a default instance of MemSpace's execution space: pass the instance instead.
 template <class MemSpace>
+[[deprecated("relayout: pass the execution-space instance: extend_rows(exec, plan)")]]
 ExtendRows<MemSpace> extend_rows(const ExtendPlan& plan) {
-  return {impl::to_device<MemSpace>(plan.attend_slot, "relayout::extend_slots"),
-          impl::to_device<MemSpace>(plan.attend_limit, "relayout::extend_limits"),
-          impl::to_device<MemSpace>(plan.attend_first, "relayout::extend_first"), plan.cp == 1, plan.causal};
+  return extend_rows(typename MemSpace::execution_space(), plan);
 }
 
 // A kernel CpAttention can run: out(b) = softmax(q(b) K^T) K over the keys rows describes (K = V,
@@ -80,8 +90,9 @@ struct PagedAttention {
   kernels::PagedKv<T, MemSpace> causal_view(const Exec& exec, const ExtendRows<MemSpace>& rows) const {
     const auto all = cache->view(layer, rows.slots);
     const std::int64_t n = rows.rows(), B = std::int64_t(all.block_table.extent(1));
-    Kokkos::View<int**, MemSpace> table("relayout::extend_table", n, B);
-    Kokkos::View<int*, MemSpace> own("relayout::extend_rows", n);
+    // Every entry is written below, on exec.
+    Kokkos::View<int**, MemSpace> table(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::extend_table")), n, B);
+    Kokkos::View<int*, MemSpace> own(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::extend_rows")), n);
     const auto src = all.block_table;
     const auto slots = rows.slots;
     Kokkos::parallel_for(

@@ -246,18 +246,21 @@ void send_layout(const Space& exec, EpBuffers<T, Space>& buf, Dispatched<T, Spac
 
 // Tags that travel with the rows (request ids, owners): host-side bookkeeping, not counted.
 template <class C, class T, class Space>
-void exchange_tags(const C& comm, Dispatched<T, Space>& d, const std::vector<std::int64_t>& tags, std::source_location site) {
+void exchange_tags(const Space& exec, const C& comm, Dispatched<T, Space>& d, const std::vector<std::int64_t>& tags,
+                   std::source_location site) {
   const int ep = comm.size();
   if (static_cast<std::int64_t>(tags.size()) != d.rows)
     throw LayoutError("tags", "ep_dispatch: " + std::to_string(tags.size()) + " tags for " + std::to_string(d.rows) +
                                   " rows; tags must stay aligned with rows");
-  auto pos_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), d.send_pos);
+  auto pos_h = Kokkos::create_mirror_view(d.send_pos);
+  Kokkos::deep_copy(exec, pos_h, d.send_pos);
+  exec.fence();
   std::vector<std::int64_t> send_tags(static_cast<std::size_t>(d.sent));
   for (std::size_t i = 0; i < pos_h.extent(0); ++i)
     for (int r = 0; r < ep; ++r)
       if (pos_h(i, r) >= 0) send_tags[static_cast<std::size_t>(pos_h(i, r))] = tags[i];
   d.tags.assign(static_cast<std::size_t>(d.received), 0);
-  all_to_allv(comm, send_tags, d.send_rows, d.tags, d.recv_rows, site);
+  all_to_allv(exec, comm, send_tags, d.send_rows, d.tags, d.recv_rows, site);
 }
 
 }  // namespace impl
@@ -465,7 +468,7 @@ Dispatched<T, Space> ep_dispatch_finish(const Space& exec, const ProcessGroupsOf
   }
   // Low-latency mode sends its whole blocks, used or not.
   if (p.traffic && ep > 1) p.traffic->add(TrafficOp::dispatch, GroupKind::moe_ep, ll ? ep * B * 4 : d.sent * d.message.bytes);
-  if (p.has_tags) impl::exchange_tags(comm, d, p.tags, p.site);
+  if (p.has_tags) impl::exchange_tags(exec, comm, d, p.tags, p.site);
   p.group(exec, d);
   p.group = nullptr;
   exec.fence();

@@ -368,9 +368,9 @@ ReplicaTable<typename ExecSpace::memory_space> replica_table(const ExecSpace& ex
   t.choice = choice;
   t.routed = loc.routed();
   const auto R = static_cast<std::size_t>(loc.routed()), M = static_cast<std::size_t>(loc.max_replicas());
-  t.replicas = decltype(t.replicas)("relayout::replicas", R, M);
-  t.counts = decltype(t.counts)("relayout::replica_counts", R);
-  t.static_choice = decltype(t.static_choice)("relayout::static_choice", R);
+  t.replicas = decltype(t.replicas)(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::replicas")), R, M);
+  t.counts = decltype(t.counts)(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::replica_counts")), R);
+  t.static_choice = decltype(t.static_choice)(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::static_choice")), R);
   auto hr = Kokkos::create_mirror_view(t.replicas);
   auto hc = Kokkos::create_mirror_view(t.counts);
   auto hs = Kokkos::create_mirror_view(t.static_choice);
@@ -428,7 +428,9 @@ template <class ExecSpace, class Ids>
 ExpertLoad count_expert_load(const ExecSpace& exec, const ExpertLocation& loc, const Ids& physical_ids) {
   static_assert(Kokkos::is_view<Ids>::value && Ids::rank == 2, "relayout::count_expert_load: ids must be a rank-2 View");
   using Mem = typename ExecSpace::memory_space;
-  Kokkos::View<std::int64_t*, Mem> counts("relayout::expert_counts", static_cast<std::size_t>(loc.physical()));
+  Kokkos::View<std::int64_t*, Mem> counts(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::expert_counts")),
+                                          static_cast<std::size_t>(loc.physical()));
+  Kokkos::deep_copy(exec, counts, std::int64_t(0));
   const int k = static_cast<int>(physical_ids.extent(1)), P = loc.physical();
   std::int64_t bad = 0;
   Kokkos::parallel_reduce(
