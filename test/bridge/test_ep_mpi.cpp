@@ -42,6 +42,7 @@ struct ScaleExpertsOf {
       for (std::int64_t r = b.offset(e); r < b.offset(e) + b.count(e); ++r)
         for (std::size_t f = 0; f < xh.extent(1); ++f) yh(r, f) = T(b.first_expert + e + 1) * xh(r, f);
     Kokkos::deep_copy(exec, y, yh);
+    exec.fence();  // yh ends here
     seen_first.push_back(b.first_expert);
   }
 };
@@ -332,6 +333,7 @@ struct FixedRouter {
       }
     Kokkos::deep_copy(exec, out.ids, ih);
     Kokkos::deep_copy(exec, out.weights, wh);
+    exec.fence();  // the host mirrors end here
   }
 };
 }  // namespace
@@ -467,6 +469,7 @@ struct ReplicaExperts {
         for (std::size_t f = 0; f < xh.extent(1); ++f) yh(r, f) = float(loc->logical_of(p) + 1) * xh(r, f);
     }
     Kokkos::deep_copy(exec, y, yh);
+    exec.fence();  // yh ends here
   }
 };
 }  // namespace
@@ -540,6 +543,137 @@ TEST_CASE("MoeBridge with redundant experts: every token is computed by exactly 
   CHECK_THROWS_WITH_AS(Bridge(pg, 2 * kExperts, o), doctest::Contains("maps 8 routed experts"), LayoutError);
 }
 
+namespace {
+// A skewed router: the first choice of most rows is expert 5, of every third row expert 6; the
+// second is spread over the others. Row i's ids depend on (s, i) only.
+int skewed_expert(int s, std::int64_t i, int k) {
+  const int hot = i % 3 == 2 ? 6 : 5;
+  if (k == 0) return hot;
+  const int e = int((s + 3 * i) % kExperts);
+  return e == hot ? (e + 1) % kExperts : e;
+}
+struct SkewedRouter {
+  int s = 0;
+  int top_k() const { return 2; }
+  void operator()(const Space& exec, const RowsView<float, Space>& x, TopK<float, Space>& out) const {
+    auto ih = Kokkos::create_mirror_view(out.ids);
+    auto wh = Kokkos::create_mirror_view(out.weights);
+    for (std::size_t i = 0; i < x.extent(0); ++i)
+      for (int k = 0; k < 2; ++k) {
+        ih(i, k) = skewed_expert(s, std::int64_t(i), k);
+        wh(i, k) = float(weight_of(k));
+      }
+    Kokkos::deep_copy(exec, out.ids, ih);
+    Kokkos::deep_copy(exec, out.weights, wh);
+    exec.fence();
+  }
+};
+}  // namespace
+
+TEST_CASE("MoeBridge::set_expert_location: a map rebalanced from the counted load between runs, same rows, better balance") {
+  const int np = world().size(), s = world().rank();
+  const ProcessGroups pg(direct_layout(np), world());
+  using Bridge = MoeBridge<MpiCommunicator, float, Space>;
+  const Space exec;
+  const std::int64_t m = 24;
+  RowsView<float, Space> xv("x", std::size_t(m), kHidden);
+  auto xh = Kokkos::create_mirror_view(xv);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (int f = 0; f < kHidden; ++f) xh(i, f) = float(value(s, i, f));
+  Kokkos::deep_copy(xv, xh);
+  const Rows<float, Replicated<AttnTp>, DpLocal, Space> x(xv);
+  // The rows every run must give: sum_k w_k (e_k + 1) x, whatever replica computed them.
+  const auto check_rows = [&](const Rows<float, Replicated<AttnTp>, DpLocal, Space>& y) {
+    auto yh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y.view());
+    double err = 0;
+    for (std::int64_t i = 0; i < m; ++i)
+      for (int f = 0; f < kHidden; ++f) {
+        double want = 0;
+        for (int k = 0; k < 2; ++k) want += weight_of(k) * double(skewed_expert(s, i, k) + 1) * xh(i, f);
+        err = std::max(err, std::abs(double(yh(i, f)) - want) / want);
+      }
+    return err;
+  };
+  SkewedRouter router{s};
+  if (np == 1) {  // no replicas at moe_ep 1; a map of other experts is still refused
+    BridgeOptions o;
+    o.expert_location = std::make_shared<const ExpertLocation>(ExpertLocation::identity(kExperts, 0, 1));
+    Bridge bridge(pg, kExperts, o);
+    CHECK_THROWS_WITH_AS(bridge.set_expert_location(exec, ExpertLocation::identity(2 * kExperts, 0, 1)),
+                         doctest::Contains("maps 16 routed experts over moe_ep = 1; the bridge routes 8"), LayoutError);
+    ReplicaExperts experts{o.expert_location, {}};
+    CHECK(check_rows(bridge.run(exec, x, router, experts)) <= 1e-6);
+    return;
+  }
+  // The first map replicates experts 0 .. np-1; the router's hot experts 5 and 6 have one replica.
+  auto first = std::make_shared<const ExpertLocation>(ExpertLocation::identity(kExperts, np, np));
+  BridgeOptions o;
+  o.expert_location = first;
+  Bridge bridge(pg, kExperts, o);
+  ReplicaExperts experts{first, {}};
+  CHECK(check_rows(bridge.run(exec, x, router, experts)) <= 1e-6);
+  const ExpertLoad before = sum_expert_load(exec, world(), *first, bridge.last_expert_load());
+  // The (token, expert) pairs per logical expert, from the router's rule.
+  std::vector<std::int64_t> routed(std::size_t(kExperts), 0);
+  for (int r = 0; r < np; ++r)
+    for (std::int64_t i = 0; i < m; ++i)
+      for (int k = 0; k < 2; ++k) ++routed[std::size_t(skewed_expert(r, i, k))];
+  CHECK(before.logical == routed);
+  // Per member, the pairs its physical experts computed under the first map: counted here.
+  std::vector<std::int64_t> members(std::size_t(np), 0), computed(experts.rows_of.size());
+  MPI_Allreduce(experts.rows_of.data(), computed.data(), int(computed.size()), MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  for (int p = 0; p < first->physical(); ++p) members[std::size_t(first->rank_of(p))] += computed[std::size_t(p)];
+  CHECK(before.members == members);
+
+  // Rebalanced from the counted load, set between runs: the same rows, a better balance.
+  const ExpertLocation next = ExpertLocation::rebalanced(before.logical_as_double(), np, np);
+  REQUIRE_FALSE(next == *first);
+  bridge.set_expert_location(exec, next);
+  CHECK(*bridge.options().expert_location == next);
+  experts.loc = bridge.options().expert_location;
+  CHECK(check_rows(bridge.run(exec, x, router, experts)) <= 1e-6);
+  const ExpertLoad after = sum_expert_load(exec, world(), next, bridge.last_expert_load());
+  CHECK(after.logical == routed);
+  computed.assign(experts.rows_of.size(), 0);
+  MPI_Allreduce(experts.rows_of.data(), computed.data(), int(computed.size()), MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  std::vector<std::int64_t> per_logical(std::size_t(kExperts), 0);
+  members.assign(std::size_t(np), 0);
+  for (int p = 0; p < next.physical(); ++p) {
+    per_logical[std::size_t(next.logical_of(p))] += computed[std::size_t(p)];
+    members[std::size_t(next.rank_of(p))] += computed[std::size_t(p)];
+  }
+  CHECK(per_logical == routed);  // every pair computed once, by a replica of the new map
+  CHECK(after.members == members);
+  const double was = max_over_mean(before.members), now = max_over_mean(after.members);
+  if (s == 0) MESSAGE("max/mean (token, expert) pairs per member at np ", np, ": ", was, " -> ", now);
+  CHECK(now < was);
+  CHECK(now < 1.3);
+
+  // Refused on every rank, the bridge keeping its map: another expert count, a null map, a map
+  // refused on one rank only, and maps that differ between ranks.
+  CHECK_THROWS_WITH_AS(bridge.set_expert_location(exec, ExpertLocation::identity(2 * kExperts, np, np)),
+                       doctest::Contains("maps 16 routed experts"), LayoutError);
+  CHECK_THROWS_WITH_AS(bridge.set_expert_location(exec, std::shared_ptr<const ExpertLocation>{}),
+                       doctest::Contains("the expert location is null"), LayoutError);
+  if (s == 0)
+    CHECK_THROWS_WITH_AS(bridge.set_expert_location(exec, ExpertLocation::identity(2 * kExperts, np, np)),
+                         doctest::Contains("maps 16 routed experts"), LayoutError);
+  else
+    CHECK_THROWS_WITH_AS(bridge.set_expert_location(exec, next), doctest::Contains("rank 0 of the TP domain refused"),
+                         LayoutError);
+  CHECK_THROWS_WITH_AS(bridge.set_expert_location(exec, s == 0 ? *first : next),
+                       doctest::Contains("expert location differs across the group"), LayoutError);
+  CHECK(*bridge.options().expert_location == next);
+  CHECK(check_rows(bridge.run(exec, x, router, experts)) <= 1e-6);
+  // A bridge made with maps that differ between ranks refuses its first run on every rank.
+  BridgeOptions mixed;
+  mixed.expert_location = s == 0 ? first : bridge.options().expert_location;
+  Bridge other(pg, kExperts, mixed);
+  ReplicaExperts mixed_experts{mixed.expert_location, {}};
+  CHECK_THROWS_WITH_AS(other.run(exec, x, router, mixed_experts), doctest::Contains("expert location differs across the group"),
+                       LayoutError);
+}
+
 TEST_CASE("MoeBridge: a 16-bit dispatch dtype on a path that does not dispatch is a LayoutError") {
   const int np = world().size();
   const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true}), world());
@@ -587,6 +721,7 @@ struct ValueRouter {
       }
     Kokkos::deep_copy(exec, out.ids, ih);
     Kokkos::deep_copy(exec, out.weights, wh);
+    exec.fence();  // the host mirrors end here
   }
 };
 }  // namespace

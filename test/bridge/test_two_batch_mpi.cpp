@@ -46,6 +46,7 @@ struct ValueRouter {
       }
     Kokkos::deep_copy(exec, out.ids, ih);
     Kokkos::deep_copy(exec, out.weights, wh);
+    exec.fence();  // the host mirrors end here
   }
 };
 
@@ -66,6 +67,7 @@ struct ScaleExperts {
         for (std::size_t f = 0; f < xh.extent(1); ++f) yh(r, f) = float(l + 1) * xh(r, f);
     }
     Kokkos::deep_copy(exec, y, yh);
+    exec.fence();  // yh ends here
   }
   void shared(const Space& exec, const RowsView<float, Space>& x, const RowsView<float, Space>& y) {
     ++shared_calls;
@@ -74,6 +76,7 @@ struct ScaleExperts {
     for (std::size_t i = 0; i < xh.extent(0); ++i)
       for (std::size_t f = 0; f < xh.extent(1); ++f) yh(i, f) += 0.5f * xh(i, f);
     Kokkos::deep_copy(exec, y, yh);
+    exec.fence();  // yh ends here
   }
 };
 
@@ -196,6 +199,38 @@ TEST_CASE("MoeBridge two_batch_overlap: the one-batch rows exactly, and the form
       }
     }
   }
+}
+
+TEST_CASE("MoeBridge two_batch_expert_chunks: experts called in groups, the exchange polled between, the one-batch rows") {
+  const int np = world().size();
+  const Space exec;
+  ValueRouter router;
+  for (const Case& c : dispatching_layouts(np)) {
+    CAPTURE(c.name);
+    const ProcessGroups pg(c.layout, world());
+    const int g = pg.coords().attn_dp_rank, local = kExperts / c.layout.widths().moe_ep;
+    for (int workload = 0; workload < 4; ++workload) {
+      CAPTURE(workload);
+      const std::int64_t rows = rows_in(workload, g);
+      const In x = rows_of_group(g, rows);
+      for (const int chunks : {2, 3, 16}) {
+        CAPTURE(chunks);
+        Bridge one(pg, kExperts), two(pg, kExperts, {.two_batch_overlap = true, .two_batch_expert_chunks = chunks});
+        ScaleExperts e1, e2;
+        const In y1 = one.run(exec, x, router, e1), y2 = two.run(exec, x, router, e2);
+        CHECK(error_of(y2, g, rows) <= 1e-6);
+        CHECK(same_rows(y1, y2));
+        CHECK(e1.rows_of == e2.rows_of);  // every (row, expert) pair computed once
+        // Both micro-batches' experts run behind an exchange: min(chunks, local experts) calls
+        // each; the first's shared expert in `chunks` row chunks, the second's once.
+        CHECK(e2.calls == 2 * std::min(chunks, local));
+        CHECK(e2.shared_calls == chunks + 1);
+      }
+    }
+  }
+  const ProcessGroups pg(dispatching_layouts(np)[0].layout, world());
+  CHECK_THROWS_WITH_AS(Bridge(pg, kExperts, {.two_batch_overlap = true, .two_batch_expert_chunks = 0}),
+                       doctest::Contains("two_batch_expert_chunks = 0"), LayoutError);
 }
 
 TEST_CASE("MoeBridge two_batch_overlap: owners, boundaries, dispatch dtypes and redundant experts as one batch") {

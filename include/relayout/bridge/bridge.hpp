@@ -6,6 +6,7 @@
 // deliberate faults that show a verification catches them. See docs/bridge.md.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <functional>
@@ -22,6 +23,7 @@
 #include "relayout/comm.hpp"
 #include "relayout/placement/ep.hpp"
 #include "relayout/placement/expert_location.hpp"
+#include "relayout/placement/expert_location_sync.hpp"
 #include "relayout/placement/transitions.hpp"
 
 namespace relayout {
@@ -113,7 +115,9 @@ struct BridgeOptions {
   EpMode ep_mode = EpMode::normal;
   std::int64_t ep_capacity = 0;
   // Redundant experts (paths a2a_split and direct): the engine's logical -> physical map, the same
-  // on every rank (it stays the engine's; replace it between steps to rebalance). The router's
+  // on every rank (checked over the TP domain at the first run, on its instance; the constructor
+  // has none and is not collective). It stays the engine's; to rebalance, replace it between runs
+  // with MoeBridge::set_expert_location (options() keeps the current one). The router's
   // logical ids become physical ones (to_physical, with replica_choice) before the dispatch, so
   // the experts' batch is grouped by physical expert: first_expert + e is a physical id, whose
   // weights are those of expert_location->logical_of(first_expert + e). Null: physical = logical.
@@ -124,8 +128,19 @@ struct BridgeOptions {
   // issued while the first's dispatch is in flight, the first's combine while the second's experts
   // run, the second's combine while the first's shared expert runs (nonblocking exchanges, tested
   // on the caller's instance between the steps). Same rows out as one batch; the router and the
-  // experts are called once per micro-batch, the second on a workspace of the bridge's own.
+  // experts are called once per micro-batch (see two_batch_expert_chunks), the second on a
+  // workspace of the bridge's own. A rank with fewer than 2 rows runs an empty first micro-batch
+  // (two_batch_range).
   bool two_batch_overlap = false;
+  // Two-batch overlap: MPI progresses a nonblocking exchange only inside MPI calls (no progress
+  // thread), so while one micro-batch's experts run the other's exchange moves only if it is
+  // polled. 1: the experts (and the shared expert) are called once per micro-batch and nothing
+  // polls while they run. N > 1: the experts run while an exchange is in flight are called N times
+  // (contiguous groups of the local experts, at most one call per expert; an ExpertBatch with its
+  // own first_expert each), and the first micro-batch's shared expert N times (row chunks), the
+  // other exchange tested between calls, after a fence of the caller's instance (so the chunk
+  // has run, on a device too). Every rank makes the same number of calls.
+  int two_batch_expert_chunks = 1;
 };
 
 // What an observer sees at each boundary: the plan step, this rank's rows' owners (when an owner
@@ -188,19 +203,16 @@ class MoeBridge {
                                        std::to_string(w.moe_ep));
     check_fault(opts_.fault, pg.layout());
     check_dispatch_dtype(opts_.dispatch_dtype, path());
-    if (const auto& loc = opts_.expert_location) {
-      if (!dispatches_rows(path()))
-        throw LayoutError("expert_location", "MoeBridge: an expert location (redundant experts) needs a path that "
-                                             "dispatches rows (a2a_split or direct); this layout takes path " +
-                                                 std::string(to_string(path())));
-      if (loc->routed() != experts || loc->ep() != w.moe_ep)
-        throw LayoutError("expert_location", "MoeBridge: the expert location maps " + std::to_string(loc->routed()) +
-                                                 " routed experts over moe_ep = " + std::to_string(loc->ep()) +
-                                                 "; the bridge routes " + std::to_string(experts) +
-                                                 " experts over moe_ep = " + std::to_string(w.moe_ep));
+    if (opts_.expert_location) {
+      const std::string problem = location_problem(*opts_.expert_location);
+      if (!problem.empty()) throw LayoutError("expert_location", "MoeBridge: " + problem);
     }
     check_ep_mode(opts_.ep_mode, path());
     check_two_batch_overlap(opts_.two_batch_overlap, path());
+    if (opts_.two_batch_expert_chunks < 1)
+      throw LayoutError("two_batch_expert_chunks", "MoeBridge: two_batch_expert_chunks = " +
+                                                       std::to_string(opts_.two_batch_expert_chunks) +
+                                                       "; the experts are called in at least 1 chunk");
   }
 
   BridgePath path() const { return pg_.layout().bridge_path(); }
@@ -216,6 +228,33 @@ class MoeBridge {
   // ExpertLoad::logical is what ExpertLocation::rebalanced and write_expert_load take). Empty
   // before the first run or without a location.
   const ExpertLoad& last_expert_load() const { return load_; }
+  // Replaces the expert location between runs (rebalancing: ExpertLocation::rebalanced from
+  // sum_expert_load of last_expert_load().logical), and rebuilds the dispatch's device table on
+  // exec. Collective over the TP domain, like run: every rank passes the same map. It must map the
+  // bridge's routed experts over moe_ep on a path that dispatches rows; a map refused on any rank
+  // (or differing between ranks: require_same_expert_location) is a LayoutError on every rank, and
+  // the bridge keeps its current map. From the next run physical expert first_expert + e of the
+  // experts' batch is the new map's (the engine moves the weights to match); last_expert_load()
+  // keeps the last run's, counted on the old map, until then.
+  void set_expert_location(const Space& exec, std::shared_ptr<const ExpertLocation> loc) {
+    const auto& tp = pg_.tp();
+    const std::string problem =
+        loc ? location_problem(*loc) : std::string("the expert location is null; pass a map (identity for no rebalancing)");
+    int first_bad = problem.empty() ? tp.size() : tp.rank();
+    all_reduce_in_place(exec, tp, std::span<int>(&first_bad, 1), ReduceOp::min);
+    if (first_bad < tp.size())
+      throw LayoutError("expert_location", "MoeBridge::set_expert_location: " +
+                                               (problem.empty() ? "rank " + std::to_string(first_bad) +
+                                                                      " of the TP domain refused its expert location"
+                                                                : problem) +
+                                               "; the bridge keeps its current map");
+    require_same_expert_location(exec, tp, *loc);
+    replicas_ = replica_table(exec, *loc, pg_.coords().moe_ep_rank, opts_.replica_choice);
+    opts_.expert_location = std::move(loc);
+  }
+  void set_expert_location(const Space& exec, ExpertLocation loc) {
+    set_expert_location(exec, std::make_shared<const ExpertLocation>(std::move(loc)));
+  }
   // Physical experts the dispatch addresses: routed + redundant.
   int physical_experts() const { return opts_.expert_location ? opts_.expert_location->physical() : experts_; }
   // The plan this layout runs with these token counts.
@@ -268,6 +307,19 @@ class MoeBridge {
   }
 
  private:
+  // What is wrong with an expert location for this bridge ("" when nothing is).
+  std::string location_problem(const ExpertLocation& loc) const {
+    if (!dispatches_rows(path()))
+      return "an expert location (redundant experts) needs a path that dispatches rows (a2a_split or direct); "
+             "this layout takes path " + std::string(to_string(path()));
+    const int ep = pg_.layout().widths().moe_ep;
+    if (loc.routed() != experts_ || loc.ep() != ep)
+      return "the expert location maps " + std::to_string(loc.routed()) + " routed experts over moe_ep = " +
+             std::to_string(loc.ep()) + "; the bridge routes " + std::to_string(experts_) + " experts over moe_ep = " +
+             std::to_string(ep);
+    return {};
+  }
+
   // One run: the plan's steps in order, each checked against the plan as it is taken.
   template <class R, class E>
   struct Exec {
@@ -492,11 +544,11 @@ class MoeBridge {
         begin_dispatch(mb[1], x.rows(), chunk.full_rows(), true);  // behind the first one's exchange
         mb[0].pd->test();
       }
-      finish_dispatch(mb[0]);  // and its experts: behind the second one's exchange
+      finish_dispatch(mb[0], two ? &mb[1] : nullptr);  // and its experts: behind the second one's exchange
       const PlanStep& e_step = step(BridgeStep::experts);
       if (two) {
         begin_combine(mb[0]);
-        finish_dispatch(mb[1]);  // and its experts: behind the first one's combine
+        finish_dispatch(mb[1], &mb[0]);  // and its experts: behind the first one's combine
       }
       if (obs) {
         // One owner per (row, local expert): over all ranks each row appears top_k times.
@@ -506,7 +558,9 @@ class MoeBridge {
           const std::size_t at = batch_owners.size();
           batch_owners.resize(at + static_cast<std::size_t>(d.batch.rows()));
           if (!owners) continue;
-          auto so = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), d.slot_of);
+          auto so = Kokkos::create_mirror_view(d.slot_of);
+          Kokkos::deep_copy(exec, so, d.slot_of);
+          exec.fence();
           for (std::size_t r = 0; r < so.extent(0); ++r)
             for (std::size_t j = 0; j < so.extent(1); ++j)
               if (so(r, j) >= 0) batch_owners[at + static_cast<std::size_t>(so(r, j))] = d.tags[r];
@@ -519,7 +573,7 @@ class MoeBridge {
       view_type joined;
       if (two) {
         begin_combine(mb[1]);
-        finish_combine(mb[0]);  // and its shared expert: behind the second one's combine
+        finish_combine(mb[0], &mb[1]);  // and its shared expert: behind the second one's combine
         finish_combine(mb[1]);
         joined = impl::alloc_rows<T, Space>("relayout::two_batch_combined", m, H);
         for (const Micro& u : mb)
@@ -564,19 +618,55 @@ class MoeBridge {
       const Rows<T, RowShard<AttnTp>, DpLocal, Space> rows(u.x, full_rows);
       u.pd.emplace(dispatch_start(rows, r, *u.ws, EpOptions{traffic, owners ? &u.owners : nullptr, b.opts_.check_route}));
     }
-    // Wait for the rows, run the experts on them.
-    void finish_dispatch(Micro& u) {
+    // Wait for the rows, run the experts on them; `other`: the micro-batch whose exchange is in
+    // flight meanwhile (polled between expert chunks).
+    void finish_dispatch(Micro& u, Micro* other = nullptr) {
       u.d.emplace(ep_dispatch_finish(exec, pg(), std::move(*u.pd)));
       u.pd.reset();
       u.y = u.ws->expert_outputs(u.d->batch.rows(), impl::hidden_of(u.x.extent(1)));
-      experts(exec, u.d->batch, u.y);
+      const ExpertBatch<T, Space>& batch = u.d->batch;
+      const int groups = batch.experts(), n = other ? std::min(b.opts_.two_batch_expert_chunks, groups) : 1;
+      if (n <= 1) {
+        experts(exec, batch, u.y);
+        return;
+      }
+      for (int c = 0; c < n; ++c) {
+        const int e0 = c * groups / n, e1 = (c + 1) * groups / n;
+        const std::int64_t r0 = batch.offset(e0), r1 = batch.offset(e1);
+        ExpertBatch<T, Space> part;
+        part.x = impl::row_slice(batch.x, r0, r1 - r0);
+        part.first_expert = batch.first_expert + e0;
+        for (int e = e0; e <= e1; ++e) part.offsets.push_back(batch.offset(e) - r0);
+        experts(exec, part, impl::row_slice(u.y, r0, r1 - r0));
+        if (c + 1 < n) poll(*other);
+      }
     }
     void begin_combine(Micro& u) { u.pc.emplace(ep_combine_start(exec, pg(), *u.d, u.y, traffic)); }
-    // Wait for the outputs, sum them, add the shared expert's.
-    void finish_combine(Micro& u) {
+    // Wait for the outputs, sum them, add the shared expert's (in row chunks, polling `other`'s
+    // combine between them, when it is in flight).
+    void finish_combine(Micro& u, Micro* other = nullptr) {
       u.combined = ep_combine_finish(exec, std::move(*u.pc)).view();
       u.pc.reset();
-      if constexpr (HasSharedExpert<E, T, Space>) experts.shared(exec, u.x, u.combined);
+      if constexpr (HasSharedExpert<E, T, Space>) {
+        const int n = other ? b.opts_.two_batch_expert_chunks : 1;
+        if (n <= 1) {
+          experts.shared(exec, u.x, u.combined);
+          return;
+        }
+        const std::int64_t rows = static_cast<std::int64_t>(u.x.extent(0));
+        for (int c = 0; c < n; ++c) {
+          const Range r = tensor_split_range(rows, n, c);
+          experts.shared(exec, impl::row_slice(u.x, r.begin, r.count), impl::row_slice(u.combined, r.begin, r.count));
+          if (c + 1 < n) poll(*other);
+        }
+      }
+    }
+    // One poll of the exchange `u` has in flight (it lets MPI progress it); the experts' work so
+    // far is fenced first, so a host backend has finished it.
+    void poll(Micro& u) {
+      exec.fence();
+      if (u.pd) u.pd->test();
+      else if (u.pc) u.pc->test();
     }
 
     // With an expert location: the router's logical ids as physical ones (same weights), the
@@ -588,7 +678,10 @@ class MoeBridge {
                                    bool accumulate = false) {
       const auto& loc = b.opts_.expert_location;
       if (!loc) return r;
-      if (!b.replicas_) b.replicas_ = replica_table(exec, *loc, pg().coords().moe_ep_rank, b.opts_.replica_choice);
+      if (!b.replicas_) {  // the first run: every rank of the domain holds the same map (throws on all alike)
+        require_same_expert_location(exec, pg().tp(), *loc);
+        b.replicas_ = replica_table(exec, *loc, pg().coords().moe_ep_rank, b.opts_.replica_choice);
+      }
       const std::int64_t first =
           tensor_split_range(group_rows, widths().attn_tp, pg().coords().attn_tp_rank).begin + offset;
       TopK<T, Space> p(typename TopK<T, Space>::ids_view(
@@ -629,7 +722,7 @@ class MoeBridge {
     void conserve(std::int64_t n_in, const std::vector<std::int64_t>& in_owners, std::int64_t n_out) {
       const bool ok = n_out == n_in && (!owners || in_owners == *owners);
       int first_bad = ok ? pg().layout().size() : pg().rank();
-      all_reduce_in_place(pg().tp(), std::span<int>(&first_bad, 1), ReduceOp::min);
+      all_reduce_in_place(exec, pg().tp(), std::span<int>(&first_bad, 1), ReduceOp::min);
       if (first_bad >= pg().layout().size()) return;
       std::string what = "row conservation broken on rank " + std::to_string(first_bad);
       if (first_bad != pg().rank()) {
@@ -653,7 +746,8 @@ class MoeBridge {
   EpWorkspace<T, Space> second_ws_;  // two-batch overlap: the second micro-batch's
   EpWorkspace<T, Space>* external_ws_ = nullptr;
   std::shared_ptr<const ProcessGroupsOf<C>> shares_;  // attn_cp > 1: cp_share_layout's groups
-  // The expert location's device table (built on the first run's instance) and the last run's load.
+  // The expert location's device table (built on the first run's instance, or by
+  // set_expert_location) and the last run's load.
   mutable std::optional<ReplicaTable<typename Space::memory_space>> replicas_;
   mutable ExpertLoad load_;
 };
