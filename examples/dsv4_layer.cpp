@@ -56,7 +56,14 @@ struct Options {
   std::vector<int> decode_lengths;  // --decode-lengths: steps of request i (default: all)
   int kv_capacity = 4096;          // --kv-capacity: KV cache rows per request
   bool rebalance = false;          // --expert-skew given with --ep-num-redundant-experts: a rebalanced second forward
+  int ll_capacity = 0;             // --num-max-dispatch-tokens-per-rank (low-latency decode dispatch)
+  bool ll_capacity_given = false;  // else the requests: no rank dispatches more in a decode step
+
+  bool fp8_dispatch() const { return dispatch_dtype == "fp8"; }
 };
+
+using Exec = Kokkos::DefaultExecutionSpace;
+constexpr const char* kLlCapacityFlag = "--num-max-dispatch-tokens-per-rank";
 
 std::string labels(const std::vector<std::int64_t>& owners, std::size_t max = 12) {
   std::string s = "[";
@@ -132,7 +139,7 @@ DecodeRun decode(Net& net, const model::Workload& work, const model::DecodePlan&
     barrier(world);
     const auto t0 = std::chrono::steady_clock::now();
     prev = net.decode_step(work, plan, s, prev);
-    Kokkos::fence();
+    net.exec().fence();
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     all_reduce_in_place(world, std::span<double>(&dt, 1), ReduceOp::max);
     r.seconds.push_back(dt);
@@ -167,9 +174,9 @@ DecodeRun decode(Net& net, const model::Workload& work, const model::DecodePlan&
 
 // The last layer's measured expert load over the domain: max / mean tokens per moe_ep member on
 // rank 0, and the per-logical loads as the file `relayout plan --expert-load` reads.
-ExpertLoad report_expert_load(const Options& o, const MpiCommunicator& world, const ExpertLocation& loc,
+ExpertLoad report_expert_load(const Options& o, const Exec& exec, const MpiCommunicator& world, const ExpertLocation& loc,
                               const ExpertLoad& mine) {
-  const ExpertLoad total = sum_expert_load(Kokkos::DefaultExecutionSpace(), world, loc, mine);
+  const ExpertLoad total = sum_expert_load(exec, world, loc, mine);
   if (world.rank() != 0) return total;
   std::int64_t pairs = 0;
   for (std::int64_t v : total.members) pairs += v;
@@ -212,65 +219,101 @@ std::string member_load_text(const char* what, const ExpertLoad& l) {
   return line;
 }
 
-// --dtype: the weights' element type, and the --check tolerance it allows (model::check_tolerance:
-// bf16 weights need a looser one than fp32, derived from their rounding). Throws LayoutError naming
-// the flag for a dtype other than fp32/bf16 and for a --tolerance tighter than bf16 weights allow.
+// --dtype: the weights' element type, and the --check tolerance it and --dispatch-dtype allow
+// (model::check_tolerance: bf16 weights and fp8 dispatched rows need a looser one than fp32,
+// derived from their rounding). Throws LayoutError naming the flag for a dtype other than
+// fp32/bf16 and for a --tolerance tighter than the rule allows.
 void apply_dtype(Options& o) {
   if (o.dtype != "fp32" && o.dtype != "bf16")
     throw LayoutError("--dtype", "--dtype must be fp32 or bf16 (the weights' element type), got '" + o.dtype + "'");
   o.dims.weights = o.dtype == "bf16" ? model::WeightDtype::bf16 : model::WeightDtype::fp32;
-  if (o.dims.weights == model::WeightDtype::fp32) return;
-  const double floor = model::check_tolerance(o.dims);
+  const bool bf16 = o.dims.weights == model::WeightDtype::bf16, fp8 = o.fp8_dispatch();
+  if (!bf16 && !fp8) return;
+  const double floor = model::check_tolerance(o.dims, fp8);
   if (!o.tolerance_given) {
     o.tolerance = floor;
   } else if (o.tolerance < floor) {
-    char m[320];
-    std::snprintf(m, sizeof m,
-                  "--tolerance %g is tighter than --dtype bf16 allows: %.3g (%s; docs/bridge.md#bf16-weights)",
-                  o.tolerance, floor, model::kCheckToleranceRule);
-    throw LayoutError("--tolerance", m);
+    const std::string what = bf16 && fp8 ? "--dtype bf16 with --dispatch-dtype fp8" : bf16 ? "--dtype bf16" : "--dispatch-dtype fp8";
+    std::string rule;
+    if (bf16) rule += std::string(model::kCheckToleranceRule) + "; ";
+    if (fp8) rule += std::string(model::kFp8DispatchToleranceRule) + "; ";
+    rule += bf16 && fp8 ? "docs/bridge.md#bf16-weights, docs/bridge.md#fp8-dispatch"
+            : bf16      ? "docs/bridge.md#bf16-weights"
+                        : "docs/bridge.md#fp8-dispatch";
+    char m[160];
+    std::snprintf(m, sizeof m, "--tolerance %g is tighter than %s allows: %.3g", o.tolerance, what.c_str(), floor);
+    throw LayoutError("--tolerance", std::string(m) + " (" + rule + ")");
   }
 }
 
-int run(const Options& o, const MpiCommunicator& world) {
+// ---- setup: the layout against the job, the layer options and the workload the flags give
+
+RuntimeLayout job_layout(const Options& o, const MpiCommunicator& world) {
   const RuntimeLayout layout = const_cast<cli::LayoutFlags&>(o.layout).layout();
   if (world.size() != layout.size())
     throw LayoutError("--tp", "--tp " + std::to_string(layout.size()) + " needs exactly tp MPI ranks; this job has " +
                                   std::to_string(world.size()) + " (run with mpiexec -n " +
                                   std::to_string(layout.size()) + ")");
+  return layout;
+}
+
+// The expert location map: --ep-num-redundant-experts N (the static placement: physical p holds
+// logical p mod experts; every rank builds the same map), or, for --expert-load-out alone, the
+// map without replicas (physical = logical: the same dispatch, and the bridge counts the load).
+std::shared_ptr<const ExpertLocation> expert_location(const Options& o, const RuntimeLayout& layout, const Exec& exec,
+                                                      const MpiCommunicator& world) {
+  const int redundant = layout.config().ep_num_redundant_experts;
+  if (redundant == 0 && o.expert_load_out.empty()) return nullptr;
+  if (redundant > 0 && !dispatches_rows(layout.bridge_path()))
+    throw LayoutError("--ep-num-redundant-experts",
+                      "--ep-num-redundant-experts " + std::to_string(redundant) +
+                          " needs a path that dispatches rows (a2a_split or direct: --moe-a2a-backend deepep); this "
+                          "layout takes path " + std::string(to_string(layout.bridge_path())));
+  if (redundant == 0 && !dispatches_rows(layout.bridge_path()))
+    throw LayoutError("--expert-load-out",
+                      "--expert-load-out counts the load per expert in the EP dispatch, so it needs a path that "
+                      "dispatches rows (a2a_split or direct: --moe-a2a-backend deepep); this layout takes path " +
+                          std::string(to_string(layout.bridge_path())));
+  std::shared_ptr<const ExpertLocation> loc;
+  try {
+    loc = std::make_shared<const ExpertLocation>(ExpertLocation::identity(o.dims.experts, redundant, layout.widths().moe_ep));
+  } catch (const LayoutError& e) {
+    throw LayoutError("--ep-num-redundant-experts", std::string("--ep-num-redundant-experts: ") + e.what());
+  }
+  require_same_expert_location(exec, world, *loc);
+  return loc;
+}
+
+// The layer options of the flags, in the order their refusals come: padding, restore, --inject,
+// the dispatch dtype, redundant experts, the decode steps' EP mode, two-batch overlap.
+model::LayerOptions layer_options(const Options& o, const RuntimeLayout& layout, const Exec& exec,
+                                  const MpiCommunicator& world) {
   model::LayerOptions opts;
   if (o.padding != "auto") opts.padding = parse_padding(o.padding);
   opts.restore = parse_restore(o.restore, "--restore");
   opts.fault = parse_fault(o.inject, "--inject");
   check_fault(opts.fault, layout, "--inject");
   opts.dispatch_dtype = cli::dispatch_dtype_of(layout, o.dispatch_dtype);
-  // --ep-num-redundant-experts (the shared layout flag): physical replicas beyond the routed experts.
-  if (const int redundant = layout.config().ep_num_redundant_experts; redundant > 0) {
-    // The static placement (physical p holds logical p mod experts); every rank builds the same map.
-    if (!dispatches_rows(layout.bridge_path()))
-      throw LayoutError("--ep-num-redundant-experts",
-                        "--ep-num-redundant-experts " + std::to_string(redundant) +
-                            " needs a path that dispatches rows (a2a_split or direct: --moe-a2a-backend deepep); this "
-                            "layout takes path " + std::string(to_string(layout.bridge_path())));
-    try {
-      opts.expert_location = std::make_shared<const ExpertLocation>(
-          ExpertLocation::identity(o.dims.experts, redundant, layout.widths().moe_ep));
-    } catch (const LayoutError& e) {
-      throw LayoutError("--ep-num-redundant-experts", std::string("--ep-num-redundant-experts: ") + e.what());
-    }
-    require_same_expert_location(Kokkos::DefaultExecutionSpace(), world, *opts.expert_location);
-  }
+  opts.expert_location = expert_location(o, layout, exec, world);
   opts.decode_ep_mode = parse_ep_mode(o.deepep_mode, "--deepep-mode");
   check_ep_mode(opts.decode_ep_mode, layout.bridge_path(), "--deepep-mode");
+  if (o.ll_capacity_given && opts.decode_ep_mode != EpMode::low_latency)
+    throw LayoutError(kLlCapacityFlag, std::string(kLlCapacityFlag) + " " + std::to_string(o.ll_capacity) +
+                                           " is the low-latency dispatch's fixed capacity per rank; it applies to "
+                                           "--deepep-mode low_latency (this run: --deepep-mode " + o.deepep_mode + ")");
   opts.two_batch_overlap = o.two_batch_overlap;
   check_two_batch_overlap(o.two_batch_overlap, layout.bridge_path(), "--enable-two-batch-overlap");
   opts.record_boundaries = true;
-  const Widths& w = layout.widths();
+  return opts;
+}
+
+// The requests (refusing --show-group outside the layout and a two-batch overlap of fewer than 2 rows).
+model::Workload make_workload(const Options& o, const Widths& w) {
   if (o.show_group < -1 || o.show_group >= w.attn_dp)
     throw LayoutError("--show-group", "--show-group " + std::to_string(o.show_group) +
                                           ": an attention-DP group must be in [0, attn_dp = " + std::to_string(w.attn_dp) +
                                           ") (or -1: the first group with two rows)");
-  const model::Workload work = model::Workload::make(o.requests, o.placement, w.attn_dp);
+  model::Workload work = model::Workload::make(o.requests, o.placement, w.attn_dp);
   if (o.two_batch_overlap) {
     std::int64_t rows = 0;
     for (const int l : work.lengths) rows += l;
@@ -279,7 +322,14 @@ int run(const Options& o, const MpiCommunicator& world) {
                                                       "micro-batches; --requests gives " + std::to_string(rows) +
                                                       " row(s), fewer than 2");
   }
-  const model::DecodePlan plan = model::DecodePlan::make(o.decode_steps, o.decode_lengths, work.requests());
+  return work;
+}
+
+// The decode steps (each request's prompt and steps must fit --kv-capacity) and, in low-latency
+// mode, the fixed capacity of the decode dispatch: --num-max-dispatch-tokens-per-rank, by default
+// the requests (a decode step feeds one row per live request, so no rank dispatches more).
+model::DecodePlan decode_plan(const Options& o, const model::Workload& work, model::LayerOptions& opts) {
+  model::DecodePlan plan = model::DecodePlan::make(o.decode_steps, o.decode_lengths, work.requests());
   if (plan.steps > 0) {
     for (int i = 0; i < work.requests(); ++i)
       if (std::int64_t(work.lengths[std::size_t(i)]) + plan.lengths[std::size_t(i)] > o.kv_capacity)
@@ -294,11 +344,470 @@ int run(const Options& o, const MpiCommunicator& world) {
   if (opts.decode_ep_mode == EpMode::low_latency) {
     if (plan.steps == 0)
       throw LayoutError("--deepep-mode", "--deepep-mode low_latency applies to decode steps; give --decode-steps");
-    opts.decode_ep_capacity = work.requests();  // a decode step feeds one row per live request
+    opts.decode_ep_capacity = o.ll_capacity_given ? o.ll_capacity : work.requests();
   }
+  return plan;
+}
+
+// ---- the verified forward (the prefill), its decode steps and the rebalanced forward
+
+// What the prefill left: its rows, boundaries, traffic, token counts and padding mode, the decode
+// steps' results, and the bridge failure every rank met together (empty: none).
+struct Prefill {
+  model::LayerRows<> out;
+  DecodeRun dec;
+  std::size_t bounds = 0;
+  model::TrafficLog traffic;
+  std::vector<std::int64_t> counts;
+  PaddingMode mode{};  // printed beside counts; decode steps may pick another mode
+  std::string failure;
+};
+
+template <class Net>
+void keep_prefill(Prefill& p, const Net& net) {
+  p.bounds = net.boundaries().size();
+  p.traffic = net.traffic();
+  p.counts = net.global_num_tokens();
+  p.mode = net.padding();
+}
+
+// A low-latency dispatch over its capacity (the library's LayoutError "capacity", thrown on every
+// member together) is bad input: the flag that sets the capacity, named.
+[[noreturn]] void refuse_capacity(const Options& o, const model::LayerOptions& opts, const LayoutError& e) {
+  throw LayoutError(kLlCapacityFlag,
+                    std::string(kLlCapacityFlag) + " " + std::to_string(opts.decode_ep_capacity) +
+                        (o.ll_capacity_given ? "" : " (the default: one row per request)") +
+                        ": a decode step dispatches more rows than the low-latency capacity per rank (" + e.what() +
+                        "); give a capacity of at least the rows a rank dispatches");
+}
+
+template <class Net>
+Prefill prefill_and_decode(Net& net, const Options& o, const model::LayerOptions& opts, const model::Workload& work,
+                           const model::DecodePlan& plan, const MpiCommunicator& world, const RankCoords& me,
+                           const model::CpShare& share, Balance& balance) {
+  Prefill p;
+  try {
+    p.out = net.forward(work);
+    keep_prefill(p, net);
+    if (opts.expert_location) balance.before = report_expert_load(o, net.exec(), world, *opts.expert_location, net.expert_load());
+    if (plan.steps > 0) p.dec = decode(net, work, plan, p.out, world, me, share, o.check, o.dims);
+  } catch (const LayoutError& e) {
+    if (e.input() == "capacity" && opts.decode_ep_mode == EpMode::low_latency) refuse_capacity(o, opts, e);
+    if (e.input() != "bridge") throw;
+    p.failure = e.what();  // every rank of the job takes the same broken path and stops here
+    if (p.counts.empty()) keep_prefill(p, net);  // the prefill itself failed
+  }
+  return p;
+}
+
+// --expert-skew with --ep-num-redundant-experts: the rebalancer on the measured load, then the
+// same tokens again on a model built with the rebalanced map.
+void rebalance(Balance& balance, const Options& o, const RuntimeLayout& layout, const model::LayerOptions& opts,
+               const ProcessGroups& groups, const model::Workload& work, const Exec& exec, const MpiCommunicator& world) {
+  balance.on = true;
+  const int redundant = layout.config().ep_num_redundant_experts;
+  balance.map = std::make_shared<const ExpertLocation>(
+      ExpertLocation::rebalanced(balance.before.logical_as_double(), redundant, layout.widths().moe_ep));
+  require_same_expert_location(exec, world, *balance.map);
+  model::LayerOptions again = opts;
+  again.expert_location = balance.map;
+  again.record_boundaries = false;
+  model::DistributedModel<MpiCommunicator> rebalanced(groups, o.dims, again, exec);
+  balance.out = rebalanced.forward(work);
+  balance.after = sum_expert_load(exec, world, *balance.map, rebalanced.expert_load());
+}
+
+// ---- the check against the single-rank reference
+
+// Matched by row owner. A NaN or inf value fails the check by itself (std::max would drop a NaN):
+// it is counted and makes max_abs_err infinite.
+struct Check {
+  double err = 0.0;
+  std::int64_t rows = 0, non_finite = 0;
+  int owners_ok = 1;
+  double ref_sum = 0.0, ref_sumsq = 0.0;  // of the reference's output: bench/peers/torch_layer.py --checksum
+};
+
+struct RowsCompare {
+  const model::ReferenceRows& ref;
+  std::map<std::int64_t, int> row_of;
+  std::vector<std::int64_t> expected;
+  const RankCoords& me;
+  int hidden;
+  const MpiCommunicator& world;
+
+  void operator()(const model::LayerRows<>& got, double& e, std::int64_t& n, std::int64_t& bad, int& ok) const {
+    ok = got.owners == expected ? 1 : 0;
+    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got.view());
+    for (std::size_t i = 0; i < expected.size() && ok; ++i) {
+      for (int f = 0; f < hidden; ++f) {
+        const double v = double(h(i, f));
+        if (!std::isfinite(v)) ++bad;
+        e = std::isfinite(v) ? std::max(e, std::abs(v - ref.rows(row_of.at(expected[i]), f)))
+                             : std::numeric_limits<double>::infinity();
+      }
+      if (me.attn_tp_rank == 0) ++n;
+    }
+    all_reduce_in_place(world, std::span<double>(&e, 1), ReduceOp::max);
+    all_reduce_in_place(world, std::span<std::int64_t>(&n, 1));
+    all_reduce_in_place(world, std::span<std::int64_t>(&bad, 1));
+    all_reduce_in_place(world, std::span<int>(&ok, 1), ReduceOp::min);
+  }
+};
+
+Check verify(const Options& o, const RuntimeLayout& layout, const RankCoords& me, const model::Workload& work,
+             const Prefill& p, Balance& balance, const MpiCommunicator& world) {
+  Check c;
+  c.owners_ok = p.failure.empty() ? 1 : 0;
+  if (!o.check || !p.failure.empty()) return c;
+  const auto ref = model::reference_forward(o.dims, work);
+  for (double v : ref.rows.data) c.ref_sum += v, c.ref_sumsq += v * v;
+  RowsCompare compare{ref, {}, work.owners_of(me.attn_dp_rank, model::CpShare::of(layout, me.attn_cp_rank)), me,
+                      o.dims.hidden, world};
+  for (std::size_t i = 0; i < ref.owners.size(); ++i) compare.row_of[ref.owners[i]] = int(i);
+  compare(p.out, c.err, c.rows, c.non_finite, c.owners_ok);
+  if (balance.on) compare(balance.out, balance.err, balance.rows, balance.non_finite, balance.owners_ok);
+  return c;
+}
+
+struct Verdict {
+  double decode_tolerance = 0;
+  bool decode_ok = true, balance_ok = true, passed = true;
+};
+
+Verdict verdict(const Options& o, const model::Workload& work, const model::DecodePlan& plan, const Prefill& p,
+                const Balance& balance, const Check& c) {
+  Verdict v;
+  const DecodeRun& dec = p.dec;
+  // --dtype bf16, --dispatch-dtype fp8: grows with the steps
+  v.decode_tolerance = model::decode_check_tolerance(o.dims, o.tolerance, plan.steps, o.fp8_dispatch());
+  v.decode_ok = !o.check || plan.steps == 0 ||
+                (dec.non_finite == 0 && dec.owners_ok && dec.err <= v.decode_tolerance && dec.rows == dec.expected);
+  v.balance_ok = !o.check || !balance.on ||
+                 (balance.owners_ok && balance.non_finite == 0 && balance.err <= o.tolerance &&
+                  balance.rows == work.total_rows());
+  v.passed = p.failure.empty() && c.owners_ok && c.non_finite == 0 && c.err <= o.tolerance &&
+             (!o.check || c.rows == work.total_rows()) && v.decode_ok && v.balance_ok;
+  return v;
+}
+
+// ---- what rank 0 reports: every rank's traffic and first-layer boundaries, and the timings
+
+struct Gathered {
+  std::vector<std::vector<std::int64_t>> traffic, bounds;
+  std::vector<std::string> names;  // the first layer's boundaries
+};
+
+template <class Net>
+Gathered gather_report(const Net& net, const Prefill& p, const MpiCommunicator& world) {
+  Gathered g;
+  const auto& log = p.traffic;
+  std::vector<std::int64_t> traffic(log.calls.begin(), log.calls.end());
+  traffic.insert(traffic.end(), log.bytes.begin(), log.bytes.end());
+  g.traffic = cli::gather_all(world, traffic);
+  std::vector<std::int64_t> bounds;
+  for (std::size_t i = 0; i < p.bounds; ++i) {
+    const model::Boundary& b = net.boundaries()[i];
+    if (b.layer != 0) continue;
+    g.names.push_back(b.name);
+    bounds.push_back(std::int64_t(b.owners.size()));
+    bounds.insert(bounds.end(), b.owners.begin(), b.owners.end());
+  }
+  g.bounds = cli::gather_all(world, bounds);
+  return g;
+}
+
+struct Timing {
+  double best = 0.0, tokens_per_s = 0.0, decode_s = 0.0;
+  std::int64_t decode_rows = 0;
+};
+
+// --repeat: the verified forward was the warm-up; time N more, each as the slowest rank's time;
+// with decode steps, prefill and decode again, the best time of each step (into dec.seconds).
+template <class Net>
+Timing time_repeats(Net& net, const Options& o, const model::Workload& work, const model::DecodePlan& plan,
+                    const MpiCommunicator& world, const RankCoords& me, const model::CpShare& share, Prefill& p) {
+  Timing t;
+  DecodeRun& dec = p.dec;
+  if (o.repeat > 0 && p.failure.empty()) {
+    t.best = 1e300;
+    for (int i = 0; i < o.repeat; ++i) {
+      barrier(world);
+      const auto t0 = std::chrono::steady_clock::now();
+      net.forward(work);
+      double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      all_reduce_in_place(world, std::span<double>(&dt, 1), ReduceOp::max);
+      t.best = std::min(t.best, dt);
+    }
+  }
+  t.tokens_per_s = t.best > 0 ? double(work.total_rows()) / t.best : 0.0;
+  for (int i = 0; i < o.repeat && plan.steps > 0 && p.failure.empty(); ++i) {
+    const DecodeRun again = decode(net, work, plan, net.forward(work), world, me, share, false, o.dims);
+    for (std::size_t s = 0; s < dec.seconds.size(); ++s) dec.seconds[s] = std::min(dec.seconds[s], again.seconds[s]);
+  }
+  for (std::size_t s = 0; s < dec.seconds.size(); ++s) {
+    t.decode_s += dec.seconds[s];
+    for (std::int64_t c : dec.counts[s]) t.decode_rows += c;
+  }
+  return t;
+}
+
+// Everything the report reads.
+struct Report {
+  const Options& o;
+  const RuntimeLayout& layout;
+  const model::Workload& work;
+  const model::DecodePlan& plan;
+  const cli::MemoryEstimate& need;
+  const Prefill& p;
+  const Balance& balance;
+  const Check& c;
+  const Verdict& v;
+  const Gathered& g;
+  const Timing& t;
+};
+
+constexpr std::size_t kTrafficSlots = model::TrafficLog::kOps * model::TrafficLog::kGroups;
+
+nlohmann::json rank_json(const RuntimeLayout& layout, int r, const std::vector<std::int64_t>& t) {
+  const RankCoords k = layout.coords(r);
+  nlohmann::json rank{{"rank", r}, {"attn_dp_rank", k.attn_dp_rank}, {"attn_cp_rank", k.attn_cp_rank},
+                      {"attn_tp_rank", k.attn_tp_rank},
+                      {"moe_ep_rank", k.moe_ep_rank}, {"collectives", nlohmann::json::array()}};
+  for (std::size_t op = 0; op < model::TrafficLog::kOps; ++op)
+    for (std::size_t g = 0; g < model::TrafficLog::kGroups; ++g) {
+      const std::size_t s = op * model::TrafficLog::kGroups + g;
+      if (t[s] == 0) continue;
+      rank["collectives"].push_back({{"op", std::string(model::kOpNames[op])},
+                                     {"group", std::string(to_string(kAllGroupKinds[g]))},
+                                     {"calls", t[s]},
+                                     {"bytes", t[kTrafficSlots + s]}});
+    }
+  return rank;
+}
+
+void print_json(const Report& r) {
+  const Options& o = r.o;
+  const Balance& balance = r.balance;
+  const DecodeRun& dec = r.p.dec;
+  nlohmann::json j;
+  j["path"] = std::string(to_string(r.layout.bridge_path()));
+  j["padding"] = std::string(to_string(r.p.mode));
+  j["global_num_tokens"] = r.p.counts;
+  j["check"] = o.check;
+  j["max_abs_err"] = r.c.err;  // null when infinite (JSON has no inf): see non_finite
+  j["non_finite"] = r.c.non_finite;
+  j["rows"] = r.c.rows;
+  j["passed"] = r.v.passed;
+  j["failure"] = r.p.failure.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.p.failure);
+  j["inject"] = o.inject;
+  j["dispatch_dtype"] = o.dispatch_dtype;
+  j["dtype"] = o.dtype;
+  // The estimate --max-memory is checked against, bytes per rank (the largest rank's).
+  j["memory_estimate"] = {{"weights", r.need.weights}, {"activations", r.need.activations}, {"kv", r.need.kv},
+                          {"buffers", r.need.buffers}, {"total", r.need.total()}};
+  j["tolerance"] = o.tolerance;
+  j["isa"] = {{"compiled", RELAYOUT_ISA_COMPILED_STRING()}, {"cpu", kernels::isa::cpu_isa()}};
+  if (o.check) j["reference_checksum"] = {{"sum", r.c.ref_sum}, {"sumsq", r.c.ref_sumsq}};
+  j["deepep_mode"] = o.deepep_mode;
+  j["two_batch_overlap"] = o.two_batch_overlap;
+  if (balance.on) {
+    j["expert_balance"] = {{"expert_skew", o.dims.expert_skew},
+                           {"redundant_experts", balance.map->redundant()},
+                           {"moe_ep", balance.map->ep()},
+                           {"before", member_load_json(balance.before)},
+                           {"after", member_load_json(balance.after)},
+                           {"rebalanced_map", balance.map->physical_to_logical()}};
+    if (o.check)
+      j["expert_balance"]["check"] = {{"rows", balance.rows}, {"max_abs_err", balance.err},
+                                      {"non_finite", balance.non_finite}, {"passed", r.v.balance_ok}};
+  }
+  if (o.repeat > 0)
+    j["timing"] = {{"repeats", o.repeat}, {"best_forward_s", r.t.best}, {"tokens_per_s", r.t.tokens_per_s}};
+  if (r.plan.steps > 0) {
+    j["decode"] = {{"steps", r.plan.steps}, {"rows_per_group", dec.counts}, {"rows_checked", dec.rows},
+                   {"max_abs_err", dec.err}, {"tolerance", r.v.decode_tolerance}, {"non_finite", dec.non_finite}};
+    if (o.repeat > 0)
+      j["decode"]["timing"] = {{"best_step_s", dec.seconds},
+                               {"tokens_per_s", r.t.decode_s > 0 ? double(r.t.decode_rows) / r.t.decode_s : 0.0}};
+  }
+  for (int k = 0; k < int(r.g.traffic.size()); ++k) j["ranks"].push_back(rank_json(r.layout, k, r.g.traffic[std::size_t(k)]));
+  std::cout << j.dump(2) << "\n";
+}
+
+// The text report's head: the layout, the model, the requests and the prefill's token counts.
+void text_header(std::ostringstream& s, const Report& r) {
+  const Widths& w = r.layout.widths();
+  const BridgePath path = r.layout.bridge_path();
+  const auto& d = r.o.dims;
+  s << "dsv4_layer: tp=" << w.tp << " attn dp x " << (w.attn_cp > 1 ? "cp x " : "") << "tp = " << w.attn_dp << " x "
+    << (w.attn_cp > 1 ? std::to_string(w.attn_cp) + " x " : "") << w.attn_tp << ", moe dp x ep x tp = "
+    << w.moe_dp << " x " << w.moe_ep << " x " << w.moe_tp << ", backend " << to_string(r.layout.backend())
+    << " -> bridge " << to_string(path) << ", padding "
+    << (path == BridgePath::dp_gather ? std::string(to_string(r.p.mode)) : "unused (no DP gather on this path)") << "\n";
+  s << "model: hidden " << d.hidden << ", " << d.heads << " heads x " << d.head_dim << ", q_lora " << d.q_lora
+    << ", " << d.experts << " experts top-" << d.topk << " (inter " << d.moe_inter << "), shared expert inter "
+    << d.shared_inter << ", " << d.layers << " layers, seed " << d.seed << "\n";
+  s << "requests:";
+  for (int i = 0; i < r.work.requests(); ++i)
+    s << " " << model::RowOwner::request_name(i) << "(" << r.work.lengths[std::size_t(i)] << ")->g"
+      << r.work.placement[std::size_t(i)];
+  s << "\nglobal_num_tokens: [";
+  for (std::size_t g = 0; g < r.p.counts.size(); ++g)
+    s << (g ? " " : "") << r.p.counts[g];
+  s << "]" << (w.attn_cp > 1 ? " (one entry per CP share of each DP group)" : "")
+    << (r.o.inject != "none" ? "   INJECTED BUG: " + r.o.inject : "") << "\n\n";
+}
+
+// The rows each rank of one attention-DP group holds after every boundary of layer 0.
+void text_rows(std::ostringstream& s, const Report& r) {
+  const Widths& w = r.layout.widths();
+  int group = r.o.show_group;
+  if (group < 0) {  // the first DP group with at least two rows
+    group = 0;
+    for (int g = 0; g < w.attn_dp; ++g)
+      if (r.work.owners_of(g).size() >= 2) {
+        group = g;
+        break;
+      }
+  }
+  std::vector<int> members;  // the DP group's ranks: every CP rank's attention-TP group
+  for (int k = 0; k < w.tp; ++k)
+    if (r.layout.coords(k).attn_dp_rank == group) members.push_back(k);
+  s << "Rows held by the ranks of attention-DP group " << group << " after each boundary of layer 0:\n";
+  std::vector<std::size_t> at(members.size(), 0);
+  for (const std::string& name : r.g.names) {
+    char head[40];
+    std::snprintf(head, sizeof head, "  %-22s", name.c_str());
+    s << head;
+    for (std::size_t m = 0; m < members.size(); ++m) {
+      const auto& b = r.g.bounds[std::size_t(members[m])];
+      const std::size_t n = std::size_t(b[at[m]]);
+      const std::vector<std::int64_t> owners(b.begin() + std::ptrdiff_t(at[m] + 1), b.begin() + std::ptrdiff_t(at[m] + 1 + n));
+      at[m] += n + 1;
+      s << " r" << members[m] << " " << labels(owners, members.size() > 2 ? 6 : 12);
+    }
+    s << "\n";
+  }
+}
+
+void text_collectives(std::ostringstream& s, const Report& r) {
+  s << "\nCollectives of rank 0 (all layers): ";
+  const auto& t0 = r.g.traffic[0];
+  bool any = false;
+  for (std::size_t op = 0; op < model::TrafficLog::kOps; ++op)
+    for (std::size_t g = 0; g < model::TrafficLog::kGroups; ++g) {
+      const std::size_t i = op * model::TrafficLog::kGroups + g;
+      if (t0[i] == 0) continue;
+      s << (any ? "; " : "") << model::kOpNames[op] << "@" << to_string(kAllGroupKinds[g]) << " x" << t0[i] << " "
+        << kib(t0[kTrafficSlots + i]);
+      any = true;
+    }
+  s << "\n";
+}
+
+// The rows of every decode step per attention-DP group (under CP per CP rank).
+void text_decode(std::ostringstream& s, const Report& r) {
+  const Widths& w = r.layout.widths();
+  const DecodeRun& dec = r.p.dec;
+  s << "\nDecode: " << r.plan.steps << " steps after the prefill, KV cache paged (blocks of 16 rows, " << r.o.kv_capacity
+    << " rows per request); rows per attention-DP group (its ranks) per step"
+    << (w.attn_cp > 1 ? ", under CP per CP rank (a decode row at position p on CP rank p mod cp)" : "") << ":\n";
+  for (std::size_t st = 0; st < dec.counts.size(); ++st) {
+    s << "  step " << st + 1 << ":";
+    for (int g = 0; g < w.attn_dp; ++g) {
+      s << (g ? "," : "") << " g" << g << (w.attn_cp > 1 ? " [" : "");
+      for (int c = 0; c < w.attn_cp; ++c) {  // the counts: one per CP share of each DP group
+        const std::size_t share = std::size_t(g * w.attn_cp + c);
+        s << (c ? ", " : "") << (w.attn_cp > 1 ? "cp" + std::to_string(c) + " (" : " (");
+        const std::vector<int> ranks = r.layout.groups(GroupKind::attn_tp).at(share);
+        for (std::size_t m = 0; m < ranks.size(); ++m) s << (m ? " r" : "r") << ranks[m];
+        const std::int64_t n = dec.counts[st][share];
+        s << ") " << n << (n == 1 ? " row" : " rows") << (n == 0 ? " IDLE" : "");
+      }
+      s << (w.attn_cp > 1 ? "]" : "");
+    }
+    s << "\n";
+  }
+}
+
+void text_timing(std::ostringstream& s, const Report& r) {
+  if (r.o.repeat > 0) {
+    char line[160];
+    std::snprintf(line, sizeof line, "\ntiming: best forward %.6f s of %d (after a warm-up), %.0f tokens/s\n", r.t.best,
+                  r.o.repeat, r.t.tokens_per_s);
+    s << line;
+  }
+  if (r.o.repeat > 0 && r.plan.steps > 0) {
+    char line[200];
+    std::snprintf(line, sizeof line, "timing: decode %lld rows in %d steps, %.6f s (best of each step), %.0f tokens/s\n",
+                  static_cast<long long>(r.t.decode_rows), r.plan.steps, r.t.decode_s,
+                  r.t.decode_s > 0 ? double(r.t.decode_rows) / r.t.decode_s : 0.0);
+    s << line;
+  }
+}
+
+void text_check(std::ostringstream& s, const Report& r) {
+  const DecodeRun& dec = r.p.dec;
+  char line[256];
+  std::snprintf(line, sizeof line, "\ncheck: %lld rows compared with the single-rank reference, max_abs_err %.3g (tolerance %.3g): %s\n",
+                static_cast<long long>(r.c.rows), r.c.err, r.o.tolerance,
+                r.v.passed ? "OK"
+                : !r.c.owners_ok ? "MISMATCH (rows held by the wrong ranks)"
+                : r.c.non_finite ? "MISMATCH (non-finite values: NaN or inf)"
+                                 : "MISMATCH");
+  s << line;
+  if (r.balance.on) {
+    std::snprintf(line, sizeof line, "check: rebalanced forward: %lld rows, max_abs_err %.3g: %s\n",
+                  static_cast<long long>(r.balance.rows), r.balance.err, r.v.balance_ok ? "OK" : "MISMATCH");
+    s << line;
+  }
+  if (r.plan.steps > 0) {
+    char decode_tol[48] = "";
+    if (r.v.decode_tolerance != r.o.tolerance)
+      std::snprintf(decode_tol, sizeof decode_tol, " (tolerance %.3g)", r.v.decode_tolerance);
+    std::snprintf(line, sizeof line, "check: decode: %lld rows over %d steps compared with the reference recomputed without a cache, max_abs_err %.3g%s: %s\n",
+                  static_cast<long long>(dec.rows), r.plan.steps, dec.err,
+                  decode_tol,
+                  r.v.decode_ok ? "OK" : "MISMATCH");
+    s << line;
+  }
+}
+
+void print_text(const Report& r) {
+  std::ostringstream s;
+  const bool ok = r.p.failure.empty();
+  text_header(s, r);
+  text_rows(s, r);
+  text_collectives(s, r);
+  if (r.plan.steps > 0 && ok) text_decode(s, r);
+  if (ok) text_timing(s, r);
+  if (r.balance.on) {
+    std::int64_t pairs = 0;
+    for (std::int64_t v : r.balance.before.members) pairs += v;
+    s << "\nExpert load (last layer, Zipf skew " << r.o.dims.expert_skew << ", " << r.balance.map->redundant()
+      << " redundant experts, " << pairs << " (token, expert) pairs), tokens per EP rank:\n"
+      << member_load_text("before (static placement):", r.balance.before)
+      << member_load_text("after (rebalanced, second forward):", r.balance.after);
+  }
+  if (!ok) s << "\nFAILED: " << r.p.failure << "\n";
+  if (r.o.check && ok) text_check(s, r);
+  std::cout << s.str();
+}
+
+// ---- the program
+
+// Collective over the job: every rank runs the steps; rank 0 writes the report.
+int run(const Options& o, const MpiCommunicator& world) {
+  const Exec exec;  // the one instance every kernel and collective of this run takes
+  const RuntimeLayout layout = job_layout(o, world);
+  model::LayerOptions opts = layer_options(o, layout, exec, world);
+  const Widths& w = layout.widths();
+  const model::Workload work = make_workload(o, w);
+  const model::DecodePlan plan = decode_plan(o, work, opts);
   const cli::MemoryEstimate need = require_size(o, w, work, plan, world);
   const ProcessGroups groups(layout, world);
-  model::DistributedModel<MpiCommunicator, Kokkos::DefaultExecutionSpace, cli::RunSink> net(groups, o.dims, opts);
+  model::DistributedModel<MpiCommunicator, Exec, cli::RunSink> net(groups, o.dims, opts, exec);
   cli::TraceDirLock trace_lock;  // held until the sink below is closed
   cli::RunSink sink;             // its file stays closed without --trace
   if (!o.trace.empty()) {
@@ -315,327 +824,21 @@ int run(const Options& o, const MpiCommunicator& world) {
   net.trace_to(sink);
   const RankCoords me = groups.coords();
   const model::CpShare share = model::CpShare::of(layout, me.attn_cp_rank);
-  const bool root = world.rank() == 0;
-
-  std::string failure;
-  model::LayerRows<> out;
   if (plan.steps > 0) net.reserve_kv(work, o.kv_capacity);
-  DecodeRun dec;
-  std::size_t prefill_bounds = 0;
-  model::TrafficLog prefill_traffic;
-  std::vector<std::int64_t> prefill_counts;
-  PaddingMode prefill_mode{};  // printed beside prefill_counts; decode steps may pick another mode
   Balance balance;
-  try {
-    out = net.forward(work);
-    prefill_bounds = net.boundaries().size();
-    prefill_traffic = net.traffic();
-    prefill_counts = net.global_num_tokens();
-    prefill_mode = net.padding();
-    if (opts.expert_location) balance.before = report_expert_load(o, world, *opts.expert_location, net.expert_load());
-    if (plan.steps > 0) dec = decode(net, work, plan, out, world, me, share, o.check, o.dims);
-  } catch (const LayoutError& e) {
-    if (e.input() != "bridge") throw;
-    failure = e.what();  // every rank of the job takes the same broken path and stops here
-    if (prefill_counts.empty()) {  // the prefill itself failed
-      prefill_bounds = net.boundaries().size();
-      prefill_traffic = net.traffic();
-      prefill_counts = net.global_num_tokens();
-      prefill_mode = net.padding();
-    }
-  }
+  Prefill p = prefill_and_decode(net, o, opts, work, plan, world, me, share, balance);
   sink.file.close();  // the trace is complete
-  if (o.rebalance && failure.empty()) {  // the rebalancer on the measured load, then the same tokens again
-    balance.on = true;
-    const int redundant = layout.config().ep_num_redundant_experts;
-    balance.map = std::make_shared<const ExpertLocation>(
-        ExpertLocation::rebalanced(balance.before.logical_as_double(), redundant, w.moe_ep));
-    require_same_expert_location(Kokkos::DefaultExecutionSpace(), world, *balance.map);
-    model::LayerOptions again = opts;
-    again.expert_location = balance.map;
-    again.record_boundaries = false;
-    model::DistributedModel<MpiCommunicator> rebalanced(groups, o.dims, again);
-    balance.out = rebalanced.forward(work);
-    balance.after = sum_expert_load(Kokkos::DefaultExecutionSpace(), world, *balance.map, rebalanced.expert_load());
-  }
-
-  // Verification against the single-rank reference, matched by row owner.
-  // A NaN or inf value fails the check by itself (std::max would drop a NaN): it is counted and
-  // makes max_abs_err infinite.
-  double err = 0.0;
-  std::int64_t rows = 0, non_finite = 0;
-  int owners_ok = failure.empty() ? 1 : 0;
-  double ref_sum = 0.0, ref_sumsq = 0.0;  // of the reference's output: bench/peers/torch_layer.py --checksum
-  if (o.check && failure.empty()) {
-    const auto ref = model::reference_forward(o.dims, work);
-    for (double v : ref.rows.data) ref_sum += v, ref_sumsq += v * v;
-    std::map<std::int64_t, int> row_of;
-    for (std::size_t i = 0; i < ref.owners.size(); ++i) row_of[ref.owners[i]] = int(i);
-    const auto expected = work.owners_of(me.attn_dp_rank, model::CpShare::of(layout, me.attn_cp_rank));
-    const auto compare = [&](const model::LayerRows<>& got, double& e, std::int64_t& n, std::int64_t& bad, int& ok) {
-      ok = got.owners == expected ? 1 : 0;
-      const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got.view());
-      for (std::size_t i = 0; i < expected.size() && ok; ++i) {
-        for (int f = 0; f < o.dims.hidden; ++f) {
-          const double v = double(h(i, f));
-          if (!std::isfinite(v)) ++bad;
-          e = std::isfinite(v) ? std::max(e, std::abs(v - ref.rows(row_of.at(expected[i]), f)))
-                               : std::numeric_limits<double>::infinity();
-        }
-        if (me.attn_tp_rank == 0) ++n;
-      }
-      all_reduce_in_place(world, std::span<double>(&e, 1), ReduceOp::max);
-      all_reduce_in_place(world, std::span<std::int64_t>(&n, 1));
-      all_reduce_in_place(world, std::span<std::int64_t>(&bad, 1));
-      all_reduce_in_place(world, std::span<int>(&ok, 1), ReduceOp::min);
-    };
-    compare(out, err, rows, non_finite, owners_ok);
-    if (balance.on) compare(balance.out, balance.err, balance.rows, balance.non_finite, balance.owners_ok);
-  }
-  const double decode_tolerance = model::decode_check_tolerance(o.dims, o.tolerance, plan.steps);  // --dtype bf16: grows with the steps
-  const bool decode_ok = !o.check || plan.steps == 0 ||
-                         (dec.non_finite == 0 && dec.owners_ok && dec.err <= decode_tolerance && dec.rows == dec.expected);
-  const bool balance_ok = !o.check || !balance.on ||
-                          (balance.owners_ok && balance.non_finite == 0 && balance.err <= o.tolerance &&
-                           balance.rows == work.total_rows());
-  const bool passed = failure.empty() && owners_ok && non_finite == 0 && err <= o.tolerance &&
-                      (!o.check || rows == work.total_rows()) && decode_ok && balance_ok;
-
-  // Each rank's traffic and its first-layer boundaries, for rank 0 to print.
-  const auto& log = prefill_traffic;
-  std::vector<std::int64_t> traffic(log.calls.begin(), log.calls.end());
-  traffic.insert(traffic.end(), log.bytes.begin(), log.bytes.end());
-  const auto all_traffic = cli::gather_all(world, traffic);
-  std::vector<std::int64_t> bounds;
-  std::vector<std::string> names;
-  for (std::size_t i = 0; i < prefill_bounds; ++i) {
-    const model::Boundary& b = net.boundaries()[i];
-    if (b.layer != 0) continue;
-    names.push_back(b.name);
-    bounds.push_back(std::int64_t(b.owners.size()));
-    bounds.insert(bounds.end(), b.owners.begin(), b.owners.end());
-  }
-  const auto all_bounds = cli::gather_all(world, bounds);
-
-  // --repeat: the verified forward was the warm-up; time N more, each as the slowest rank's time.
-  double best = 0.0;
-  if (o.repeat > 0 && failure.empty()) {
-    best = 1e300;
-    for (int i = 0; i < o.repeat; ++i) {
-      barrier(world);
-      const auto t0 = std::chrono::steady_clock::now();
-      net.forward(work);
-      double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      all_reduce_in_place(world, std::span<double>(&dt, 1), ReduceOp::max);
-      best = std::min(best, dt);
-    }
-  }
-  const double tokens_per_s = best > 0 ? double(work.total_rows()) / best : 0.0;
-  // --repeat with decode steps: prefill and decode again, the best time of each step.
-  for (int i = 0; i < o.repeat && plan.steps > 0 && failure.empty(); ++i) {
-    const DecodeRun again = decode(net, work, plan, net.forward(work), world, me, share, false, o.dims);
-    for (std::size_t s = 0; s < dec.seconds.size(); ++s) dec.seconds[s] = std::min(dec.seconds[s], again.seconds[s]);
-  }
-  double decode_s = 0;
-  std::int64_t decode_rows = 0;
-  for (std::size_t s = 0; s < dec.seconds.size(); ++s) {
-    decode_s += dec.seconds[s];
-    for (std::int64_t c : dec.counts[s]) decode_rows += c;
-  }
-  if (!root) return passed ? 0 : 1;
+  if (o.rebalance && p.failure.empty()) rebalance(balance, o, layout, opts, groups, work, exec, world);
+  const Check c = verify(o, layout, me, work, p, balance, world);
+  const Verdict v = verdict(o, work, plan, p, balance, c);
+  const Gathered g = gather_report(net, p, world);
+  const Timing t = time_repeats(net, o, work, plan, world, me, share, p);
+  if (world.rank() != 0) return v.passed ? 0 : 1;
   JobGuard::working_alone("writing the report");  // a slow reader of stdout must not look like a hang
-
-  const BridgePath path = layout.bridge_path();
-  const std::string mode(to_string(prefill_mode));
-  constexpr std::size_t K = model::TrafficLog::kOps * model::TrafficLog::kGroups;
-  if (o.format == "json") {
-    nlohmann::json j;
-    j["path"] = std::string(to_string(path));
-    j["padding"] = mode;
-    j["global_num_tokens"] = prefill_counts;
-    j["check"] = o.check;
-    j["max_abs_err"] = err;  // null when infinite (JSON has no inf): see non_finite
-    j["non_finite"] = non_finite;
-    j["rows"] = rows;
-    j["passed"] = passed;
-    j["failure"] = failure.empty() ? nlohmann::json(nullptr) : nlohmann::json(failure);
-    j["inject"] = o.inject;
-    j["dispatch_dtype"] = o.dispatch_dtype;
-    j["dtype"] = o.dtype;
-    // The estimate --max-memory is checked against, bytes per rank (the largest rank's).
-    j["memory_estimate"] = {{"weights", need.weights}, {"activations", need.activations}, {"kv", need.kv},
-                            {"buffers", need.buffers}, {"total", need.total()}};
-    j["tolerance"] = o.tolerance;
-    j["isa"] = {{"compiled", RELAYOUT_ISA_COMPILED_STRING()}, {"cpu", kernels::isa::cpu_isa()}};
-    if (o.check) j["reference_checksum"] = {{"sum", ref_sum}, {"sumsq", ref_sumsq}};
-    j["deepep_mode"] = o.deepep_mode;
-    j["two_batch_overlap"] = o.two_batch_overlap;
-    if (balance.on) {
-      j["expert_balance"] = {{"expert_skew", o.dims.expert_skew},
-                             {"redundant_experts", balance.map->redundant()},
-                             {"moe_ep", balance.map->ep()},
-                             {"before", member_load_json(balance.before)},
-                             {"after", member_load_json(balance.after)},
-                             {"rebalanced_map", balance.map->physical_to_logical()}};
-      if (o.check)
-        j["expert_balance"]["check"] = {{"rows", balance.rows}, {"max_abs_err", balance.err},
-                                        {"non_finite", balance.non_finite}, {"passed", balance_ok}};
-    }
-    if (o.repeat > 0)
-      j["timing"] = {{"repeats", o.repeat}, {"best_forward_s", best}, {"tokens_per_s", tokens_per_s}};
-    if (plan.steps > 0) {
-      j["decode"] = {{"steps", plan.steps}, {"rows_per_group", dec.counts}, {"rows_checked", dec.rows},
-                     {"max_abs_err", dec.err}, {"tolerance", decode_tolerance}, {"non_finite", dec.non_finite}};
-      if (o.repeat > 0)
-        j["decode"]["timing"] = {{"best_step_s", dec.seconds}, {"tokens_per_s", decode_s > 0 ? double(decode_rows) / decode_s : 0.0}};
-    }
-    for (int r = 0; r < world.size(); ++r) {
-      const RankCoords k = layout.coords(r);
-      nlohmann::json rank{{"rank", r}, {"attn_dp_rank", k.attn_dp_rank}, {"attn_cp_rank", k.attn_cp_rank},
-                          {"attn_tp_rank", k.attn_tp_rank},
-                          {"moe_ep_rank", k.moe_ep_rank}, {"collectives", nlohmann::json::array()}};
-      const auto& t = all_traffic[std::size_t(r)];
-      for (std::size_t op = 0; op < model::TrafficLog::kOps; ++op)
-        for (std::size_t g = 0; g < model::TrafficLog::kGroups; ++g) {
-          const std::size_t s = op * model::TrafficLog::kGroups + g;
-          if (t[s] == 0) continue;
-          rank["collectives"].push_back({{"op", std::string(model::kOpNames[op])},
-                                         {"group", std::string(to_string(kAllGroupKinds[g]))},
-                                         {"calls", t[s]},
-                                         {"bytes", t[K + s]}});
-        }
-      j["ranks"].push_back(rank);
-    }
-    std::cout << j.dump(2) << "\n";
-    return passed ? 0 : 1;
-  }
-
-  std::ostringstream s;
-  const auto& d = o.dims;
-  s << "dsv4_layer: tp=" << w.tp << " attn dp x " << (w.attn_cp > 1 ? "cp x " : "") << "tp = " << w.attn_dp << " x "
-    << (w.attn_cp > 1 ? std::to_string(w.attn_cp) + " x " : "") << w.attn_tp << ", moe dp x ep x tp = "
-    << w.moe_dp << " x " << w.moe_ep << " x " << w.moe_tp << ", backend " << to_string(layout.backend())
-    << " -> bridge " << to_string(path) << ", padding "
-    << (path == BridgePath::dp_gather ? mode : "unused (no DP gather on this path)") << "\n";
-  s << "model: hidden " << d.hidden << ", " << d.heads << " heads x " << d.head_dim << ", q_lora " << d.q_lora
-    << ", " << d.experts << " experts top-" << d.topk << " (inter " << d.moe_inter << "), shared expert inter "
-    << d.shared_inter << ", " << d.layers << " layers, seed " << d.seed << "\n";
-  s << "requests:";
-  for (int i = 0; i < work.requests(); ++i)
-    s << " " << model::RowOwner::request_name(i) << "(" << work.lengths[std::size_t(i)] << ")->g" << work.placement[std::size_t(i)];
-  s << "\nglobal_num_tokens: [";
-  for (std::size_t g = 0; g < prefill_counts.size(); ++g)
-    s << (g ? " " : "") << prefill_counts[g];
-  s << "]" << (w.attn_cp > 1 ? " (one entry per CP share of each DP group)" : "")
-    << (o.inject != "none" ? "   INJECTED BUG: " + o.inject : "") << "\n\n";
-
-  int group = o.show_group;
-  if (group < 0) {  // the first DP group with at least two rows
-    group = 0;
-    for (int g = 0; g < w.attn_dp; ++g)
-      if (work.owners_of(g).size() >= 2) {
-        group = g;
-        break;
-      }
-  }
-  std::vector<int> members;  // the DP group's ranks: every CP rank's attention-TP group
-  for (int r = 0; r < w.tp; ++r)
-    if (layout.coords(r).attn_dp_rank == group) members.push_back(r);
-  s << "Rows held by the ranks of attention-DP group " << group << " after each boundary of layer 0:\n";
-  std::vector<std::size_t> at(members.size(), 0);
-  for (const std::string& name : names) {
-    char head[40];
-    std::snprintf(head, sizeof head, "  %-22s", name.c_str());
-    s << head;
-    for (std::size_t m = 0; m < members.size(); ++m) {
-      const auto& b = all_bounds[std::size_t(members[m])];
-      const std::size_t n = std::size_t(b[at[m]]);
-      const std::vector<std::int64_t> owners(b.begin() + std::ptrdiff_t(at[m] + 1), b.begin() + std::ptrdiff_t(at[m] + 1 + n));
-      at[m] += n + 1;
-      s << " r" << members[m] << " " << labels(owners, members.size() > 2 ? 6 : 12);
-    }
-    s << "\n";
-  }
-  s << "\nCollectives of rank 0 (all layers): ";
-  const auto& t0 = all_traffic[0];
-  bool any = false;
-  for (std::size_t op = 0; op < model::TrafficLog::kOps; ++op)
-    for (std::size_t g = 0; g < model::TrafficLog::kGroups; ++g) {
-      const std::size_t i = op * model::TrafficLog::kGroups + g;
-      if (t0[i] == 0) continue;
-      s << (any ? "; " : "") << model::kOpNames[op] << "@" << to_string(kAllGroupKinds[g]) << " x" << t0[i] << " "
-        << kib(t0[K + i]);
-      any = true;
-    }
-  s << "\n";
-  if (plan.steps > 0 && failure.empty()) {
-    s << "\nDecode: " << plan.steps << " steps after the prefill, KV cache paged (blocks of 16 rows, " << o.kv_capacity
-      << " rows per request); rows per attention-DP group (its ranks) per step"
-      << (w.attn_cp > 1 ? ", under CP per CP rank (a decode row at position p on CP rank p mod cp)" : "") << ":\n";
-    for (std::size_t st = 0; st < dec.counts.size(); ++st) {
-      s << "  step " << st + 1 << ":";
-      for (int g = 0; g < w.attn_dp; ++g) {
-        s << (g ? "," : "") << " g" << g << (w.attn_cp > 1 ? " [" : "");
-        for (int c = 0; c < w.attn_cp; ++c) {  // the counts: one per CP share of each DP group
-          const std::size_t share = std::size_t(g * w.attn_cp + c);
-          s << (c ? ", " : "") << (w.attn_cp > 1 ? "cp" + std::to_string(c) + " (" : " (");
-          const std::vector<int> ranks = layout.groups(GroupKind::attn_tp).at(share);
-          for (std::size_t m = 0; m < ranks.size(); ++m) s << (m ? " r" : "r") << ranks[m];
-          const std::int64_t n = dec.counts[st][share];
-          s << ") " << n << (n == 1 ? " row" : " rows") << (n == 0 ? " IDLE" : "");
-        }
-        s << (w.attn_cp > 1 ? "]" : "");
-      }
-      s << "\n";
-    }
-  }
-  if (o.repeat > 0 && failure.empty()) {
-    char line[160];
-    std::snprintf(line, sizeof line, "\ntiming: best forward %.6f s of %d (after a warm-up), %.0f tokens/s\n", best,
-                  o.repeat, tokens_per_s);
-    s << line;
-  }
-  if (o.repeat > 0 && plan.steps > 0 && failure.empty()) {
-    char line[200];
-    std::snprintf(line, sizeof line, "timing: decode %lld rows in %d steps, %.6f s (best of each step), %.0f tokens/s\n",
-                  static_cast<long long>(decode_rows), plan.steps, decode_s, decode_s > 0 ? double(decode_rows) / decode_s : 0.0);
-    s << line;
-  }
-  if (balance.on) {
-    std::int64_t pairs = 0;
-    for (std::int64_t v : balance.before.members) pairs += v;
-    s << "\nExpert load (last layer, Zipf skew " << o.dims.expert_skew << ", " << balance.map->redundant()
-      << " redundant experts, " << pairs << " (token, expert) pairs), tokens per EP rank:\n"
-      << member_load_text("before (static placement):", balance.before)
-      << member_load_text("after (rebalanced, second forward):", balance.after);
-  }
-  if (!failure.empty()) s << "\nFAILED: " << failure << "\n";
-  if (o.check && failure.empty()) {
-    char line[256];
-    std::snprintf(line, sizeof line, "\ncheck: %lld rows compared with the single-rank reference, max_abs_err %.3g (tolerance %.3g): %s\n",
-                  static_cast<long long>(rows), err, o.tolerance,
-                  passed ? "OK"
-                  : !owners_ok ? "MISMATCH (rows held by the wrong ranks)"
-                  : non_finite ? "MISMATCH (non-finite values: NaN or inf)"
-                               : "MISMATCH");
-    s << line;
-    if (balance.on) {
-      std::snprintf(line, sizeof line, "check: rebalanced forward: %lld rows, max_abs_err %.3g: %s\n",
-                    static_cast<long long>(balance.rows), balance.err, balance_ok ? "OK" : "MISMATCH");
-      s << line;
-    }
-    if (plan.steps > 0) {
-      char decode_tol[48] = "";
-      if (decode_tolerance != o.tolerance) std::snprintf(decode_tol, sizeof decode_tol, " (tolerance %.3g)", decode_tolerance);
-      std::snprintf(line, sizeof line, "check: decode: %lld rows over %d steps compared with the reference recomputed without a cache, max_abs_err %.3g%s: %s\n",
-                    static_cast<long long>(dec.rows), plan.steps, dec.err,
-                    decode_tol,
-                    decode_ok ? "OK" : "MISMATCH");
-      s << line;
-    }
-  }
-  std::cout << s.str();
-  return passed ? 0 : 1;
+  const Report r{o, layout, work, plan, need, p, balance, c, v, g, t};
+  if (o.format == "json") print_json(r);
+  else print_text(r);
+  return v.passed ? 0 : 1;
 }
 
 }  // namespace
@@ -658,7 +861,7 @@ int main(int argc, char** argv) {
     CLI::Option* tolerance = cli::add_tolerance(
         app, "--tolerance", o.tolerance,
         "max abs error accepted by --check, in [0, 0.1]; default 1e-4, with --dtype bf16 the bound of bf16 weights "
-        "(model::check_tolerance), and no tighter", 0.1,
+        "and with --dispatch-dtype fp8 that of e4m3 rows (model::check_tolerance), and no tighter", 0.1,
         "a larger tolerance passes layout bugs (--inject double_reduce differs by 0.88 at --tp 2)");
     app.add_option("--format", o.format, "text or json")->check(CLI::IsMember({"text", "json"}));
     cli::add_int(app, "--show-group", o.show_group, "attention-DP group whose rows the text output follows");
@@ -672,7 +875,8 @@ int main(int argc, char** argv) {
     app.add_option("--dispatch-dtype", o.dispatch_dtype,
                    "paths a2a_split and direct: the rows travel in the EP dispatch as fp32 (default), bf16 (half "
                    "the row bytes) or fp8 (e4m3, a scale per 128 values: about a quarter); the experts see the "
-                   "rounded rows, so --check needs a looser --tolerance (docs/bridge.md#fp8-dispatch)");
+                   "rounded rows, so --check needs a looser --tolerance: bf16 about 1e-2, fp8 takes the bound "
+                   "2^-4 sqrt(layers) + 1e-4 by default (docs/bridge.md#fp8-dispatch)");
     app.add_option("--dtype", o.dtype,
                    "the weights' element type: fp32 (default) or bf16. bf16: the attention projections (wq_a, wq_b, "
                    "wkv, wo_b) and the routed and shared experts' w1, w3, w2 are stored as bf16 and multiplied through "
@@ -680,11 +884,18 @@ int main(int argc, char** argv) {
                    "kernel reads the bf16 weights straight into fp32 FMAs); the router's gate, the norms, the "
                    "activations between kernels, the dispatched rows (see --dispatch-dtype) and the KV cache stay fp32");
     app.add_option("--expert-load-out", o.expert_load_out,
-                   "with --ep-num-redundant-experts: write the measured load per logical expert (last layer) as "
-                   "{\"experts\": E, \"loads\": [...]}, the file relayout plan --expert-load reads");
+                   "paths a2a_split and direct: write the prefill's measured load per logical expert (last layer) as "
+                   "{\"experts\": E, \"loads\": [...]}, the file relayout plan --expert-load reads (with or "
+                   "without --ep-num-redundant-experts)");
     app.add_option("--deepep-mode", o.deepep_mode,
                    "paths a2a_split and direct, decode steps: the EP dispatch in normal mode (counts first) or "
-                   "low_latency (fixed blocks of one row per request per rank, one exchange per direction)");
+                   "low_latency (fixed blocks of --num-max-dispatch-tokens-per-rank rows per rank, one exchange "
+                   "per direction)");
+    CLI::Option* ll_capacity = cli::add_int(
+        app, kLlCapacityFlag, o.ll_capacity,
+        "with --deepep-mode low_latency: the decode dispatch's fixed capacity in rows per rank (DeepEP's "
+        "num_max_dispatch_tokens_per_rank; default: the requests, one row each per step); a step that "
+        "dispatches more is refused (exit 2)", 1, 1 << 24);
     app.add_flag("--enable-two-batch-overlap", o.two_batch_overlap,
                  "paths a2a_split and direct: each MoE hand-over as two micro-batches, one's dispatch/combine "
                  "in flight while the other's experts run (SGLang's flag; same rows as one batch)");
@@ -698,6 +909,7 @@ int main(int argc, char** argv) {
     rc = cli::run_mpi_main(app, args, job, [&] {
       o.rebalance = skew->count() > 0 && o.layout.config.ep_num_redundant_experts > 0;
       o.tolerance_given = tolerance->count() > 0;
+      o.ll_capacity_given = ll_capacity->count() > 0;
       apply_dtype(o);
       return run(o, MpiCommunicator::world());
     });

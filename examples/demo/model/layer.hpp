@@ -111,7 +111,7 @@ class DistributedModel {
     Tracked x(Typed(values), std::move(owners));
     gather_counts(mine);
     const CpBatch batch = work.batch_of(k.attn_dp_rank, groups_.layout());
-    keys_ = attn_.prefill_keys(batch);
+    keys_ = attn_.prefill_keys(exec_, batch);
     step_ = ExtendPlan{};
     if (cache_) {  // the prefill fills the cache: request j of the group is slot j, with the positions held here
       for (int j = 0; j < batch.requests(); ++j) {
@@ -202,7 +202,7 @@ class DistributedModel {
     Tracked x(Typed(values), opts_.track_owners ? owners : std::vector<std::int64_t>{});
     new_rows(owners);
     gather_counts(std::int64_t(n));
-    rows_ = extend_rows<typename ExecSpace::memory_space>(step_);
+    rows_ = extend_rows(exec_, step_);
     decoding_ = true;  // the decode bridge, if there is one, for these layers
     struct Reset {
       bool& flag;
@@ -246,7 +246,7 @@ class DistributedModel {
     Tracked x(Typed(inputs), opts_.track_owners ? owners : std::vector<std::int64_t>{});
     new_rows(owners);
     gather_counts(std::int64_t(held));
-    rows_ = extend_rows<typename ExecSpace::memory_space>(step_);
+    rows_ = extend_rows(exec_, step_);
     for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, true);
     if (opts_.track_owners && x.owners != owners)
       throw LayoutError("bridge", "extend: rows came back in another order");
@@ -275,6 +275,8 @@ class DistributedModel {
   const std::vector<std::int64_t>& global_num_tokens() const { return counts_; }
   PaddingMode padding() const { return mode_; }
   const ModelDims& dims() const { return dims_; }
+  // The execution-space instance every kernel and collective of this model runs on.
+  const ExecSpace& exec() const { return exec_; }
 
  private:
   View input(const std::vector<std::int64_t>& owners) const {
