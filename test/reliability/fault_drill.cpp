@@ -18,14 +18,21 @@
 //                           check names it
 //   fault_drill stop-host   the last rank stops before the programs' memory check counts the ranks
 //                           of this host (a shared-memory split): the same, from cli::memory_limit
+//   fault_drill stop-end    after the job's last collective the last rank stops (SIGSTOP) instead
+//                           of finishing: the others, finished, wait for it at the end of the job
+//                           (JobGuard::finish) within the deadline, then name it and abort
+//   fault_drill stop-end-alone  the same while rank 0 works alone (JobGuard::working_alone) past
+//                           the deadline: the message names both, rank 0 as working alone
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <relayout/relayout.hpp>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/memory.hpp"
@@ -122,6 +129,25 @@ int stop_before_split(const MpiCommunicator& world, bool host) {
   return 1;
 }
 
+// Every rank makes the job's last collective; then the last rank stops (a moment later, so the
+// others are already at the end of the job), and with `alone` rank 0 announces work of its own that
+// outlasts the deadline.
+int stop_at_end(const MpiCommunicator& world, bool alone) {
+  MpiCommunicator c = world.dup();
+  c.set_name("drill");
+  std::vector<float> v{1.0f};
+  all_reduce_in_place(c, v);
+  if (c.rank() == c.size() - 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::raise(SIGSTOP);
+  }
+  if (alone && c.rank() == 0) {
+    JobGuard::working_alone("writing the drill's report");
+    std::this_thread::sleep_for(std::chrono::seconds(30));  // ended by the others' abort
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -148,9 +174,11 @@ int main(int argc, char** argv) {
       if (mode == "mismatch") return mismatch(world);
       if (mode == "stop-split") return stop_before_split(world, false);
       if (mode == "stop-host") return stop_before_split(world, true);
+      if (mode == "stop-end") return stop_at_end(world, false);
+      if (mode == "stop-end-alone") return stop_at_end(world, true);
       if (mode == "stop-start") throw std::runtime_error("unreachable: the job started without the last rank");
       throw LayoutError("mode", "unknown mode '" + mode + "': skip, stop, throw, all-throw, mismatch, stop-start, "
-                                "stop-split or stop-host");
+                                "stop-split, stop-host, stop-end or stop-end-alone");
     });
   }
   Kokkos::finalize();

@@ -2,6 +2,7 @@
 // codes of `relayout trace diff` on hand-made traces (agree, diverge, truncated, missing).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -370,4 +371,102 @@ TEST_CASE("trace::DirLock: one live run per directory tree, named to the others"
   second.release();
   CHECK(first.acquire(a, "one") == "");
   fs::remove_all(root.parent_path());
+}
+
+// A candidate wrong in every row, held by many ranks, after many boundaries that agreed, still gets
+// a report of a few lines: at most 8 holders, ranks and agreed boundaries are listed, and the rest
+// are counted ("... and K more"). K is computed here from how the traces were made.
+TEST_CASE("trace diff: a report lists at most 8 holders, ranks and agreed boundaries, and counts the rest") {
+  constexpr int kCap = 8;  // the listing cap the documentation promises
+  const int ranks = 21, layers = 13, nrows = 300;
+  std::vector<std::vector<float>> rows;
+  for (int i = 0; i < nrows; ++i) rows.push_back(row(16, 1.0f + 0.01f * float(i)));
+  std::vector<std::vector<float>> doubled = rows;
+  for (auto& v : doubled)
+    for (float& x : v) x *= 2.0f;
+  // kind: "count" (the last layer adds a moe_in boundary, copies 1, where every rank holds every
+  // row), "values" (the last layer's output doubled on every rank), "error" (every rank records a
+  // failed invariant in the last layer).
+  const auto write = [&](const fs::path& dir, int n, const std::string& kind) {
+    for (int r = 0; r < n; ++r) {
+      trace::JsonlSink sink(dir.string(), r, n, "test");
+      for (int l = 0; l < layers; ++l) {
+        const bool last = l == layers - 1;
+        sink.write(record(l, "attention all_reduce", "attn_out", n, r, rows));
+        if (last && kind == "count") {
+          trace::Record g = record(l, "dp_gather", "moe_in", 1, r, rows);
+          g.group = "tp";
+          g.handle = 0;
+          sink.write(g);
+        }
+        if (last && kind == "error") {
+          trace::Record e = record(l, "split_rows", "moe_in", 1, r, rows);
+          e.error = "row conservation failed";
+          sink.write(e);
+        }
+        sink.write(record(l, "layer output", "layer_out", n, r, last && kind == "values" ? doubled : rows));
+      }
+    }
+  };
+  const auto lines_starting = [](const std::string& text, const std::string& prefix) {
+    int n = 0;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) n += line.rfind(prefix, 0) == 0;
+    return n;
+  };
+  const auto line_count = [](const std::string& text) { return int(std::count(text.begin(), text.end(), '\n')); };
+  const fs::path base = fresh_dir("cap_base");
+  write(base, 1, "none");
+  // Agreed before the divergence: every layer's two boundaries but the last layer's, then its
+  // attention all_reduce.
+  const int agreed = 2 * (layers - 1) + 1;
+  const std::string agreed_line = "  agreed before it: " + std::to_string(agreed - kCap) + " boundaries, then layer";
+  std::string out;
+
+  SUBCASE("every row held by every rank where the layout holds it once") {
+    const fs::path cand = fresh_dir("cap_count");
+    write(cand, ranks, "count");
+    CHECK(diff(base, cand, &out) == 1);
+    CHECK(out.find("first divergence: layer " + std::to_string(layers - 1) + ", boundary \"dp_gather\"") != std::string::npos);
+    CHECK(out.find("  held by:\n    rank 0 (") != std::string::npos);
+    CHECK(lines_starting(out, "    rank ") == kCap);  // the holders listed
+    CHECK(out.find("\n    ... and " + std::to_string(ranks - kCap) + " more\n") != std::string::npos);
+    CHECK(out.find("found:    count " + std::to_string(ranks) + "\n") != std::string::npos);
+    CHECK(out.find("  " + std::to_string(nrows) + " of " + std::to_string(nrows) + " rows differ") != std::string::npos);
+    CHECK(lines_starting(out, "  row: ") == 1);  // the first row only, the others counted
+    CHECK(out.find(agreed_line) != std::string::npos);
+    // Listed after the count: the last kCap agreed boundaries, each followed by ';'.
+    const std::string agreed_text = out.substr(out.find(agreed_line));
+    CHECK(std::count(agreed_text.begin(), agreed_text.end(), ';') == kCap);
+    // header, first divergence, row, held by, kCap holders, "... and K more", expected, found,
+    // rows differ, agreed before it.
+    CHECK(line_count(out) == 9 + kCap);
+  }
+  SUBCASE("every holder's checksum differs") {
+    const fs::path cand = fresh_dir("cap_values");
+    write(cand, ranks, "values");
+    CHECK(diff(base, cand, &out) == 1);
+    CHECK(out.find("first divergence: layer " + std::to_string(layers - 1) + ", boundary \"layer output\"") != std::string::npos);
+    CHECK(lines_starting(out, "    rank ") == 2 * kCap);  // kCap holders, then kCap per-holder checksums
+    int differs = 0;
+    for (std::size_t at = out.find("<- differs"); at != std::string::npos; at = out.find("<- differs", at + 1)) ++differs;
+    CHECK(differs == kCap);
+    int more = 0;
+    const std::string k = "    ... and " + std::to_string(ranks - kCap) + " more\n";
+    for (std::size_t at = out.find(k); at != std::string::npos; at = out.find(k, at + 1)) ++more;
+    CHECK(more == 2);  // under "held by:" and under "per holder:"
+    CHECK(out.find(agreed_line) != std::string::npos);
+    CHECK(line_count(out) == 10 + 2 * kCap);
+  }
+  SUBCASE("every rank records a failed invariant") {
+    const fs::path cand = fresh_dir("cap_error");
+    write(cand, ranks, "error");
+    CHECK(diff(base, cand, &out) == 1);
+    std::string listed;
+    for (int r = 0; r < kCap; ++r) listed += (r ? ", " : "") + std::to_string(r);
+    CHECK(out.find("  checked invariant failed on rank(s) " + listed + ", ... and " + std::to_string(ranks - kCap) +
+                   " more: row conservation failed\n") != std::string::npos);
+    CHECK(line_count(out) == 4);  // header, first divergence, the failed invariant, agreed before it
+  }
+  fs::remove_all(base.parent_path());
 }
