@@ -192,11 +192,8 @@ std::vector<std::string> check(const Options& o, const std::vector<spec::Request
   return out;
 }
 
-int run(Options& o, const MpiCommunicator& world) {
-  const RuntimeLayout layout = o.layout.layout();
-  if (world.size() != layout.size())
-    throw LayoutError("--tp", "--tp " + std::to_string(layout.size()) + " needs exactly tp MPI ranks; this job has " +
-                                  std::to_string(world.size()) + " (run with mpiexec -n " + std::to_string(layout.size()) + ")");
+// The flags into the decoder's settings, refused (exit 2, the flag named) before anything runs.
+void apply_flags(Options& o) {
   o.cfg.requests_per_group = o.requests;
   o.cfg.width = spec::TokensPerRequest{o.width};
   o.cfg.target_dims.hidden = o.hidden;
@@ -206,11 +203,12 @@ int run(Options& o, const MpiCommunicator& world) {
     throw LayoutError("--requests-per-group", "--requests-per-group " + list(o.requests) +
                                                   ": no group has a request, so --check would compare nothing; "
                                                   "give at least one group a request");
-  const cli::MemoryEstimate need = require_size(o, layout, world);
-  const spec::SyncSites sites = spec::SyncSites::from_env();  // RELAYOUT_SPEC_TP_SYNC
-  const bool guard_fails = !layout.dspark().allowed;
-  const ProcessGroups groups(layout, world);
-  Decoder dec(groups, o.cfg, sites);  // the start-up check (exit 2)
+}
+
+// The prefill and every round, traced under --trace (DIR/draft, DIR/target), with progress on a
+// long run.
+void run_rounds(const Options& o, const RuntimeLayout& layout, const MpiCommunicator& world, const cli::MemoryEstimate& need,
+                Decoder& dec) {
   cli::TraceDirLock trace_lock;               // held until the sinks below are closed
   cli::RunSink draft_sink, target_sink;      // their files stay closed without --trace
   if (!o.trace.empty()) {
@@ -232,94 +230,134 @@ int run(Options& o, const MpiCommunicator& world) {
   dec.run();
   draft_sink.file.close();  // the traces are complete
   target_sink.file.close();
+}
 
-  const auto all = cli::gather_all(world, encode(dec));
-  if (world.rank() != 0) return dec.disagreed() ? 1 : 0;
-  JobGuard::working_alone(o.check ? "the --check reference and the report" : "writing the report");
+// What rank 0 reports, from every rank's record.
+struct Summary {
   std::vector<RankView> ranks;
-  for (const auto& v : all) ranks.push_back(decode(v));
-  const int rounds_run = int(ranks.front().rounds.size());  // fewer than --rounds after a disagreement
-  const Widths& w = layout.widths();
-  const spec::DpSyncMetadata& meta = dec.meta();
+  int rounds_run = 0;  // fewer than --rounds after a disagreement
   std::vector<std::int64_t> raw;
-  for (auto r : meta.raw) raw.push_back(r.value);
   std::vector<int> idle_ranks;
   bool disagreed = false;
-  for (std::size_t r = 0; r < ranks.size(); ++r) {
-    if (ranks[r].idle) idle_ranks.push_back(int(r));
-    disagreed = disagreed || ranks[r].disagreed;
+  spec::DraftContext ctx;
+  int sync_size = 1;
+  cli::SyncedSites synced;
+  std::vector<spec::RequestRecord> reqs;  // in id order, from each group's reporting rank
+  int k = 0;                              // draft tokens per request per round
+  std::vector<double> acceptance;         // per round
+  double overall = 0, mean_accepted = 0;
+  std::vector<std::string> mismatches;  // --check
+  int rc = 0;
+};
+
+Summary summarize(const Options& o, const RuntimeLayout& layout, const Decoder& dec, const spec::SyncSites& sites,
+                  const std::vector<std::vector<std::int64_t>>& all) {
+  Summary m;
+  for (const auto& v : all) m.ranks.push_back(decode(v));
+  m.rounds_run = int(m.ranks.front().rounds.size());
+  for (auto r : dec.meta().raw) m.raw.push_back(r.value);
+  for (std::size_t r = 0; r < m.ranks.size(); ++r) {
+    if (m.ranks[r].idle) m.idle_ranks.push_back(int(r));
+    m.disagreed = m.disagreed || m.ranks[r].disagreed;
   }
-  const spec::DraftContext ctx = dec.draft_context_used();
-  const int sync_size = layout.group_size(ctx.sync_group);
+  m.ctx = dec.draft_context_used();
+  m.sync_size = layout.group_size(m.ctx.sync_group);
   std::set<std::string> visited;  // the sites this run's decoder went through
-  for (const RankView& v : ranks)
+  for (const RankView& v : m.ranks)
     for (const auto& round : v.rounds)
       for (const auto& [site, _] : round) visited.insert(site);
-  const cli::SyncedSites synced = cli::synced_sites(sites, visited, sync_size);
+  m.synced = cli::synced_sites(sites, visited, m.sync_size);
   // Requests in id order, taken from each group's rank 0 in the sync group's order.
-  std::vector<spec::RequestRecord> reqs;
-  for (int g = 0; g < w.attn_dp; ++g) {
+  for (int g = 0; g < layout.widths().attn_dp; ++g) {
     const int first = reporting_group(layout, g).front();
-    for (const auto& rec : ranks[std::size_t(first)].requests) reqs.push_back(rec);
+    for (const auto& rec : m.ranks[std::size_t(first)].requests) m.reqs.push_back(rec);
   }
   // Acceptance: accepted draft tokens over proposed ones, per round and over the run.
-  const int k = o.cfg.draft_tokens();
-  std::vector<double> acceptance;
+  m.k = o.cfg.draft_tokens();
+  const std::size_t n = m.reqs.size(), k = std::size_t(m.k), rounds = std::size_t(m.rounds_run);
   std::int64_t accepted_total = 0;
-  for (int r = 0; r < rounds_run; ++r) {
+  for (int r = 0; r < m.rounds_run; ++r) {
     std::int64_t a = 0;
-    for (const auto& rec : reqs) a += rec.accepted.at(std::size_t(r));
+    for (const auto& rec : m.reqs) a += rec.accepted.at(std::size_t(r));
     accepted_total += a;
-    acceptance.push_back(reqs.empty() ? 0.0 : double(a) / double(reqs.size() * std::size_t(k)));
+    m.acceptance.push_back(m.reqs.empty() ? 0.0 : double(a) / double(n * k));
   }
-  const double overall = reqs.empty() || rounds_run == 0 ? 0.0 : double(accepted_total) / double(reqs.size() * std::size_t(k) * std::size_t(rounds_run));
-  const double mean_accepted = reqs.empty() || rounds_run == 0 ? 0.0 : double(accepted_total) / double(reqs.size() * std::size_t(rounds_run));
-  const std::vector<std::string> mismatches = o.check ? check(o, reqs, layout.config().draft) : std::vector<std::string>{};
-  const int rc = disagreed || !mismatches.empty() ? 1 : 0;
+  m.overall = m.reqs.empty() || m.rounds_run == 0 ? 0.0 : double(accepted_total) / double(n * k * rounds);
+  m.mean_accepted = m.reqs.empty() || m.rounds_run == 0 ? 0.0 : double(accepted_total) / double(n * rounds);
+  if (o.check) m.mismatches = check(o, m.reqs, layout.config().draft);
+  m.rc = m.disagreed || !m.mismatches.empty() ? 1 : 0;
+  return m;
+}
 
-  if (o.format == "json") {
-    nlohmann::json j;
-    j["layout"] = {{"tp", w.tp}, {"attn_dp", w.attn_dp}, {"attn_cp", w.attn_cp}, {"attn_tp", w.attn_tp}, {"moe_ep", w.moe_ep},
-                   {"moe_tp", w.moe_tp}, {"draft", std::string(to_string(layout.config().draft))},
-                   {"enable_dp_attention", layout.config().enable_dp_attention}};
-    j["startup_check"] = guard_fails ? (o.cfg.bypass_guard ? "BYPASSED (developer experiment)" : "rejected") : "passed";
-    j["draft_context"] = {{"patched", ctx.patched}, {"tp_group", std::string(to_string(ctx.tp_group))},
-                          {"dp_moe_sync", ctx.dp_moe_sync}, {"sync_group", std::string(to_string(ctx.sync_group))},
-                          {"sync_group_size", sync_size}};
-    j["tokens_per_req"] = o.width;
-    j["global_num_tokens"] = {{"raw_requests", raw}, {"scaled_rows", meta.scaled_values()}};
-    j["idle_ranks"] = idle_ranks;
-    j["sync_sites_enabled"] = synced.enabled;
-    j["sync_sites_synced"] = synced.synced;
-    j["rank_local_rng"] = o.cfg.rank_local_rng;
-    j["disagreement"] = disagreed;
-    j["mode"] = o.cfg.sample ? "sampled" : "greedy";
-    j["draft_tokens"] = k;
-    j["acceptance_per_round"] = acceptance;
-    j["acceptance"] = overall;
-    j["mean_accepted_per_request_per_round"] = mean_accepted;
-    if (o.check) j["check"] = {{"passed", mismatches.empty()}, {"differences", mismatches}};
-    for (int r = 0; r < rounds_run; ++r) {
-      nlohmann::json round{{"round", r}, {"groups", nlohmann::json::array()}};
-      for (int g = 0; g < w.attn_dp; ++g) {
-        const auto members = reporting_group(layout, g);
-        nlohmann::json grp{{"group", g}, {"idle", meta.idle(std::size_t(g))}, {"sites", nlohmann::json::object()}};
-        for (const auto& [site, val] : ranks[std::size_t(members.front())].rounds.at(std::size_t(r))) {
-          nlohmann::json per_rank = nlohmann::json::object();
-          for (int m : members) per_rank[std::to_string(m)] = ranks[std::size_t(m)].rounds.at(std::size_t(r)).at(site).second;
-          grp["sites"][site] = {{"synced", sites.enabled(site) && sync_size > 1}, {"agree", !val.first},
-                                {"values_by_rank", per_rank}};
-        }
-        round["groups"].push_back(grp);
+void print_json(const Options& o, const RuntimeLayout& layout, const Decoder& dec, const spec::SyncSites& sites,
+                const Summary& m, bool guard_fails) {
+  const Widths& w = layout.widths();
+  const spec::DpSyncMetadata& meta = dec.meta();
+  nlohmann::json j;
+  j["layout"] = {{"tp", w.tp}, {"attn_dp", w.attn_dp}, {"attn_cp", w.attn_cp}, {"attn_tp", w.attn_tp}, {"moe_ep", w.moe_ep},
+                 {"moe_tp", w.moe_tp}, {"draft", std::string(to_string(layout.config().draft))},
+                 {"enable_dp_attention", layout.config().enable_dp_attention}};
+  j["startup_check"] = guard_fails ? (o.cfg.bypass_guard ? "BYPASSED (developer experiment)" : "rejected") : "passed";
+  j["draft_context"] = {{"patched", m.ctx.patched}, {"tp_group", std::string(to_string(m.ctx.tp_group))},
+                        {"dp_moe_sync", m.ctx.dp_moe_sync}, {"sync_group", std::string(to_string(m.ctx.sync_group))},
+                        {"sync_group_size", m.sync_size}};
+  j["tokens_per_req"] = o.width;
+  j["global_num_tokens"] = {{"raw_requests", m.raw}, {"scaled_rows", meta.scaled_values()}};
+  j["idle_ranks"] = m.idle_ranks;
+  j["sync_sites_enabled"] = m.synced.enabled;
+  j["sync_sites_synced"] = m.synced.synced;
+  j["rank_local_rng"] = o.cfg.rank_local_rng;
+  j["disagreement"] = m.disagreed;
+  j["mode"] = o.cfg.sample ? "sampled" : "greedy";
+  j["draft_tokens"] = m.k;
+  j["acceptance_per_round"] = m.acceptance;
+  j["acceptance"] = m.overall;
+  j["mean_accepted_per_request_per_round"] = m.mean_accepted;
+  if (o.check) j["check"] = {{"passed", m.mismatches.empty()}, {"differences", m.mismatches}};
+  for (int r = 0; r < m.rounds_run; ++r) {
+    nlohmann::json round{{"round", r}, {"groups", nlohmann::json::array()}};
+    for (int g = 0; g < w.attn_dp; ++g) {
+      const auto members = reporting_group(layout, g);
+      nlohmann::json grp{{"group", g}, {"idle", meta.idle(std::size_t(g))}, {"sites", nlohmann::json::object()}};
+      for (const auto& [site, val] : m.ranks[std::size_t(members.front())].rounds.at(std::size_t(r))) {
+        nlohmann::json per_rank = nlohmann::json::object();
+        for (int k : members) per_rank[std::to_string(k)] = m.ranks[std::size_t(k)].rounds.at(std::size_t(r)).at(site).second;
+        grp["sites"][site] = {{"synced", sites.enabled(site) && m.sync_size > 1}, {"agree", !val.first},
+                              {"values_by_rank", per_rank}};
       }
-      j["rounds"].push_back(round);
+      round["groups"].push_back(grp);
     }
-    for (const auto& rec : reqs)
-      j["requests"].push_back({{"id", rec.id}, {"accepted", rec.accepted}, {"committed", rec.committed}});
-    std::cout << j.dump(2) << "\n";
-    return rc;
+    j["rounds"].push_back(round);
   }
+  for (const auto& rec : m.reqs)
+    j["requests"].push_back({{"id", rec.id}, {"accepted", rec.accepted}, {"committed", rec.committed}});
+  std::cout << j.dump(2) << "\n";
+}
 
+// One line per round and group: the decisions at each site, a disagreement's values by rank.
+void text_rounds(std::ostringstream& s, const RuntimeLayout& layout, const Decoder& dec, const Summary& m) {
+  for (int r = 0; r < m.rounds_run; ++r) {
+    s << "round " << r << ": acceptance " << m.acceptance[std::size_t(r)] << "\n";
+    for (int g = 0; g < layout.widths().attn_dp; ++g) {
+      const auto members = reporting_group(layout, g);
+      const auto& round = m.ranks[std::size_t(members.front())].rounds.at(std::size_t(r));
+      s << "  group " << g << (dec.meta().idle(std::size_t(g)) ? " (idle)" : "") << ":";
+      for (const std::string& site : site_order()) {
+        if (!round.count(site)) continue;
+        s << " " << site << "=" << list(round.at(site).second);
+        if (round.at(site).first) {
+          s << " DISAGREE{";
+          for (int k : members) s << " r" << k << list(m.ranks[std::size_t(k)].rounds.at(std::size_t(r)).at(site).second);
+          s << " }";
+        }
+      }
+      s << "\n";
+    }
+  }
+}
+
+void print_text(const Options& o, const RuntimeLayout& layout, const Decoder& dec, const Summary& m, bool guard_fails) {
+  const Widths& w = layout.widths();
   std::ostringstream s;
   s << "dspark_step: tp=" << w.tp << " attn dp x tp = " << w.attn_dp << " x " << w.attn_tp
     << (w.attn_cp > 1 ? ", attn cp " + std::to_string(w.attn_cp) : std::string()) << ", moe dp x ep x tp = "
@@ -328,51 +366,57 @@ int run(Options& o, const MpiCommunicator& world) {
   if (guard_fails)
     s << "*** DEVELOPER EXPERIMENT: the DSpark start-up check was BYPASSED (--bypass-guard); this layout is "
          "rejected in production ***\n";
-  s << "draft context: " << (ctx.patched ? "patched to " : "") << "tp group " << to_string(ctx.tp_group)
-    << ", dp_moe_sync " << (ctx.dp_moe_sync ? "on" : "off") << "; SpecTpSync over " << to_string(ctx.sync_group)
-    << " (" << sync_size << (sync_size == 1 ? " rank: broadcasts skipped" : " ranks") << "), " << synced.text << "\n";
-  s << "global_num_tokens raw (requests):   " << list(raw) << "\n";
-  s << "global_num_tokens scaled (rows, x" << o.width << "): " << list(meta.scaled_values()) << "\n";
-  s << "idle participation (zero rows, same metadata, draft + verify forwards run): ranks " << list(idle_ranks)
+  s << "draft context: " << (m.ctx.patched ? "patched to " : "") << "tp group " << to_string(m.ctx.tp_group)
+    << ", dp_moe_sync " << (m.ctx.dp_moe_sync ? "on" : "off") << "; SpecTpSync over " << to_string(m.ctx.sync_group)
+    << " (" << m.sync_size << (m.sync_size == 1 ? " rank: broadcasts skipped" : " ranks") << "), " << m.synced.text << "\n";
+  s << "global_num_tokens raw (requests):   " << list(m.raw) << "\n";
+  s << "global_num_tokens scaled (rows, x" << o.width << "): " << list(dec.meta().scaled_values()) << "\n";
+  s << "idle participation (zero rows, same metadata, draft + verify forwards run): ranks " << list(m.idle_ranks)
     << "\n";
-  for (int r = 0; r < rounds_run; ++r) {
-    s << "round " << r << ": acceptance " << acceptance[std::size_t(r)] << "\n";
-    for (int g = 0; g < w.attn_dp; ++g) {
-      const auto members = reporting_group(layout, g);
-      const auto& m = ranks[std::size_t(members.front())].rounds.at(std::size_t(r));
-      s << "  group " << g << (meta.idle(std::size_t(g)) ? " (idle)" : "") << ":";
-      for (const std::string& site : site_order()) {
-        if (!m.count(site)) continue;
-        s << " " << site << "=" << list(m.at(site).second);
-        if (m.at(site).first) {
-          s << " DISAGREE{";
-          for (int k : members) s << " r" << k << list(ranks[std::size_t(k)].rounds.at(std::size_t(r)).at(site).second);
-          s << " }";
-        }
-      }
-      s << "\n";
-    }
-  }
+  text_rounds(s, layout, dec, m);
   s << "requests (accepted per round; committed tokens):\n";
-  for (const auto& rec : reqs)
+  for (const auto& rec : m.reqs)
     s << "  " << model::RowOwner::request_name(rec.id) << " accepted " << list(rec.accepted) << " committed "
       << list(rec.committed) << "\n";
-  if (reqs.empty())
-    s << "no requests: every rank ran its " << rounds_run << " rounds idle; nothing was proposed or committed\n";
+  if (m.reqs.empty())
+    s << "no requests: every rank ran its " << m.rounds_run << " rounds idle; nothing was proposed or committed\n";
   else
-    s << (o.cfg.sample ? "sampled" : "greedy") << " acceptance over " << rounds_run << " rounds: " << overall
-      << " of k = " << k << " draft tokens; mean accepted tokens per request per round " << mean_accepted
-      << " (committed " << mean_accepted + 1 << ")\n";
+    s << (o.cfg.sample ? "sampled" : "greedy") << " acceptance over " << m.rounds_run << " rounds: " << m.overall
+      << " of k = " << m.k << " draft tokens; mean accepted tokens per request per round " << m.mean_accepted
+      << " (committed " << m.mean_accepted + 1 << ")\n";
   if (o.check) {
-    if (mismatches.empty())
+    if (m.mismatches.empty())
       s << "check: the committed tokens equal the " << (o.cfg.sample ? "single-rank speculative run (plain loop, same seed)" : "target's own greedy decode (plain loop, one rank)") << " for every request\n";
-    for (const std::string& m : mismatches) s << "CHECK FAILED: " << m << "\n";
+    for (const std::string& x : m.mismatches) s << "CHECK FAILED: " << x << "\n";
   }
-  if (disagreed)
+  if (m.disagreed)
     s << "DISAGREEMENT: members of an attention-TP group hold different decisions (SpecTpSync off for these "
          "sites); exit 1\n";
   std::cout << s.str();
-  return rc;
+}
+
+// Collective over the job: every rank runs the rounds; rank 0 writes the report.
+int run(Options& o, const MpiCommunicator& world) {
+  const RuntimeLayout layout = o.layout.layout();
+  if (world.size() != layout.size())
+    throw LayoutError("--tp", "--tp " + std::to_string(layout.size()) + " needs exactly tp MPI ranks; this job has " +
+                                  std::to_string(world.size()) + " (run with mpiexec -n " + std::to_string(layout.size()) + ")");
+  apply_flags(o);
+  const cli::MemoryEstimate need = require_size(o, layout, world);
+  const spec::SyncSites sites = spec::SyncSites::from_env();  // RELAYOUT_SPEC_TP_SYNC
+  const bool guard_fails = !layout.dspark().allowed;
+  const ProcessGroups groups(layout, world);
+  const Kokkos::DefaultExecutionSpace exec;  // the one instance both models run on
+  Decoder dec(groups, o.cfg, sites, exec);   // the start-up check (exit 2)
+  run_rounds(o, layout, world, need, dec);
+
+  const auto all = cli::gather_all(world, encode(dec));
+  if (world.rank() != 0) return dec.disagreed() ? 1 : 0;
+  JobGuard::working_alone(o.check ? "the --check reference and the report" : "writing the report");
+  const Summary m = summarize(o, layout, dec, sites, all);
+  if (o.format == "json") print_json(o, layout, dec, sites, m, guard_fails);
+  else print_text(o, layout, dec, m, guard_fails);
+  return m.rc;
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "relayout/attention.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/kernels/linear.hpp"
 #include "relayout/kernels/rms_norm.hpp"
@@ -137,9 +138,11 @@ class SpecDecoder {
   using View = typename model::LayerRows<ExecSpace>::view_type;
 
   // Collective over the domain. Runs the docs/dspark.md start-up check first (throws LayoutError with the
-  // exact message) unless cfg.bypass_guard.
-  SpecDecoder(const ProcessGroupsOf<C>& groups, SpecConfig cfg, SyncSites sites = SyncSites::from_env())
-      : groups_(groups), cfg_(std::move(cfg)), sync_(groups, std::move(sites)), ctx_(draft_context(groups.layout())) {
+  // exact message) unless cfg.bypass_guard. Every kernel and collective of both models runs on `exec`.
+  SpecDecoder(const ProcessGroupsOf<C>& groups, SpecConfig cfg, SyncSites sites = SyncSites::from_env(),
+              ExecSpace exec = ExecSpace())
+      : groups_(groups), cfg_(std::move(cfg)), sync_(groups, std::move(sites)), ctx_(draft_context(groups.layout())),
+        exec_(exec) {
     const RuntimeLayout& layout = groups_.layout();
     if (!cfg_.bypass_guard) layout.require_dspark_allowed();
     if (layout.config().draft == Draft::none)
@@ -169,12 +172,12 @@ class SpecDecoder {
     const model::LayerOptions opts;
     const model::Workload work = round_workload(meta, attn_dp);
     if (layout.config().draft == Draft::moe) {
-      draft_.emplace(groups_, cfg_.draft_dims(), opts);
+      draft_.emplace(groups_, cfg_.draft_dims(), opts, exec_);
       draft_->reserve_kv(work, cfg_.kv_capacity);
     } else {
       make_dense_draft();
     }
-    target_.emplace(groups_, cfg_.target_dims, opts);
+    target_.emplace(groups_, cfg_.target_dims, opts, exec_);
     target_->reserve_kv(work, cfg_.kv_capacity);
     draft_fed_.assign(records_.size(), 0);
   }
@@ -257,8 +260,9 @@ class SpecDecoder {
   // The rows [from_j, to_j) of each request's token sequence `seq[j]` (row p at position p) through
   // a model (extend on its cache; the dense draft row by row). Under attention CP each CP rank feeds
   // extend the rows it holds (DistributedModel::extend_cp_rank) and the outputs are all-gathered
-  // over attn_cp, so every rank reads every row, as without CP (an engine shares the sampled
-  // tokens instead). Returns the host rows, request after request.
+  // over attn_cp into request order (CpAttention::gather_kv), so every rank reads every row, as
+  // without CP (an engine shares the sampled tokens instead). Returns the host rows, request after
+  // request.
   std::vector<double> feed(bool to_draft, const std::vector<std::vector<int>>& seq, const std::vector<int>& from,
                            const std::vector<int>& to) {
     ++(to_draft ? draft_forwards_ : target_forwards_);
@@ -276,27 +280,34 @@ class SpecDecoder {
     }
     const View x = embed_rows(tokens);
     if (!m) return host_rows(dense_forward(x));
-    const std::vector<double> mine = host_rows(m->extend(counts, x, owners).view());
+    const View mine = m->extend(counts, x, owners).view();
+    if (groups_.layout().widths().attn_cp == 1) return host_rows(mine);
+    return host_rows(attn_.gather_kv(exec_, cp_order(*m, seq, from, to), mine));
+  }
+
+  // Where the rows of feed's extend land once all-gathered over attn_cp: the gathered rows come CP
+  // rank after CP rank (each its rows in request order), and order[i] is gathered row i's place in
+  // request order (position p of request j on CP rank extend_cp_rank(p)).
+  template <class Model>
+  PrefillKeys<typename ExecSpace::memory_space> cp_order(const Model& m, const std::vector<std::vector<int>>& seq,
+                                                         const std::vector<int>& from, const std::vector<int>& to) const {
     const int cp = groups_.layout().widths().attn_cp;
-    if (cp == 1) return mine;
-    const std::size_t H = std::size_t(cfg_.target_dims.hidden);
-    std::vector<int> held(std::size_t(cp), 0);  // rows per CP rank
-    for (std::size_t j = 0; j < seq.size(); ++j)
-      for (int p = from[j]; p < to[j]; ++p) ++held[std::size_t(m->extend_cp_rank(p))];
-    std::vector<int> elems, at;  // at[c]: the next row of CP rank c's rows in the gathered rows
-    for (int c = 0, row = 0; c < cp; row += held[std::size_t(c)], ++c) {
-      elems.push_back(held[std::size_t(c)] * int(H));
-      at.push_back(row);
-    }
-    std::vector<double> all(std::size_t(std::accumulate(held.begin(), held.end(), 0)) * H), out;
-    all_gatherv(groups_.comm(GroupKind::attn_cp), std::span<const double>(mine), std::span<double>(all), elems);
-    out.reserve(all.size());
-    for (std::size_t j = 0; j < seq.size(); ++j)
-      for (int p = from[j]; p < to[j]; ++p) {
-        const auto row = all.begin() + std::ptrdiff_t(std::size_t(at[std::size_t(m->extend_cp_rank(p))]++) * H);
-        out.insert(out.end(), row, row + std::ptrdiff_t(H));
+    PrefillKeys<typename ExecSpace::memory_space> keys;
+    keys.counts.assign(std::size_t(cp), 0);
+    std::vector<std::vector<int>> rows_of(static_cast<std::size_t>(cp));  // each CP rank's rows, by place in request order
+    for (std::size_t j = 0, at = 0; j < seq.size(); ++j)
+      for (int p = from[j]; p < to[j]; ++p, ++at) {
+        const int c = m.extend_cp_rank(p);
+        ++keys.counts[std::size_t(c)];
+        rows_of[std::size_t(c)].push_back(int(at));
       }
-    return out;
+    std::vector<int> order;
+    for (const auto& r : rows_of) order.insert(order.end(), r.begin(), r.end());
+    Kokkos::View<int*, typename ExecSpace::memory_space> dev("relayout::spec::cp_order", order.size());
+    Kokkos::deep_copy(exec_, dev, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(order.data(), order.size()));
+    exec_.fence();
+    keys.order = dev;
+    return keys;
   }
 
   // Both caches take every prompt token but the last (which the first round feeds).
@@ -446,12 +457,11 @@ class SpecDecoder {
   }
 
   View dense_forward(const View& x) {
-    const C& comm = groups_.comm(ctx_.tp_group);
     const int H = cfg_.target_dims.hidden;
     const std::size_t n = x.extent(0), Ik = dense_w1_.extent(0);
     View xn("relayout::spec::dense_xn", n, std::size_t(H)), u("relayout::spec::dense_u", n, Ik),
         p("relayout::spec::dense_p", n, std::size_t(H));
-    const ExecSpace exec;
+    const ExecSpace& exec = exec_;
     if (n > 0) {
       kernels::rms_norm(exec, x, dense_norm_, 1e-6, xn);
       kernels::linear(exec, xn, dense_w1_, u);
@@ -464,18 +474,23 @@ class SpecDecoder {
       kernels::linear(exec, u, dense_w2_, p);
       exec.fence();
     }
-    all_reduce_in_place(comm, std::span<float>(p.data(), p.size()));  // Partial -> Replicated
-    const View xx = x, pp = p;
+    // Partial -> Replicated over the draft's TP group: the typed transition on exec.
+    const View pp = ctx_.tp_group == GroupKind::attn_tp
+                        ? relayout::all_reduce(exec, groups_, Rows<float, Partial<AttnTp>, DpLocal, ExecSpace>(p)).view()
+                        : relayout::all_reduce(exec, groups_, Rows<float, Partial<group::Tp>, DpLocal, ExecSpace>(p)).view();
+    const View xx = x;
     Kokkos::parallel_for("relayout::spec::dense_residual", Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(pp.size())),
                          KOKKOS_LAMBDA(const std::int64_t i) { pp.data()[i] += xx.data()[i]; });
     exec.fence();
-    return p;
+    return pp;
   }
 
   const ProcessGroupsOf<C>& groups_;
   SpecConfig cfg_;
   SpecTpSyncOf<C> sync_;
   DraftContext ctx_;
+  ExecSpace exec_;
+  CpAttention<C, float, ExecSpace> attn_{groups_};  // the rows of a forward gathered over attn_cp
   SpecBatch batch_;
   std::vector<RequestRecord> records_;
   std::vector<RoundLog> logs_;
