@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
         Kokkos::deep_copy(exec, x, xh);
         Kokkos::deep_copy(exec, q, qh);
         // ---- attention under CP with the engine's kernel, wo (partial over attn_tp), all-reduce
-        attn.extend(exec, plan, extend_rows<Mem>(plan), q, o, kDim, MyAttention{&store, heads});
+        attn.extend(exec, plan, extend_rows(exec, plan), q, o, kDim, MyAttention{&store, heads});
         auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), o);
         auto ph = Kokkos::create_mirror_view(part);
         for (std::size_t i = 0; i < n; ++i)

@@ -83,10 +83,6 @@ class CpAttention {
             impl::to_device(exec, batch.rows_of(cp_rank()), "relayout::positions"),
             impl::to_device(exec, batch.order(), "relayout::kv_order"), batch.counts()};
   }
-  [[deprecated("relayout: pass the execution-space instance: prefill_keys(exec, batch)")]]
-  PrefillKeys<memory_space> prefill_keys(const CpBatch& batch) const {
-    return prefill_keys(ExecSpace(), batch);
-  }
 
   // The group's kv rows in batch order: under CP every CP rank's rows all-gathered over attn_cp
   // and put in place; without CP `kv` itself.

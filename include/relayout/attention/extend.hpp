@@ -50,12 +50,6 @@ ExtendRows<typename Exec::memory_space> extend_rows(const Exec& exec, const Exte
           impl::to_device(exec, plan.attend_limit, "relayout::extend_limits"),
           impl::to_device(exec, plan.attend_first, "relayout::extend_first"), plan.cp == 1, plan.causal};
 }
-// The same on a default instance of MemSpace's execution space: pass the instance instead.
-template <class MemSpace>
-[[deprecated("relayout: pass the execution-space instance: extend_rows(exec, plan)")]]
-ExtendRows<MemSpace> extend_rows(const ExtendPlan& plan) {
-  return extend_rows(typename MemSpace::execution_space(), plan);
-}
 
 // A kernel CpAttention can run: out(b) = softmax(q(b) K^T) K over the keys rows describes (K = V,
 // one shared KV head), normalised, and per head the log-sum-exp of the scaled scores in lse
