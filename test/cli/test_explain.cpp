@@ -218,6 +218,7 @@ TEST_CASE("explain: the further flags in JSON and text") {
   CHECK(j["config"]["cp_strategy"].is_null());
   CHECK(j["lm_head"]["dp_lm_head"] == true);
   CHECK(j["lm_head"]["vocab_group"] == "attn_tp");
+  CHECK(j["lm_head"]["vocab_shards"] == 1);  // attn_tp = tp / attn_dp = 8 / 8
   CHECK(j["widths"]["dcp"] == 2);
   CHECK(j["widths"]["dense_tp"] == 1);
   CHECK(j["groups"]["dcp"][2] == json::array({4, 5}));

@@ -404,21 +404,46 @@ struct ExplainArgs {
   void add_to(CLI::App& parent) {
     app = parent.add_subcommand("explain", "explain a layout given SGLang-style flags");
     flags.add_to(*app);
-    add_int(*app, "--rank", rank, "focus one rank of the domain");
+    add_int(*app, "--rank", rank, "focus one rank: of the world when --pp-size or replicas make it larger than one domain");
     app->add_option("--format", format, "text, json, dot or svg")->check(CLI::IsMember({"text", "json", "dot", "svg"}));
   }
   int run(std::ostream& out) {
     const RuntimeLayout layout = flags.layout();
+    const WorldLayout world(layout.config());
     std::optional<int> focus;
-    if (app->count("--rank")) focus = layout.coords(rank).rank;  // throws when out of range
-    if (format == "json")
-      out << explain_json(layout, focus).dump(2) << "\n";
-    else if (format == "dot")
+    std::optional<WorldCoords> where;  // --rank of a world larger than the domain
+    if (app->count("--rank")) {
+      if (world.size() > world.tp()) {
+        try {
+          where = world.coords(rank);
+        } catch (const LayoutError& e) {
+          throw LayoutError("--rank", std::string("--rank: ") + e.what());
+        }
+        focus = where->domain.rank;
+      } else {
+        focus = layout.coords(rank).rank;  // throws when out of range
+      }
+    }
+    const auto world_line = [&] {
+      return "--rank " + std::to_string(where->rank) + " of the world (" + std::to_string(world.size()) +
+             " ranks): replica " + std::to_string(where->replica) + ", pp stage " + std::to_string(where->pp_rank) +
+             ", node " + std::to_string(where->node) + "; rank " + std::to_string(where->domain.rank) +
+             " of its TP domain, focused below\n";
+    };
+    if (format == "json") {
+      nlohmann::json j = explain_json(layout, focus);
+      if (where)
+        j["focus_world"] = {{"rank", where->rank}, {"replica", where->replica}, {"pp_rank", where->pp_rank},
+                            {"node", where->node}, {"domain_rank", where->domain.rank}};
+      out << j.dump(2) << "\n";
+    } else if (format == "dot") {
       out << explain_dot(layout);
-    else if (format == "svg")
+    } else if (format == "svg") {
       out << explain_svg(layout);
-    else
+    } else {
+      if (where) out << world_line();
       out << explain_text(layout, focus);
+    }
     return 0;
   }
 };

@@ -279,8 +279,9 @@ inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> fo
   // Every flag as SGLang resolves it.
   j["dp_attention"] = dp_attention_on(c);
   j["moe_a2a_backend"] = std::string(to_string(l.backend()));
-  j["lm_head"] = {{"dp_lm_head", dp_lm_head_on(c)}, {"tp_all_to_all", c.enable_tp_lm_head_all_to_all},
-                  {"vocab_group", dp_lm_head_on(c) ? "attn_tp" : "tp"}};
+  const LmHeadLayout head = l.lm_head();
+  j["lm_head"] = {{"dp_lm_head", head.dp_lm_head}, {"tp_all_to_all", head.tp_all_to_all},
+                  {"vocab_group", to_string(head.vocab_group)}, {"vocab_shards", head.vocab_shards}};
   j["resolution"] = resolution_steps(l);
   j["widths"] = {{"tp", w.tp},         {"attn_dp", w.attn_dp}, {"attn_cp", w.attn_cp},
                  {"attn_tp", w.attn_tp}, {"moe_dp", w.moe_dp},   {"moe_ep", w.moe_ep},
