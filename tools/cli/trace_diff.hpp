@@ -37,12 +37,14 @@
 #include <filesystem>
 #include <initializer_list>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <new>
 #include <optional>
 #include <ostream>
 #include <set>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -67,23 +69,65 @@ using trace::TraceRun;
 
 // One boundary of one layer, over all ranks of a run.
 using RowKey = std::tuple<int, int, int>;  // request, position, step
+inline RowKey key_of(const trace::Row& w) { return {w.request, w.position, w.step}; }
+
+// One holder of a row: the rank and its row as read (owner and checksum), not a copy: 16 bytes
+// beside the row itself.
 struct Holding {
+  const trace::Row* row = nullptr;
   int rank = 0;
-  bool has_sum = false;
-  trace::RowSum sum;
+  bool has_sum() const { return row->has_sum; }
+  const trace::RowSum& sum() const { return row->sum; }
 };
+
+// The holders of every row at one boundary: one flat array sorted by row (request, position, step),
+// a row's holders in the order they were added (rank order), found by binary search. A map of
+// vectors took about 130 bytes more per row than this.
+class RowHolders {
+ public:
+  void reserve(std::size_t n) { all_.reserve(n); }
+  void add(int rank, const trace::Row& w) { all_.push_back({&w, rank}); }
+  // After the last add: sorts, and counts the distinct rows.
+  void finish() {
+    std::stable_sort(all_.begin(), all_.end(), [](const Holding& a, const Holding& b) { return key_of(*a.row) < key_of(*b.row); });
+    distinct_ = 0;
+    for (std::size_t i = 0; i < all_.size(); ++i) distinct_ += i == 0 || key_of(*all_[i - 1].row) != key_of(*all_[i].row);
+  }
+  // The holders of row k (none: empty).
+  std::span<const Holding> find(const RowKey& k) const {
+    const auto lo = std::lower_bound(all_.begin(), all_.end(), k, [](const Holding& h, const RowKey& x) { return key_of(*h.row) < x; });
+    auto hi = lo;
+    while (hi != all_.end() && key_of(*hi->row) == k) ++hi;
+    return {all_.data() + (lo - all_.begin()), std::size_t(hi - lo)};
+  }
+  // The distinct rows held, in order.
+  std::vector<RowKey> keys() const {
+    std::vector<RowKey> out;
+    out.reserve(distinct_);
+    for (const Holding& h : all_)
+      if (out.empty() || out.back() != key_of(*h.row)) out.push_back(key_of(*h.row));
+    return out;
+  }
+  std::size_t distinct() const { return distinct_; }
+
+ private:
+  std::vector<Holding> all_;
+  std::size_t distinct_ = 0;
+};
+
 struct BoundaryAgg {
   std::string name, state;
   RowState sharing = RowState::replicated;
   int copies = 0, hidden = 0;
-  std::map<RowKey, std::vector<Holding>> rows;
+  RowHolders rows;
   std::map<int, const trace::Record*> records;  // by rank
   std::vector<const trace::Record*> errors;
 };
 struct LayerAgg {
   std::vector<std::string> order;  // execution order
   std::map<std::string, BoundaryAgg> by_name;
-  std::set<RowKey> all_rows;
+  std::vector<RowKey> all_rows;  // every row of the layer, sorted, each once
+  bool has_row(const RowKey& k) const { return std::binary_search(all_rows.begin(), all_rows.end(), k); }
   // Per boundary, the steps that ran without it: a step may take another plan (automatic padding
   // picks max_len or sum_len from each step's counts, so a step's sum is "reduce_scatterv" or
   // "dp_reduce_scatter"), and that boundary holds none of the step's rows.
@@ -119,6 +163,10 @@ inline std::map<int, LayerAgg> aggregate(const TraceRun& run) {
       for (const trace::Row& w : r.rows) pass_steps[pass].insert(w.step);
     }
   }
+  std::map<std::pair<int, std::string>, std::size_t> held;  // rows per (layer, boundary), to reserve
+  for (const RankTrace& t : run.ranks)
+    for (const trace::Record& r : t.records) held[{r.layer, r.boundary}] += r.rows.size();
+  for (const auto& [at, n] : held) layers[at.first].by_name[at.second].rows.reserve(n);
   for (const RankTrace& t : run.ranks) {
     std::map<int, std::ptrdiff_t> last;  // this rank's previous boundary per layer, as an index in order
     for (const trace::Record& r : t.records) {
@@ -135,12 +183,18 @@ inline std::map<int, LayerAgg> aggregate(const TraceRun& run) {
       b.hidden = std::max(b.hidden, r.hidden);
       b.records.try_emplace(r.global_rank, &r);
       if (!r.error.empty()) b.errors.push_back(&r);
-      for (const trace::Row& w : r.rows) {
-        const RowKey k{w.request, w.position, w.step};
-        b.rows[k].push_back({r.global_rank, w.has_sum, w.sum});
-        L.all_rows.insert(k);
-      }
+      for (const trace::Row& w : r.rows) b.rows.add(r.global_rank, w);
     }
+  }
+  for (auto& [layer, L] : layers) {
+    for (auto& [name, b] : L.by_name) {
+      b.rows.finish();
+      const std::vector<RowKey> keys = b.rows.keys();
+      L.all_rows.insert(L.all_rows.end(), keys.begin(), keys.end());
+    }
+    std::sort(L.all_rows.begin(), L.all_rows.end());
+    L.all_rows.erase(std::unique(L.all_rows.begin(), L.all_rows.end()), L.all_rows.end());
+    L.all_rows.shrink_to_fit();
   }
   // A step skipped a boundary when no pass with rows of that step ran it but one ran another boundary
   // of that layer in the same state instead (the other plan's counterpart). A step that reached no
@@ -205,14 +259,14 @@ inline std::string rank_info(const BoundaryAgg& b, int rank) {
 // is the holders' l2 summed: not the total's l2, but a bound on it (triangle inequality), used only
 // as the tolerance scale.
 inline std::optional<trace::RowSum> expected_sum(const BoundaryAgg& b, const RowKey& k) {
-  const auto it = b.rows.find(k);
-  if (it == b.rows.end() || it->second.empty() || !it->second.front().has_sum) return std::nullopt;
-  if (b.sharing == RowState::replicated) return it->second.front().sum;
+  const std::span<const Holding> held = b.rows.find(k);
+  if (held.empty() || !held.front().has_sum()) return std::nullopt;
+  if (b.sharing == RowState::replicated) return held.front().sum();
   trace::RowSum t;
-  for (const Holding& h : it->second) {
-    t.sum += h.sum.sum;
-    t.wsum += h.sum.wsum;
-    t.l2 += h.sum.l2;
+  for (const Holding& h : held) {
+    t.sum += h.sum().sum;
+    t.wsum += h.sum().wsum;
+    t.l2 += h.sum().l2;
   }
   return t;
 }
@@ -369,17 +423,17 @@ inline void check_baseline_rows(const TraceRun& run, const trace::Tolerance& tol
       const std::string where = run.dir + " (baseline): layer " + std::to_string(layer) + ", boundary \"" + name + "\": ";
       for (const RowKey& k : L.all_rows) {
         if (!L.expects(name, k)) continue;  // its step ran another plan's boundary instead
-        const auto it = b.rows.find(k);
-        const std::size_t held = it == b.rows.end() ? 0 : it->second.size();
+        const std::span<const Holding> holders = b.rows.find(k);
+        const std::size_t held = holders.size();
         if (int(held) != b.copies)
           throw TraceInputError(where + detail::row_name(k) + " is held " + std::to_string(held) + " times, the record says copies " +
                                 std::to_string(b.copies) + ": a baseline must keep its own row count");
-        if (b.sharing != RowState::replicated || held < 2 || !it->second.front().has_sum) continue;
-        const Holding& first = it->second.front();
-        for (const Holding& h : it->second)
-          if (!trace::checksums_agree(first.sum, h.sum, b.hidden, tol))
+        if (b.sharing != RowState::replicated || held < 2 || !holders.front().has_sum()) continue;
+        const Holding& first = holders.front();
+        for (const Holding& h : holders)
+          if (!trace::checksums_agree(first.sum(), h.sum(), b.hidden, tol))
             throw TraceInputError(where + detail::row_name(k) + ": rank " + std::to_string(first.rank) + " holds " +
-                                  detail::fmt(first.sum) + ", rank " + std::to_string(h.rank) + " holds " + detail::fmt(h.sum) +
+                                  detail::fmt(first.sum()) + ", rank " + std::to_string(h.rank) + " holds " + detail::fmt(h.sum()) +
                                   ": the replicated copies of a baseline row must agree with each other");
       }
     }
@@ -432,22 +486,22 @@ inline std::string capped(const std::vector<std::string>& items, const std::stri
 
 // The candidate's holders of a row, checked against the baseline's checksum `want`: "" when they
 // agree, else the "found:" text.
-inline std::string checksum_problem(const BoundaryAgg& bk, const BoundaryAgg& c, const std::vector<Holding>& held,
+inline std::string checksum_problem(const BoundaryAgg& bk, const BoundaryAgg& c, std::span<const Holding> held,
                                     const trace::RowSum& want, bool l2, const DiffOptions& opt) {
   if (c.sharing == RowState::partial) {
     trace::RowSum t;
     for (const Holding& h : held) {
-      t.sum += h.sum.sum;
-      t.wsum += h.sum.wsum;
-      t.l2 += h.sum.l2;  // tolerance scale only (see expected_sum)
+      t.sum += h.sum().sum;
+      t.wsum += h.sum().wsum;
+      t.l2 += h.sum().l2;  // tolerance scale only (see expected_sum)
     }
     if (trace::checksums_agree(want, t, bk.hidden, opt.tolerance, false)) return "";
     return "total of " + std::to_string(held.size()) + " partial rows: " + fmt(t, false);
   }
   std::vector<std::string> differ, agree;  // the holders that differ are listed first
   for (const Holding& h : held) {
-    const bool ok = trace::checksums_agree(want, h.sum, bk.hidden, opt.tolerance, l2);
-    (ok ? agree : differ).push_back("rank " + std::to_string(h.rank) + ": " + fmt(h.sum, l2) + (ok ? "" : "   <- differs"));
+    const bool ok = trace::checksums_agree(want, h.sum(), bk.hidden, opt.tolerance, l2);
+    (ok ? agree : differ).push_back("rank " + std::to_string(h.rank) + ": " + fmt(h.sum(), l2) + (ok ? "" : "   <- differs"));
   }
   if (differ.empty()) return "";
   differ.insert(differ.end(), agree.begin(), agree.end());
@@ -458,9 +512,7 @@ inline std::string checksum_problem(const BoundaryAgg& bk, const BoundaryAgg& c,
 // (nullptr: none): "" when nothing. `checks` counts the checksums compared.
 inline std::string row_problem(const LayerAgg& B, const BoundaryAgg* b, const BoundaryAgg& c, const RowKey& k,
                                const DiffOptions& opt, std::int64_t& checks) {
-  static const std::vector<Holding> none;
-  const auto it = c.rows.find(k);
-  const std::vector<Holding>& held = it == c.rows.end() ? none : it->second;
+  const std::span<const Holding> held = c.rows.find(k);
   const auto holders = [&] {
     std::string s;
     for (std::size_t i = 0; i < held.size() && i < kListed; ++i) s += "\n    " + rank_info(c, held[i].rank);
@@ -468,7 +520,7 @@ inline std::string row_problem(const LayerAgg& B, const BoundaryAgg* b, const Bo
     return "  held by:" + (held.empty() ? std::string(" none") : s) + "\n";
   };
   const std::string count = std::to_string(held.size());
-  if (!B.all_rows.count(k))
+  if (!B.has_row(k))
     return holders() + "  expected: no such row (the baseline never holds it)\n  found:    count " + count + "\n";
   if (int(held.size()) != c.copies)
     return holders() + "  expected: count " + std::to_string(c.copies) +
@@ -476,7 +528,7 @@ inline std::string row_problem(const LayerAgg& B, const BoundaryAgg* b, const Bo
   const BoundaryAgg* bk = baseline_for(B, b, c.state, k);
   if (!bk) return "";
   const std::optional<trace::RowSum> want = expected_sum(*bk, k);
-  if (!want || held.empty() || !held.front().has_sum) return "";
+  if (!want || held.empty() || !held.front().has_sum()) return "";
   ++checks;
   const bool l2 = bk->sharing == RowState::replicated && c.sharing == RowState::replicated;
   const std::string found = checksum_problem(*bk, c, held, *want, l2, opt);
@@ -505,10 +557,11 @@ inline std::string compare_boundary(const LayerAgg& B, const BoundaryAgg* b, con
   }
   // The baseline's rows of the steps that ran this boundary (a step that took another plan's
   // counterpart is checked there), and whatever the candidate holds here.
-  std::set<RowKey> keys;
+  std::vector<RowKey> expected, keys;
   for (const RowKey& k : B.all_rows)
-    if (C.expects(c.name, k)) keys.insert(k);
-  for (const auto& [k, _] : c.rows) keys.insert(k);
+    if (C.expects(c.name, k)) expected.push_back(k);
+  const std::vector<RowKey> held = c.rows.keys();
+  std::set_union(expected.begin(), expected.end(), held.begin(), held.end(), std::back_inserter(keys));
   std::string first;
   std::int64_t bad = 0;
   for (const RowKey& k : keys) {
@@ -574,7 +627,7 @@ inline int trace_diff(const TraceRun& base_run, const TraceRun& cand_run, const 
     for (const std::string& name : B.order) {
       const BoundaryAgg& b = B.by_name.at(name);
       if ((b.state == "attn_out" || b.state == "layer_out") && !matched.count(b.state))
-        return diverge(layer, name, " (state " + b.state + ")\n  expected: " + std::to_string(b.rows.size()) +
+        return diverge(layer, name, " (state " + b.state + ")\n  expected: " + std::to_string(b.rows.distinct()) +
                                         " rows (baseline)\n  found:    no such boundary in the candidate (it stopped before it)\n");
     }
   }
@@ -628,13 +681,15 @@ inline void refuse_partial(const TraceRun& run, const char* role) {
   throw TraceInputError(text);
 }
 
-// Memory of the diff, per row and per text byte of the largest line: a row is kept as read
-// (trace::Row) and aggregated (a map entry and its holder), the two runs at once; a line is parsed
-// whole before its record is kept. Measured on generated traces (docs/trace.md).
-inline constexpr double kBytesPerRow = 200.0, kBytesPerLineByte = 12.0;
+// Memory of the diff, per row, per record and per text byte of the largest line: a row is kept as
+// read (trace::Row, 40 bytes) and aggregated (a Holding, 16 bytes, and its share of the layer's row
+// list), the two runs at once; a record keeps its strings and counts, and the diff its forward's
+// boundaries; a line is parsed whole before its record is kept. A 1 GiB rank file (15M rows) compared
+// with itself peaked at 66 bytes per row of the two runs (docs/trace.md, "Memory and time").
+inline constexpr double kBytesPerRow = 72.0, kBytesPerRecord = 600.0, kBytesPerLineByte = 12.0;
 
 struct TraceSize {
-  std::uintmax_t bytes = 0, rows = 0, longest_line = 0;
+  std::uintmax_t bytes = 0, rows = 0, records = 0, longest_line = 0;
   std::string largest;  // the largest file
   std::uintmax_t largest_bytes = 0;
 };
@@ -652,6 +707,7 @@ inline void measure(const std::string& dir, TraceSize& size) {
     std::uintmax_t bytes = 0, line = 0, brackets = 0;  // brackets: of the line being read
     const auto end_line = [&] {
       size.longest_line = std::max(size.longest_line, line);
+      size.records += line > 0;
       size.rows += brackets > 2 ? brackets - 2 : 0;
       line = brackets = 0;
     };
@@ -701,18 +757,33 @@ inline std::string gib(double bytes) {
   return b;
 }
 
+// What comparing two runs needs, estimated from their files before anything is parsed.
+struct MemoryNeed {
+  TraceSize size;
+  double bytes = 0;
+  // "needs about X GiB of memory (N rows in Y GiB of trace files, this the largest at Z GiB)"
+  std::string text() const {
+    return "needs about " + gib(bytes) + " of memory (" + std::to_string(size.rows) + " rows in " + gib(double(size.bytes)) +
+           " of trace files, this the largest at " + gib(double(size.largest_bytes)) + ")";
+  }
+};
+
+inline MemoryNeed memory_need(const std::string& baseline, const std::string& candidate) {
+  MemoryNeed m;
+  measure(baseline, m.size);
+  measure(candidate, m.size);
+  m.bytes = kBytesPerRow * double(m.size.rows) + kBytesPerRecord * double(m.size.records) +
+            kBytesPerLineByte * double(m.size.longest_line) + double(64 << 20);
+  return m;
+}
+
 // Refuses, before reading, a comparison that would not fit in memory: naming the largest file, the
 // memory the two runs need and what is available.
-inline void require_memory(const std::string& baseline, const std::string& candidate) {
-  TraceSize size;
-  measure(baseline, size);
-  measure(candidate, size);
-  const double need = kBytesPerRow * double(size.rows) + kBytesPerLineByte * double(size.longest_line) + double(64 << 20);
+inline void require_memory(const std::string& baseline, const std::string& candidate, const MemoryNeed& need) {
   const std::uintmax_t avail = memory_available();
-  if (need <= double(avail)) return;
-  throw TraceInputError(size.largest + ": comparing " + baseline + " with " + candidate + " needs about " + gib(need) +
-                        " of memory (" + std::to_string(size.rows) + " rows in " + gib(double(size.bytes)) +
-                        " of trace files, this the largest at " + gib(double(size.largest_bytes)) + "); " + gib(double(avail)) +
+  if (need.bytes <= double(avail)) return;
+  throw TraceInputError(need.size.largest + ": comparing " + baseline + " with " + candidate + " " + need.text() + "; " +
+                        gib(double(avail)) +
                         " is available (ulimit -v and the system's available memory): trace fewer steps or layers, or "
                         "compare on a machine with more memory");
 }
@@ -723,6 +794,8 @@ inline void require_memory(const std::string& baseline, const std::string& candi
 // being written, included).
 inline int trace_diff(const std::string& baseline, const std::string& candidate, const DiffOptions& opt,
                       std::ostream& out, std::ostream& err) {
+  detail::MemoryNeed need;
+  const char* stage = "before reading";
   try {
     detail::refuse_live(baseline);
     detail::refuse_live(candidate);
@@ -731,20 +804,27 @@ inline int trace_diff(const std::string& baseline, const std::string& candidate,
       read_trace(baseline);  // says which is not a trace directory
       read_trace(candidate);
     }
-    detail::require_memory(baseline, candidate);
+    need = detail::memory_need(baseline, candidate);
+    detail::require_memory(baseline, candidate, need);
+    stage = "reading the baseline";
     const TraceRun b = read_trace(baseline, true);
+    stage = "reading the candidate";
     const TraceRun c = read_trace(candidate, true);
     detail::refuse_partial(b, "baseline");
     detail::refuse_partial(c, "candidate");
+    stage = "checking the runs";
     check_run(b, opt.tolerance, true);
     check_run(c, opt.tolerance, false);
+    stage = "comparing";
     return trace_diff(b, c, opt, out);
   } catch (const TraceInputError& e) {
     err << "error: " << e.what() << "\n";
     return 2;
   } catch (const std::bad_alloc&) {  // the estimate was short: still a message, not a crash
-    err << "error: comparing " << baseline << " with " << candidate
-        << " ran out of memory (ulimit -v or the system's memory); trace fewer steps or layers\n";
+    err << "error: " << (need.size.largest.empty() ? baseline : need.size.largest) << ": comparing " << baseline << " with "
+        << candidate << " ran out of memory " << stage << " (ulimit -v or the system's memory); it "
+        << (need.size.largest.empty() ? std::string("was not measured") : need.text() + " by the estimate, and took more")
+        << ": trace fewer steps or layers, or compare on a machine with more memory\n";
     return 2;
   }
 }

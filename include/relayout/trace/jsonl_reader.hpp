@@ -156,6 +156,7 @@ inline Record record_from_json(const nlohmann::json& j) {
   if (j.contains("error")) r.error = j.at("error").get<std::string>();
   const nlohmann::json& rows = j.at("rows");
   if (!rows.is_array()) throw std::runtime_error("rows must be an array");
+  r.rows.reserve(rows.size());  // exactly: a large trace is mostly its rows
   for (const nlohmann::json& row : rows) {
     if (!row.is_array() || row.size() != 6) throw std::runtime_error("a row must be [request,position,step,sum,wsum,l2]");
     Row w{static_cast<int>(impl::nonneg_int(row[0], std::numeric_limits<int>::max(), "a row's request")),
