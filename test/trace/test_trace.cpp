@@ -470,3 +470,41 @@ TEST_CASE("trace diff: a report lists at most 8 holders, ranks and agreed bounda
   }
   fs::remove_all(base.parent_path());
 }
+
+// The search for live runs inside a directory is bounded (it runs while the other ranks wait under
+// the deadline): a lock a few levels down is found, one deeper than kLockSearchDepth is not, and a
+// tree of more entries than kLockSearchEntries is looked at only that far.
+TEST_CASE("trace::live_run_under: a bounded walk, deep enough for nested trace directories") {
+  const fs::path root = fresh_dir("walk");
+  trace::DirLock deep;
+  fs::path level = root;
+  for (int d = 1; d <= trace::kLockSearchDepth; ++d) level /= "d" + std::to_string(d);
+  REQUIRE(deep.acquire(level.string(), "deep") == "");  // root/d1/.../d4: the deepest looked at
+  const auto found = trace::live_run_under(root.string());
+  REQUIRE(found.has_value());
+  CHECK(found->holder.find("run deep") == 0);
+  CHECK(!trace::live_run_under(root.string(), {.depth = trace::kLockSearchDepth - 1}).has_value());
+  deep.release();
+  trace::DirLock deeper;
+  REQUIRE(deeper.acquire((level / "d5").string(), "deeper") == "");  // one level further
+  CHECK(!trace::live_run_under(root.string()).has_value());
+  CHECK(trace::live_run_under((root / "d1").string()).has_value());  // four levels below d1
+  deeper.release();
+
+  // A tree larger than the bound: 3 directories of 4000 files each, 12,003 entries.
+  const fs::path wide = root / "wide";
+  for (int d = 0; d < 3; ++d) {
+    fs::create_directories(wide / std::to_string(d));
+    for (int f = 0; f < 4000; ++f) std::ofstream(wide / std::to_string(d) / std::to_string(f)).put('x');
+  }
+  std::size_t visited = 0;
+  CHECK(!trace::live_run_under(wide.string(), {}, &visited).has_value());
+  CHECK(visited == trace::kLockSearchEntries);
+  CHECK(!trace::live_run_under(wide.string(), {.entries = 20000}, &visited).has_value());
+  CHECK(visited == 3 + 3 * 4000);
+  // A run may still start there, and quickly: the walk stops at the bound.
+  trace::DirLock lock;
+  CHECK(lock.acquire(wide.string(), "wide") == "");
+  lock.release();
+  fs::remove_all(root.parent_path());
+}

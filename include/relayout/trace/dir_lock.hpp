@@ -1,7 +1,8 @@
 // The lock of a trace directory: DIR/.relayout-trace.lock, held (flock) by the one process of a run
 // that writes DIR, and naming that run. The kernel drops a flock when its process ends, so a crashed
 // run leaves no stale lock. A run is refused DIR while a live run writes DIR, a directory inside it
-// or one it lies in (their files would mix); `relayout trace diff` reports a trace still being
+// (up to a bounded depth and number of entries: live_run_under) or one it lies in (their files
+// would mix); `relayout trace diff` reports a trace still being
 // written as such instead of reading it half-way.
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -72,16 +74,38 @@ inline std::optional<LiveRun> live_run_over(const std::string& dir) {
   }
 }
 
-// The live run writing a directory inside `dir` (not `dir` itself); nullopt when none. Walks the
-// tree (a trace directory holds a few files); unreadable directories are skipped.
-inline std::optional<LiveRun> live_run_under(const std::string& dir) {
+// How far live_run_under looks below a directory: directories at most kLockSearchDepth levels
+// down (DIR/a/b/c/d), and at most kLockSearchEntries entries (files and directories) in all. The
+// walk runs on rank 0 while the other ranks wait for it under the collective deadline, so a trace
+// directory inside a large tree (--trace /tmp, a home directory) must not take long: trace
+// directories nest a level or two (dspark_step writes DIR/target and DIR/draft), and a live run
+// deeper or further on than that is not seen.
+inline constexpr int kLockSearchDepth = 4;
+inline constexpr std::size_t kLockSearchEntries = 10000;
+
+struct LockSearch {
+  int depth = kLockSearchDepth;
+  std::size_t entries = kLockSearchEntries;
+};
+
+// The live run writing a directory inside `dir` (not `dir` itself), within `bound`; nullopt when
+// none. `visited`, when given, gets the number of entries looked at (at most bound.entries).
+// Unreadable directories are skipped; symbolic links to directories are not followed.
+inline std::optional<LiveRun> live_run_under(const std::string& dir, LockSearch bound = {}, std::size_t* visited = nullptr) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  std::size_t seen = 0;
+  std::optional<LiveRun> live;
   fs::recursive_directory_iterator it(impl::full_path(dir), fs::directory_options::skip_permission_denied, ec);
-  for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
-    if (it->is_directory(ec))
-      if (auto live = impl::holder_of(it->path())) return live;
-  return std::nullopt;
+  for (; !ec && it != fs::recursive_directory_iterator() && seen < bound.entries; it.increment(ec)) {
+    ++seen;
+    std::error_code type_ec;
+    if (!it->is_directory(type_ec) || it->is_symlink(type_ec)) continue;
+    if ((live = impl::holder_of(it->path()))) break;
+    if (it.depth() + 1 >= bound.depth) it.disable_recursion_pending();  // its entries would be deeper
+  }
+  if (visited) *visited = seen;
+  return live;
 }
 
 // This process's hold on a trace directory; released by the destructor (or the process's end).
