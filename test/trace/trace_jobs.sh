@@ -3,7 +3,8 @@
 # being written, a killed run's partial trace, and a large generated trace under `ulimit -v`.
 #   trace_jobs.sh MODE MPIEXEC NPFLAG LAYER CLI WORK [dsv4_layer flags...]
 # MODE: nested (a run into WORK/a/sub while one writes WORK/a), nested_parent (the reverse),
-# live_diff, killed, memory ROWS LIMIT_KB (flags replaced by the two numbers).
+# live_diff, killed, watchdog (rank 0 of a traced run stopped with SIGSTOP, the others' watchdog
+# aborts the job), memory ROWS LIMIT_KB (flags replaced by the two numbers).
 # Exits with the exit code of the command under test; its output passes through.
 set -u
 mode=$1 mpiexec=$2 np=$3 layer=$4 cli=$5 work=$6
@@ -55,6 +56,33 @@ case "$mode" in
     first=$!
     until_ok lines "$work/cand/rank1.jsonl" 12
     kill_job "$work/cand"
+    "$cli" trace diff "$work/base" "$work/cand"
+    exit $? ;;
+  watchdog)
+    "$mpiexec" "$np" 1 "$layer" --tp 1 --trace "$work/base" "$@" >/dev/null || exit 97
+    RELAYOUT_COLLECTIVE_TIMEOUT=2 "$mpiexec" "$np" 2 "$layer" --tp 2 --dp 2 --enable-dp-attention --decode-steps 400 \
+      --kv-capacity 512 --trace "$work/cand" "$@" >/dev/null 2>"$work/job.err" &
+    first=$!
+    until_ok lines "$work/cand/rank1.jsonl" 12
+    victim=$(sed -n 's/.*pid \([0-9]*\).*/\1/p' "$work/cand/.relayout-trace.lock")  # rank 0
+    kill -STOP "$victim" || exit 94
+    # The watchdog of rank 1 ends the job, 2 s and its inquiry window after it started waiting.
+    i=0
+    while kill -0 "$first" 2>/dev/null && [ "$i" -lt 600 ]; do i=$((i + 1)); sleep 0.05; done
+    alive=0
+    kill -0 "$first" 2>/dev/null && alive=1
+    kill -CONT "$victim" 2>/dev/null
+    kill -KILL "$victim" 2>/dev/null
+    [ "$alive" = 1 ] && kill -KILL "$first" 2>/dev/null
+    wait "$first"
+    job_rc=$?
+    until_ok sh -c "! kill -0 $victim 2>/dev/null"  # gone: its lock is released
+    cat "$work/job.err" >&2
+    if [ "$alive" = 1 ] || [ "$job_rc" != 3 ] || ! grep -q "^relayout watchdog: .*waited 2 s" "$work/job.err"; then
+      echo "trace_jobs: the traced job was not ended by the watchdog (still running after 30 s: $alive, exit code $job_rc)" >&2
+      exit 95
+    fi
+    echo "trace_jobs: the watchdog ended the traced job, exit code $job_rc" >&2
     "$cli" trace diff "$work/base" "$work/cand"
     exit $? ;;
   memory)
