@@ -438,6 +438,12 @@ PendingDispatch<T, Space> ep_dispatch_start(const Space& exec, const ProcessGrou
   impl::throw_refused(problem, verdict, v, ws.capacity());
   d.recv_rows = v.rows;
   for (int c : d.recv_rows) d.received += c;
+  if (ep == 1) {
+    // One member sends everything to itself: the messages it packed are the ones it receives
+    // (the exchange would be a copy of them).
+    d.received_messages = send;
+    return p;
+  }
   d.received_messages = buf.flat(buf.recv, "relayout::ep_recv", d.received * W);
   p.request = all_to_allv_start(exec, comm, send, impl::times(d.send_rows, W, "ep_dispatch"), d.received_messages,
                                 impl::times(d.recv_rows, W, "ep_dispatch"), site);
@@ -540,6 +546,10 @@ PendingCombine<T, Space> ep_combine_start(const Space& exec, const ProcessGroups
   PendingCombine<T, Space> p;
   p.d = &d;
   p.ep = comm.size();
+  if (comm.size() == 1) {
+    p.back = reduced;  // returned to itself, in the order it was sent
+    return p;
+  }
   p.back = buf.rows(buf.back, "relayout::ep_back", d.sent, H);
   p.request = all_to_allv_start(exec, comm, reduced, impl::times(d.recv_rows, H, "ep_combine"), p.back,
                                 impl::times(d.send_rows, H, "ep_combine"), site);
@@ -561,13 +571,12 @@ Rows<T, RowShard<AttnTp>, DpLocal, Space> ep_combine_finish(const Space& exec, P
   const int ep = p.ep;
   Kokkos::parallel_for(
       "relayout::ep_combine.sum", Kokkos::RangePolicy<Space>(exec, 0, d.rows), KOKKOS_LAMBDA(const std::int64_t i) {
-        for (std::int64_t f = 0; f < H; ++f) {
-          T acc = T(0);
-          for (int r = 0; r < ep; ++r) {
-            const std::int64_t q = pos(i, r);
-            if (q >= 0) acc += back(q, f);
-          }
-          out(i, f) = acc;
+        // Return by return, each along its row; every element sums the returns in member order.
+        for (std::int64_t f = 0; f < H; ++f) out(i, f) = T(0);
+        for (int r = 0; r < ep; ++r) {
+          const std::int64_t q = pos(i, r);
+          if (q < 0) continue;
+          for (std::int64_t f = 0; f < H; ++f) out(i, f) += back(q, f);
         }
       });
   exec.fence();

@@ -281,13 +281,15 @@ void weighted_sum(const Space& exec, int K, const W& w, const S& slot_of, const 
   using T = typename Out::non_const_value_type;
   Kokkos::parallel_for(
       "relayout::expert_weighted_sum", Kokkos::RangePolicy<Space>(exec, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
-        for (std::int64_t f = 0; f < H; ++f) {
-          T acc = accumulate ? out(i, f) : T(0);
-          for (int k = 0; k < K; ++k) {
-            const std::int64_t s = slot_of(i, k);
-            if (s >= 0) acc += w(i, k) * expert_y(s, f);
-          }
-          out(i, f) = acc;
+        // Row by row of expert_y, so the inner loop runs along the row (vectorised); each element
+        // still sums its terms in k order.
+        if (!accumulate)
+          for (std::int64_t f = 0; f < H; ++f) out(i, f) = T(0);
+        for (int k = 0; k < K; ++k) {
+          const std::int64_t s = slot_of(i, k);
+          if (s < 0) continue;
+          const T wk = w(i, k);
+          for (std::int64_t f = 0; f < H; ++f) out(i, f) += wk * expert_y(s, f);
         }
       });
 }
