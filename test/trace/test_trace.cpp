@@ -295,6 +295,34 @@ TEST_CASE("trace diff: steps that take different plans are each judged at their 
   fs::remove_all(base.parent_path());
 }
 
+// A sink that follows the boundaries only (progress): records come with their rows, without sums.
+struct BoundariesOnlySink : trace::MemorySink {
+  bool sums = false;
+  bool wants_sums() const { return sums; }
+};
+
+TEST_CASE("trace::Recorder: a sink that wants no sums gets the rows without them") {
+  using Comm = SingleRankCommunicator;
+  const ProcessGroupsOf<Comm> groups(RuntimeLayout({.tp = 1}), Comm{});
+  Kokkos::View<float**, Kokkos::HostSpace> v("v", 2, 4);
+  Kokkos::deep_copy(v, 0.5f);
+  const std::vector<std::int64_t> owners{trace::RowOwner::pack(0, 0), trace::RowOwner::pack(0, 1)};
+  BoundariesOnlySink sink;
+  static_assert(trace::TraceSink<BoundariesOnlySink>);
+  trace::Recorder<Comm, BoundariesOnlySink> rec(groups, &sink);
+  rec.layer_output(0, owners, v);
+  sink.sums = true;
+  rec.layer_output(1, owners, v);
+  REQUIRE(sink.records.size() == 2);
+  REQUIRE(sink.records[0].rows.size() == 2);
+  CHECK(sink.records[0].row_count == 2);
+  CHECK_FALSE(sink.records[0].rows[0].has_sum);
+  CHECK_FALSE(sink.records[0].rows[1].has_sum);
+  REQUIRE(sink.records[1].rows.size() == 2);
+  CHECK(sink.records[1].rows[1].has_sum);
+  CHECK(sink.records[1].rows[1].sum.sum == doctest::Approx(2.0));  // 4 x 0.5
+}
+
 TEST_CASE("trace::Recorder: an engine's own boundaries become records trace diff reads, counts optional") {
   using Comm = SingleRankCommunicator;
   const ProcessGroupsOf<Comm> groups(RuntimeLayout({.tp = 1}), Comm{});

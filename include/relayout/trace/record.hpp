@@ -108,6 +108,18 @@ concept TraceSink = requires(S& s, const S& cs, const Record& r) {
   s.write(r);
 };
 
+// A sink may also say, per record, whether it reads the rows' checksums: `bool wants_sums() const`.
+// A sink that only follows the boundaries (a progress line) returns false and the recorder then
+// neither copies the values to the host nor sums them (a sum per element of every row at every
+// boundary, several percent of a forward). Without the member every record carries its sums.
+template <class S>
+bool sink_wants_sums(const S& s) {
+  if constexpr (requires { { s.wants_sums() } -> std::convertible_to<bool>; })
+    return s.wants_sums();
+  else
+    return true;
+}
+
 struct NullSink {
   static constexpr bool enabled = false;
   static constexpr bool active() { return false; }

@@ -67,9 +67,12 @@ class Recorder {
       Record r = base(layer, p);
       r.row_count = std::int64_t(owners.size());
       r.hidden = int(values.extent(1));
-      const std::size_t have = values.extent(0);
-      auto h = Kokkos::create_mirror_view(Kokkos::HostSpace(), values);
-      if (have > 0) Kokkos::deep_copy(h, values);
+      const std::size_t have = sink_wants_sums(*sink_) ? values.extent(0) : 0;
+      decltype(Kokkos::create_mirror_view(Kokkos::HostSpace(), values)) h;
+      if (have > 0) {
+        h = Kokkos::create_mirror_view(Kokkos::HostSpace(), values);
+        Kokkos::deep_copy(h, values);
+      }
       for (std::size_t i = 0; i < owners.size(); ++i) {
         if (owners[i] == RowOwner::kPad) {
           ++r.pad_rows;
