@@ -7,6 +7,7 @@
 #include <Kokkos_Core.hpp>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <relayout/kernels.hpp>
 #include <type_traits>
@@ -119,11 +120,19 @@ TEST_CASE("bf16 linear, AVX512-BF16 kernel, matches the reference") {
 
 TEST_CASE("bf16 linear dispatches at run time, and RELAYOUT_ISA_HIDE takes the portable branch") {
 #if defined(RELAYOUT_KERNELS_DPBF16)
-  const bool expect_dp = cpu_has_bf16();
+  const bool can_dp = cpu_has_bf16();
 #else
-  const bool expect_dp = false;
+  const bool can_dp = false;
 #endif
-  CHECK((rk::impl::bf16_kernel<Exec>() == rk::impl::Bf16Kernel::avx512_bf16) == expect_dp);
+  // The rule: vdpbf16ps where the CPU has it and it pays (AMD); RELAYOUT_BF16_KERNEL overrides it.
+  const bool amd = std::strcmp(rk::isa::cpu_vendor(), "AuthenticAMD") == 0;
+  MESSAGE("cpu vendor " << rk::isa::cpu_vendor() << ", AVX512-BF16 kernel " << (can_dp ? "runnable" : "not runnable"));
+  CHECK((rk::impl::bf16_kernel<Exec>() == rk::impl::Bf16Kernel::avx512_bf16) == (can_dp && amd));
+  setenv(rk::impl::kBf16KernelEnv, "dpbf16", 1);
+  CHECK((rk::impl::bf16_kernel<Exec>() == rk::impl::Bf16Kernel::avx512_bf16) == can_dp);
+  setenv(rk::impl::kBf16KernelEnv, "widen", 1);
+  CHECK(rk::impl::bf16_kernel<Exec>() == rk::impl::Bf16Kernel::widen_fp32);
+  unsetenv(rk::impl::kBf16KernelEnv);
   check({13, 129, 40}, rk::impl::Bf16Kernel::widen_fp32, true, true, false, 5);
   setenv(rk::isa::kHideEnv, "avx512_bf16", 1);
   CHECK(rk::impl::bf16_kernel<Exec>() == rk::impl::Bf16Kernel::widen_fp32);
@@ -178,4 +187,69 @@ TEST_CASE("linear with bf16 weights on fp32 rows matches the reference of the bf
         }
       CHECK(bad == 0);
     }
+}
+
+// bf16 weights with round_rows: fp32 rows are rounded to bf16 before they are multiplied (bf16
+// activations, fp32 accumulation and output), through vdpbf16ps where the CPU has it and the
+// portable kernel elsewhere (RELAYOUT_ISA_HIDE takes it here), 1-4 rows always through the portable
+// kernel's short tiles. The reference rounds x here (nearest even, written out below, not
+// relayout::bf16) and sums in double; products of two bf16 values are exact in fp32, so only the
+// fp32 sum errs. A second check shows the rounding happened: the result is off the reference of the
+// unrounded rows by more than the sum's error.
+namespace {
+float round_to_bf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+}  // namespace
+
+TEST_CASE("linear with bf16 weights and round_rows multiplies fp32 rows rounded to bf16, on both kernels") {
+  const Shape shapes[] = {{1, 65, 17}, {4, 7, 96}, {5, 33, 16}, {8, 128, 32}, {13, 301, 50}, {64, 256, 64}};
+  for (const bool hide : {false, true}) {
+    CAPTURE(hide);
+    // vdpbf16ps forced where the CPU has it (whatever the vendor rule), else the portable kernel.
+    if (hide) setenv(rk::isa::kHideEnv, "avx512_bf16", 1);
+    else setenv(rk::impl::kBf16KernelEnv, "dpbf16", 1);
+    std::uint32_t seed = hide ? 701 : 501;
+    int off_exact = 0, outputs = 0;
+    for (const Shape& s : shapes) {
+      CAPTURE(s.m);
+      CAPTURE(s.k);
+      CAPTURE(s.n);
+      std::mt19937 gen(seed += 3);
+      std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+      Kokkos::View<float**, Kokkos::LayoutRight, Mem> x("x", s.m, s.k), y("y", s.m, s.n);
+      for (int i = 0; i < s.m; ++i)
+        for (int kk = 0; kk < s.k; ++kk) x(i, kk) = dist(gen);
+      const auto wv = random_bf16(std::size_t(s.n) * s.k, seed + 1);
+      Exec exec;
+      auto packed = rk::pack_weights(exec, matrix(s.n, s.k, wv));
+      packed.round_rows = true;
+      rk::linear(exec, x, packed, y);
+      exec.fence();
+      int bad = 0;
+      for (int i = 0; i < s.m; ++i)
+        for (int j = 0; j < s.n; ++j) {
+          double ref = 0, exact = 0, mag = 0;
+          for (int kk = 0; kk < s.k; ++kk) {
+            const double w = double(float(wv[std::size_t(j) * s.k + kk]));
+            ref += double(round_to_bf16(x(i, kk))) * w;
+            exact += double(x(i, kk)) * w;
+            mag += std::abs(double(x(i, kk)) * w);
+          }
+          const double tol = 4 * std::ldexp(1.0, -24) * (std::sqrt(double(s.k)) + 2) * mag + 1e-30;
+          if (!(std::abs(double(y(i, j)) - ref) <= tol) && ++bad <= 3) CHECK(double(y(i, j)) == doctest::Approx(ref).epsilon(0));
+          off_exact += std::abs(double(y(i, j)) - exact) > tol;
+          ++outputs;
+        }
+      CHECK(bad == 0);
+    }
+    CHECK(off_exact > outputs / 2);  // the rows were rounded: most outputs leave the exact-row sum
+    if (hide) unsetenv(rk::isa::kHideEnv);
+    else unsetenv(rk::impl::kBf16KernelEnv);
+  }
 }

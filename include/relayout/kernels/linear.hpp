@@ -40,6 +40,11 @@ struct PackedWeights {
   int out_features = 0;
   int in_features = 0;
   GemmBackend backend = GemmBackend::packed;  // packed or vendor, never automatic
+  // bf16 weights only: fp32 rows are rounded to bf16 (nearest even) before they are multiplied,
+  // so the GEMM takes bf16 activations with fp32 accumulation and output, and runs vdpbf16ps where
+  // the CPU has AVX512-BF16 (about twice the fp32 GEMM there from 16 rows on). false: fp32 rows
+  // multiply the bf16 weights exactly (the widening kernel), the weights' rounding the only one.
+  bool round_rows = false;
   Kokkos::View<T*, memory_space> data;
 
   // vendor: one "panel" as wide as the matrix, i.e. W^T row-major (in_features x out_features).
@@ -217,7 +222,8 @@ void gemm_dispatch(const ExecSpace& exec, const T* a, std::int64_t lda, const in
   static_assert(weights_fit_rows_v<T, W>, "relayout::kernels: weights of this scalar do not multiply these rows");
   const int k = w.in_features, n = w.out_features;
   if constexpr (std::is_same_v<W, relayout::bf16>) {  // fp32 accumulation, AVX512-BF16 where the CPU has it
-    gemm_packed_bf16(exec, a, lda, rows, m, k, w.matrix(e), n, c, ldc, bias, accumulate, workspace);
+    gemm_packed_bf16(exec, a, lda, rows, m, k, w.matrix(e), n, c, ldc, bias, accumulate, workspace,
+                     bf16_kernel<ExecSpace>(), w.round_rows);
   } else {
 #if defined(RELAYOUT_HAVE_KOKKOS_KERNELS)
     if constexpr (vendor_gemm_available_v<T>) {

@@ -1,18 +1,20 @@
 // Internal: the GEMM of gemm.hpp for bf16 weights with fp32 accumulation, on bf16 rows (C and
-// bias bf16, rounded once per output) or fp32 rows (C and bias fp32: bf16 weights, fp32
-// activations). Weights are packed as k-pairs, [panels][k/2][NR] 32-bit words each holding
-// (W[j][k], W[j][k+1]), the layout vdpbf16ps reads. Two micro-kernels read it: AVX512-BF16
-// (vdpbf16ps on bf16 pairs of A, chosen at run time when the CPU has it, whatever the build's
-// flags; bf16 rows only) and a portable one that reads the bf16 pairs straight into fp32 lanes (a
-// shift and a mask per 2 x L weights, no converted copy) and uses fp32 FMAs: half the weight bytes
-// of fp32. fp32 rows always take the portable kernel, on every CPU: vdpbf16ps would round the
-// activations to bf16 as well, and their products with the bf16 weights are exact in fp32.
+// bias bf16, rounded once per output) or fp32 rows (C and bias fp32). Weights are packed as
+// k-pairs, [panels][k/2][NR] 32-bit words each holding (W[j][k], W[j][k+1]), the layout vdpbf16ps
+// reads. Two micro-kernels read it: AVX512-BF16 (vdpbf16ps on bf16 pairs of A, chosen at run time
+// when the CPU has it, whatever the build's flags) and a portable one that reads the bf16 pairs
+// straight into fp32 lanes (a shift and a mask per 2 x L weights, no converted copy) and uses fp32
+// FMAs: half the weight bytes of fp32. fp32 rows take the portable kernel as they are (their
+// products with bf16 weights are exact in fp32), unless the weights say to round them to bf16
+// (PackedWeights::round_rows: bf16 activations into every GEMM, as a bf16 model runs): then they
+// are rounded while A is packed and take vdpbf16ps where the CPU has it.
 // Row counts below the tile height (decode) run a tile of that many rows, so few rows cost few FMAs.
 // Not public API.
 #pragma once
 
 #include <Kokkos_Core.hpp>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -37,14 +39,26 @@ struct GemmTile<ExecSpace, relayout::bf16> : GemmTile<ExecSpace, float> {
 // Which micro-kernel a bf16 GEMM on ExecSpace uses.
 enum class Bf16Kernel : std::uint8_t { widen_fp32, avx512_bf16 };
 
-// AVX512-BF16 when this build has the kernel, ExecSpace runs on the host and the CPU has the
-// instructions (honouring RELAYOUT_ISA_HIDE, which is how tests take the other branch).
+// Environment variable forcing the bf16 GEMM's micro-kernel: "dpbf16" (where the CPU has it) or
+// "widen"; unset: the rule of bf16_kernel.
+inline constexpr const char* kBf16KernelEnv = "RELAYOUT_BF16_KERNEL";
+
+// AVX512-BF16 when this build has the kernel, ExecSpace runs on the host, the CPU has the
+// instructions (honouring RELAYOUT_ISA_HIDE, which is how tests take the other branch) and they
+// pay there: on AMD (Zen 4, measured 1.8-1.96x the fp32 GEMM from 16 rows), not on Intel parts,
+// where vdpbf16ps ran at 0.73-0.87x the fp32 GEMM and the widening kernel at 0.85-1.48x
+// (docs/benchmarks.md, "bf16 weights"). RELAYOUT_BF16_KERNEL overrides the vendor rule.
 template <class ExecSpace>
 Bf16Kernel bf16_kernel() {
 #if defined(RELAYOUT_KERNELS_DPBF16)
   if (is_host_space_v<ExecSpace> && GemmTile<ExecSpace, float>::nr % 16 == 0 && isa::cpu_has("avx512f") &&
-      isa::cpu_has("avx512_bf16"))
-    return Bf16Kernel::avx512_bf16;
+      isa::cpu_has("avx512_bf16")) {
+    const char* force = std::getenv(kBf16KernelEnv);
+    if (force && std::strcmp(force, "dpbf16") == 0) return Bf16Kernel::avx512_bf16;
+    if (force && std::strcmp(force, "widen") == 0) return Bf16Kernel::widen_fp32;
+    static const bool pays = std::strcmp(isa::cpu_vendor(), "AuthenticAMD") == 0;
+    if (pays) return Bf16Kernel::avx512_bf16;
+  }
 #endif
   return Bf16Kernel::widen_fp32;
 }
@@ -55,8 +69,25 @@ KOKKOS_FORCEINLINE_FUNCTION float bits_to_float(std::uint32_t u) {
   return f;
 }
 
+// An element of A as the bf16 GEMM multiplies it: bf16 rows as they are; fp32 rows as they are, or
+// rounded to bf16 (nearest even) when the weights ask for it (PackedWeights::round_rows).
+template <class TA>
+KOKKOS_FORCEINLINE_FUNCTION float a_value(TA v, bool round) {
+  if constexpr (std::is_same_v<TA, float>)
+    return round ? float(relayout::bf16(v)) : v;
+  else
+    return float(v);
+}
+template <class TA>
+KOKKOS_FORCEINLINE_FUNCTION std::uint32_t a_bits(TA v) {
+  if constexpr (std::is_same_v<TA, float>)
+    return relayout::bf16(v).bits;
+  else
+    return v.bits;
+}
+
 // Packs A rows (bf16 or fp32) for the widening kernel: [blocks][kp][MR] fp32, kp = k rounded up to
-// even, zero-padded (rows past m, and the k of an odd k).
+// even, zero-padded (rows past m, and the k of an odd k); `round`: fp32 rows rounded to bf16.
 template <class ExecSpace, class TA, int MR = GemmTile<ExecSpace, float>::mr>
 struct PackABf16Wide {
   const TA* a;
@@ -64,22 +95,24 @@ struct PackABf16Wide {
   const int* rows;
   int m, k, kp;
   float* out;
+  bool round = false;
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t idx) const {
     const std::int64_t block = idx / kp;
     const int kk = static_cast<int>(idx % kp);
     float* dst = out + (block * kp + kk) * MR;
     for (int i = 0; i < MR; ++i) {
       const std::int64_t r = block * MR + i;
-      dst[i] = r < m && kk < k ? float(a[(rows ? std::int64_t(rows[r]) : r) * lda + kk]) : 0.0f;
+      dst[i] = r < m && kk < k ? a_value(a[(rows ? std::int64_t(rows[r]) : r) * lda + kk], round) : 0.0f;
     }
   }
 };
 
-// ... and for vdpbf16ps: [blocks][kp/2][MR] words of (A[r][2q], A[r][2q+1]).
-template <class ExecSpace>
+// ... and for vdpbf16ps: [blocks][kp/2][MR] words of (A[r][2q], A[r][2q+1]), fp32 rows rounded to
+// bf16 on the way.
+template <class ExecSpace, class TA = relayout::bf16>
 struct PackABf16Pairs {
   static constexpr int MR = GemmTile<ExecSpace, float>::mr;
-  const relayout::bf16* a;
+  const TA* a;
   std::int64_t lda;
   const int* rows;
   int m, k, kp;
@@ -93,9 +126,9 @@ struct PackABf16Pairs {
       const std::int64_t r = block * MR + i;
       std::uint32_t lo = 0, hi = 0;
       if (r < m) {
-        const relayout::bf16* row = a + (rows ? std::int64_t(rows[r]) : r) * lda;
-        lo = row[2 * q].bits;
-        hi = 2 * q + 1 < k ? row[2 * q + 1].bits : 0u;
+        const TA* row = a + (rows ? std::int64_t(rows[r]) : r) * lda;
+        lo = a_bits(row[2 * q]);
+        hi = 2 * q + 1 < k ? a_bits(row[2 * q + 1]) : 0u;
       }
       dst[i] = lo | (hi << 16);
     }
@@ -188,15 +221,15 @@ __attribute__((target("avx512f,avx512bf16"))) void dpbf16_tile(const std::uint32
     for (int z = 0; z < NZ; ++z) _mm512_storeu_ps(out + i * NR + z * 16, acc[i][z]);
 }
 
-template <class ExecSpace>
+template <class ExecSpace, class TC = relayout::bf16>
 struct GemmBf16Dp {
   using Tile = GemmTile<ExecSpace, float>;
   static constexpr int MR = Tile::mr, NR = Tile::nr;
   const std::uint32_t* a_packed;  // [row blocks][kp/2][MR]
   const std::uint32_t* b_packed;  // [panels][kp/2][NR]
-  relayout::bf16* c;
+  TC* c;
   std::int64_t ldc;
-  const relayout::bf16* bias;
+  const TC* bias;
   int m, n, kp;
   std::int64_t row_blocks;
   bool accumulate;
@@ -226,40 +259,50 @@ std::int64_t gemm_a_pack_size_bf16(std::int64_t m, std::int64_t k) {
 template <int MR, class ExecSpace, class TA>
 void gemm_bf16_wide(const ExecSpace& exec, const TA* a, std::int64_t lda, const int* rows, int m, int k,
                     const std::uint32_t* b, int n, TA* c, std::int64_t ldc, const TA* bias, bool accumulate,
-                    float* ap) {
+                    float* ap, bool round) {
   using Tile = GemmTile<ExecSpace, float>;
   const int kp = k + (k & 1);
   const std::int64_t row_blocks = ceil_div(m, MR), panels = ceil_div(n, Tile::nr);
   Kokkos::parallel_for("relayout::kernels::pack_a_bf16", Kokkos::RangePolicy<ExecSpace>(exec, 0, row_blocks * kp),
-                       PackABf16Wide<ExecSpace, TA, MR>{a, lda, rows, m, k, kp, ap});
+                       PackABf16Wide<ExecSpace, TA, MR>{a, lda, rows, m, k, kp, ap, round});
   Kokkos::parallel_for("relayout::kernels::gemm_bf16", Kokkos::RangePolicy<ExecSpace>(exec, 0, panels * row_blocks),
                        GemmBf16Wide<ExecSpace, TA, MR>{ap, b, c, ldc, bias, m, n, kp, row_blocks, accumulate});
 }
 
+// Rows below which vdpbf16ps does not pay: its tile is always MR rows high, where the widening
+// kernel runs a tile of the rows there are (measured at one row: 0.96x fp32 against 1.69x).
+inline constexpr int kDpbf16MinRows = 5;
+
 // C[m x n] (+)= rows of A . B^T (+ bias) for bf16 B (packed as k-pairs), accumulated in fp32. A, C
 // and bias are all bf16 (C rounded once per output) or all fp32 (TA = float: bf16 weights, fp32
-// activations, always the widening kernel). a_pack must hold gemm_a_pack_size_bf16<ExecSpace, TA>(m,
-// k) TA slots; `kernel` picks the micro-kernel for bf16 rows.
+// activations and outputs). fp32 rows are multiplied as they are (the widening kernel: each
+// product exact in fp32), or, with round_rows, rounded to bf16 first: then they take vdpbf16ps too
+// where the CPU has it, and the widening kernel elsewhere multiplies the same rounded values.
+// a_pack must hold gemm_a_pack_size_bf16<ExecSpace, TA>(m, k) TA slots; `kernel` picks the
+// micro-kernel for bf16 (or rounded) rows of at least kDpbf16MinRows.
 template <class ExecSpace, class TA>
 void gemm_packed_bf16(const ExecSpace& exec, const TA* a, std::int64_t lda, const int* rows, int m, int k,
                       const relayout::bf16* b_packed, int n, TA* c, std::int64_t ldc, const TA* bias,
-                      bool accumulate, TA* a_pack, Bf16Kernel kernel = bf16_kernel<ExecSpace>()) {
+                      bool accumulate, TA* a_pack, Bf16Kernel kernel = bf16_kernel<ExecSpace>(),
+                      bool round_rows = false) {
   static_assert(std::is_same_v<TA, relayout::bf16> || std::is_same_v<TA, float>,
                 "relayout::kernels: the bf16 GEMM takes bf16 or fp32 rows");
   using Tile = GemmTile<ExecSpace, float>;
   if (m == 0 || n == 0) return;
   const auto* b = reinterpret_cast<const std::uint32_t*>(b_packed);
+  const bool round = std::is_same_v<TA, float> && round_rows;
 #if defined(RELAYOUT_KERNELS_DPBF16)
-  if constexpr (std::is_same_v<TA, relayout::bf16>) {
-    if (kernel == Bf16Kernel::avx512_bf16 && is_host_space_v<ExecSpace> && Tile::nr % 16 == 0) {
+  if (std::is_same_v<TA, relayout::bf16> || round) {
+    if (kernel == Bf16Kernel::avx512_bf16 && is_host_space_v<ExecSpace> && Tile::nr % 16 == 0 &&
+        m >= kDpbf16MinRows) {
       const int kp = k + (k & 1);
       const std::int64_t row_blocks = ceil_div(m, Tile::mr), panels = ceil_div(n, Tile::nr);
       auto* ap = reinterpret_cast<std::uint32_t*>(a_pack);
       Kokkos::parallel_for("relayout::kernels::pack_a_bf16",
                            Kokkos::RangePolicy<ExecSpace>(exec, 0, row_blocks * (kp / 2)),
-                           PackABf16Pairs<ExecSpace>{a, lda, rows, m, k, kp, ap});
+                           PackABf16Pairs<ExecSpace, TA>{a, lda, rows, m, k, kp, ap});
       Kokkos::parallel_for("relayout::kernels::gemm_bf16", Kokkos::RangePolicy<ExecSpace>(exec, 0, panels * row_blocks),
-                           GemmBf16Dp<ExecSpace>{ap, b, c, ldc, bias, m, n, kp, row_blocks, accumulate});
+                           GemmBf16Dp<ExecSpace, TA>{ap, b, c, ldc, bias, m, n, kp, row_blocks, accumulate});
       return;
     }
   }
@@ -270,14 +313,14 @@ void gemm_packed_bf16(const ExecSpace& exec, const TA* a, std::int64_t lda, cons
   // rows that do not exist would cost as much as those of real ones.
   if constexpr (Tile::mr > 4) {
     switch (m) {
-      case 1: return gemm_bf16_wide<1>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap);
-      case 2: return gemm_bf16_wide<2>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap);
-      case 3: return gemm_bf16_wide<3>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap);
-      case 4: return gemm_bf16_wide<4>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap);
+      case 1: return gemm_bf16_wide<1>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap, round);
+      case 2: return gemm_bf16_wide<2>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap, round);
+      case 3: return gemm_bf16_wide<3>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap, round);
+      case 4: return gemm_bf16_wide<4>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap, round);
       default: break;
     }
   }
-  gemm_bf16_wide<Tile::mr>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap);
+  gemm_bf16_wide<Tile::mr>(exec, a, lda, rows, m, k, b, n, c, ldc, bias, accumulate, ap, round);
 }
 
 }  // namespace relayout::kernels::impl
