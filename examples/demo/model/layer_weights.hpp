@@ -116,9 +116,10 @@ struct LayerShard {
     auto projection = [&](Tensor t, int rows, int cols, int full_cols, int row0, int col0, float scale) {
       const M2 m = block(t, rows, cols, full_cols, row0, col0, scale);
       Projection<ExecSpace> p;
-      if (bf16)
+      if (bf16) {
         p.b16 = kernels::pack_weights(exec, to_bf16(exec, m));
-      else
+        p.b16.round_rows = true;  // bf16 activations into the GEMM (vdpbf16ps where the CPU has it)
+      } else
         p.f32 = kernels::pack_weights(exec, m);
       return p;
     };
@@ -139,9 +140,10 @@ struct LayerShard {
         fill_block(Kokkos::subview(w3, e, Kokkos::ALL(), Kokkos::ALL()), tensor_key(seed, layer, t3, expert), H, i0, 0, init_scale(H));
         fill_block(Kokkos::subview(w2, e, Kokkos::ALL(), Kokkos::ALL()), tensor_key(seed, layer, t2, expert), inter_full, 0, i0, init_scale(inter_full));
       }
-      if constexpr (std::is_same_v<typename std::decay_t<decltype(out)>::weight_type, relayout::bf16>)
+      if constexpr (std::is_same_v<typename std::decay_t<decltype(out)>::weight_type, relayout::bf16>) {
         out = kernels::pack_experts(exec, to_bf16(exec, w1), to_bf16(exec, w3), to_bf16(exec, w2));
-      else
+        out.w13.round_rows = out.w2.round_rows = true;
+      } else
         out = kernels::pack_experts(exec, w1, w3, w2);
     };
     auto experts = [&](auto& sw) {
