@@ -279,3 +279,29 @@ TEST_CASE_TEMPLATE_DEFINE("experts reject bad shapes", C, moe_errors) {
 TEST_CASE_TEMPLATE_APPLY(moe_errors, Cases);
 
 }  // namespace
+
+// The vectorised SwiGLU (a polynomial exp per lane) against silu(g) * u in double, over the range an
+// activation may take: |g| up to 100 (exp saturating both ways), a row of 37 (two vectors of 16
+// floats and a scalar tail), float and double.
+TEST_CASE_TEMPLATE("SwiGLU rows: silu(g) * u to the scalar's precision, saturating exp included", T, float, double) {
+  using Exec = Kokkos::DefaultHostExecutionSpace;
+  const int inter = 37, rows = 3;
+  std::vector<T> gu(std::size_t(rows) * 2 * inter), h(std::size_t(rows) * inter, T(-7));
+  for (int i = 0; i < rows; ++i)
+    for (int c = 0; c < inter; ++c) {
+      gu[std::size_t(i) * 2 * inter + c] = T(-100 + 200.0 * (i * inter + c) / (rows * inter - 1));
+      gu[std::size_t(i) * 2 * inter + inter + c] = T(0.5 + 0.01 * c);
+    }
+  gu[5] = T(0);
+  Kokkos::parallel_for(Kokkos::RangePolicy<Exec>(Exec(), 0, rows),
+                       rk::impl::SwiGluRows<Exec, T>{gu.data(), h.data(), inter});
+  Exec().fence();
+  const double eps = std::is_same_v<T, float> ? 1e-6 : 1e-14;
+  for (int i = 0; i < rows; ++i)
+    for (int c = 0; c < inter; ++c) {
+      const double g = double(gu[std::size_t(i) * 2 * inter + c]), u = double(gu[std::size_t(i) * 2 * inter + inter + c]);
+      const double want = g / (1 + std::exp(-g)) * u;
+      CAPTURE(g);
+      CHECK(std::abs(double(h[std::size_t(i) * inter + c]) - want) <= eps * (std::abs(want) + std::abs(g * u)) + 1e-300);
+    }
+}

@@ -79,6 +79,31 @@ struct SwiGlu {
   }
 };
 
+// ... a row per work item, in vectors of the execution space's lanes with a polynomial exp (vexp)
+// where the scalar is float or double on a host with SIMD: the scalar form calls libm's exp per
+// element, 8% of a 1024-token layer (SwiGLU 5.5%, expf 2.6%).
+template <class ExecSpace, class T>
+struct SwiGluRows {
+  static constexpr int L = lanes_v<ExecSpace, T>;
+  using V = typename Vec<T, L>::type;
+  const T* gu;
+  T* h;
+  int inter;
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i) const {
+    const T* g = gu + i * 2 * inter;
+    const T* u = g + inter;
+    T* o = h + i * inter;
+    int c = 0;
+    if constexpr (L > 1) {
+      for (; c + L <= inter; c += L) {
+        const V gv = load<V>(g + c);
+        store<V>(o + c, gv / (T(1) + vexp<L>(-gv)) * load<V>(u + c));
+      }
+    }
+    for (; c < inter; ++c) o[c] = g[c] / (T(1) + impl::exp(-g[c])) * u[c];
+  }
+};
+
 // One SwiGLU pass over m contiguous rows of x, written to y rows (gu, h: T scratch; a_pack:
 // gemm_workspace_size<ExecSpace, T, W>).
 template <class ExecSpace, class T, class W>
@@ -89,8 +114,12 @@ void swiglu_rows(const ExecSpace& exec, const T* x, std::int64_t ldx, int m,
   const int I = w.intermediate();
   gemm_dispatch(exec, x, ldx, static_cast<const int*>(nullptr), m, w.w13, e, gu, std::int64_t(2) * I,
                 static_cast<const T*>(nullptr), false, a_pack);
-  Kokkos::parallel_for("relayout::kernels::swiglu", Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(m) * I),
-                       SwiGlu<T>{gu, h, I});
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    Kokkos::parallel_for("relayout::kernels::swiglu", Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(m)),
+                         SwiGluRows<ExecSpace, T>{gu, h, I});
+  else
+    Kokkos::parallel_for("relayout::kernels::swiglu", Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(m) * I),
+                         SwiGlu<T>{gu, h, I});
   gemm_dispatch(exec, static_cast<const T*>(h), std::int64_t(I), static_cast<const int*>(nullptr), m, w.w2, e, y,
                 ldy, static_cast<const T*>(nullptr), accumulate, a_pack);
 }
