@@ -10,6 +10,7 @@
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
     !defined(__SYCL_DEVICE_ONLY__) && !defined(__NVCOMPILER)
@@ -87,6 +88,117 @@ KOKKOS_FORCEINLINE_FUNCTION auto hsum(const V& v) {
     auto s = v[0];
     for (int l = 1; l < L; ++l) s += v[l];
     return s;
+  }
+}
+
+#if defined(RELAYOUT_KERNELS_HOST_SIMD)
+namespace tsum {
+// Lane i of one step's two outputs from (x, y), blocks of 2H lanes: the low output takes the
+// first H lanes of each block of x then of y, the high output the last H lanes.
+template <int H, int L>
+constexpr int lo_index(int i) {
+  const int b = i / (2 * H) * 2 * H, r = i % (2 * H);
+  return r < H ? b + r : L + b + r - H;
+}
+template <int H, int L>
+constexpr int hi_index(int i) {
+  const int b = i / (2 * H) * 2 * H, r = i % (2 * H);
+  return r < H ? b + H + r : L + b + r;
+}
+template <int H, int L, class V, int... I>
+KOKKOS_FORCEINLINE_FUNCTION V step(V x, V y, std::integer_sequence<int, I...>) {
+  return __builtin_shufflevector(x, y, lo_index<H, L>(I)...) + __builtin_shufflevector(x, y, hi_index<H, L>(I)...);
+}
+// One step over N vectors: w[k] combines w[k] and w[k + N/2] (blocks of 2H lanes), N/2 left.
+template <int H, int L, int N, class V, int... K>
+KOKKOS_FORCEINLINE_FUNCTION void level(V* w, std::integer_sequence<int, K...>) {
+  ((w[K] = step<H, L>(w[K], w[K + N / 2], std::make_integer_sequence<int, L>{})), ...);
+}
+template <int H, int L, int N, class V>
+KOKKOS_FORCEINLINE_FUNCTION void levels(V* w) {
+  level<H, L, N>(w, std::make_integer_sequence<int, N / 2>{});
+  if constexpr (H > 1) levels<H / 2, L, N / 2>(w);
+}
+// Lane i plus lane i + H, for H = L/2 down to 1: lane 0 ends as the tree sum of all lanes.
+template <int H, int L, class V, int... I>
+KOKKOS_FORCEINLINE_FUNCTION auto fold(V v, std::integer_sequence<int, I...> seq) {
+  v = v + __builtin_shufflevector(v, v, ((I + H) % L)...);
+  if constexpr (H > 1)
+    return fold<H / 2, L>(v, seq);
+  else
+    return v[0];
+}
+template <int H, int L, class V, int... I>
+KOKKOS_FORCEINLINE_FUNCTION auto fold_max(V v, std::integer_sequence<int, I...> seq) {
+  const V w = __builtin_shufflevector(v, v, ((I + H) % L)...);
+  v = v < w ? w : v;
+  if constexpr (H > 1)
+    return fold_max<H / 2, L>(v, seq);
+  else
+    return v[0];
+}
+}  // namespace tsum
+#endif
+
+// Keeps v in a register as it is: GCC otherwise folds a vector load that feeds several FMAs into
+// each of them as a memory operand, one load per FMA where one load was written (the score tiles
+// would then issue more loads than FMAs).
+template <class V>
+KOKKOS_FORCEINLINE_FUNCTION void in_register(V& v) {
+#if defined(RELAYOUT_KERNELS_HOST_SIMD) && (defined(__x86_64__) || defined(__i386__))
+  if constexpr (sizeof(V) >= 16) __asm__("" : "+v"(v));
+#else
+  (void)v;
+#endif
+}
+
+// The lanes of v summed as a tree: lanes i and i + L/2, then i and i + L/4 of those sums, and so
+// on. transpose_sum below sums every one of its inputs in exactly this order, so a score reduced
+// by either comes out bitwise the same (a head's result does not depend on the tile it was in).
+template <int L, class V>
+KOKKOS_FORCEINLINE_FUNCTION auto hsum_tree(V v) {
+  if constexpr (L == 1) {
+    return v;
+  } else {
+#if defined(RELAYOUT_KERNELS_HOST_SIMD)
+    return tsum::fold<L / 2, L>(v, std::make_integer_sequence<int, L>{});
+#else
+    return v[0];
+#endif
+  }
+}
+
+
+// Lane i of the result = hsum_tree(v[i]) for L vectors v[0 .. L): a transpose and add in log2(L)
+// steps, L - 1 vector adds and 2(L - 1) shuffles for L sums, where L separate horizontal sums cost
+// L log2(L) adds and as many shuffles or lane extracts.
+template <int L, class V>
+KOKKOS_FORCEINLINE_FUNCTION V transpose_sum(const V* v) {
+  if constexpr (L == 1) {
+    return v[0];
+  } else {
+#if defined(RELAYOUT_KERNELS_HOST_SIMD)
+    V w[L];
+    for (int i = 0; i < L; ++i) w[i] = v[i];
+    tsum::levels<L / 2, L, L>(w);
+    return w[0];
+#else
+    return v[0];
+#endif
+  }
+}
+
+// The largest lane of v (max is exact, so any order gives the same value).
+template <int L, class V>
+KOKKOS_FORCEINLINE_FUNCTION auto hmax(V v) {
+  if constexpr (L == 1) {
+    return v;
+  } else {
+#if defined(RELAYOUT_KERNELS_HOST_SIMD)
+    return tsum::fold_max<L / 2, L>(v, std::make_integer_sequence<int, L>{});
+#else
+    return v[0];
+#endif
   }
 }
 
