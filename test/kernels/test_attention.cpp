@@ -109,6 +109,77 @@ TEST_CASE_TEMPLATE_DEFINE("attention: a head shard equals the same heads of the 
 }
 TEST_CASE_TEMPLATE_APPLY(attn_heads, Cases);
 
+// The register tiles' edges: head counts that leave a partial head group (groups are 8 heads wide
+// on AVX-512, 4 elsewhere), head sizes that are not a multiple of the vector width, and requests
+// whose last chunk of keys is partial, odd or a single key; decode and prefill against the
+// reference.
+TEST_CASE_TEMPLATE_DEFINE("attention: partial head groups, head tails and chunk remainders", C, attn_tiles) {
+  using T = typename C::scalar;
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  const std::vector<int> lens = {33, 47, 64, 95, 2};
+  const std::vector<int> cu = offsets_of(lens);
+  const int reqs = int(lens.size()), rows = cu.back();
+  std::uint32_t seed = 4100;
+  for (int heads : {2, 5, 7, 9, 12, 13, 16})
+    for (int head_dim : {8, 24, 40, 130}) {
+      CAPTURE(heads);
+      CAPTURE(head_dim);
+      auto cache = random_tensor<C>(rows, head_dim, seed++);
+      const double scale = rk::default_softmax_scale(head_dim);
+      for (int splits : {1, 3}) {
+        CAPTURE(splits);
+        auto q = random_tensor<C>(reqs, heads * head_dim, seed++, -2.0, 2.0);
+        auto out = relayout::RowsView<T, Mem>("out", reqs, heads * head_dim);
+        rk::attention_decode(exec, q.view, cache.view, make_ints<C>(cu), out, {head_dim, scale, 0, splits});
+        const rr::Matrix want = rr::attention_decode(q.matrix, cache.matrix, cu, head_dim, scale, 0);
+        const double tol = attn_tol<T>(head_dim, 95);
+        check_close(rr::to_matrix(out), want, [&](int, int) { return tol; }, "decode");
+      }
+      auto q = random_tensor<C>(rows, heads * head_dim, seed++);
+      auto out = relayout::RowsView<T, Mem>("out", rows, heads * head_dim);
+      rk::attention_prefill(exec, q.view, cache.view, make_ints<C>(cu), out, {head_dim, scale, 0});
+      const rr::Matrix want = rr::attention_prefill(q.matrix, cache.matrix, cu, head_dim, scale, 0);
+      check_close(rr::to_matrix(out), want, [&](int, int) { return attn_tol<T>(head_dim, 95); }, "prefill");
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(attn_tiles, Cases);
+
+// A head's result does not depend on the heads beside it: 15 heads (a full group and a partial one
+// on AVX-512) against shards of 5 and of 3 heads, whose groups take other register tiles, bitwise.
+TEST_CASE_TEMPLATE_DEFINE("attention: a head's result does not depend on its register tile", C, attn_tile_free) {
+  using T = typename C::scalar;
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  const int heads = 15;
+  const std::vector<int> cu = {0, 45, 77};
+  for (int head_dim : {16, 40}) {
+    CAPTURE(head_dim);
+    auto q = random_tensor<C>(77, heads * head_dim, 51);
+    auto kv = random_tensor<C>(77, head_dim, 52);
+    const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), 0};
+    auto full = relayout::RowsView<T, Mem>("full", 77, heads * head_dim);
+    rk::attention_prefill(exec, q.view, kv.view, make_ints<C>(cu), full, p);
+    const rr::Matrix f = rr::to_matrix(full);
+    for (int n : {3, 5}) {
+      CAPTURE(n);
+      for (int r = 0; r < n; ++r) {
+        const relayout::Range s = rk::column_parallel_shard(heads * head_dim, head_dim, n, r);
+        auto q_local = relayout::RowsView<T, Mem>("q_local", 77, s.count);
+        Kokkos::deep_copy(q_local, Kokkos::subview(q.view, Kokkos::ALL(), s.pair()));
+        auto out = relayout::RowsView<T, Mem>("out", 77, s.count);
+        rk::attention_prefill(exec, q_local, kv.view, make_ints<C>(cu), out, p);
+        const rr::Matrix o = rr::to_matrix(out);
+        int diffs = 0;
+        for (int i = 0; i < 77; ++i)
+          for (int j = 0; j < s.count; ++j) diffs += o(i, j) != f(i, int(s.begin) + j);
+        CHECK(diffs == 0);
+      }
+    }
+  }
+}
+TEST_CASE_TEMPLATE_APPLY(attn_tile_free, Cases);
+
 // Attention context parallelism: a rank holding some of each request's tokens (every third one
 // here, and one contiguous chunk) with all of their keys computes exactly those rows of the full
 // prefill, causal mask and window going by each query's own kv row.

@@ -12,14 +12,24 @@
 
 namespace relayout::kernels::impl {
 
+// Vector registers of the host ISA: AVX-512 has 32, AVX2 and SSE 16. The register tiles below are
+// sized to them.
+#if defined(RELAYOUT_KERNELS_HOST_SIMD) && defined(__AVX512F__)
+inline constexpr int kVectorRegs = 32;
+#else
+inline constexpr int kVectorRegs = 16;
+#endif
 inline constexpr int kChunkMax = 32;  // keys per chunk, at most (the score scratch stride)
-inline constexpr int kHeadGroup = 4;  // heads per register tile (one team thread per group)
+// Heads per group (one team thread per group): the heads one key vector loaded feeds.
+inline constexpr int kHeadGroup = kVectorRegs >= 32 ? 8 : 4;
 inline constexpr int kLineBytes = 64;
 inline constexpr int kMaxRanges = 4;  // key ranges a lone head's decode work item reads side by side
 
+// Prefetch to L2, not L1: the chunk being computed keeps L1 (measured with 8 heads of 512: 1.05-1.1x
+// over prefetching to L1; without the prefetch the row ran at 0.55-0.6x).
 KOKKOS_FORCEINLINE_FUNCTION void prefetch(const void* p) {
 #if defined(RELAYOUT_KERNELS_HOST_SIMD)
-  __builtin_prefetch(p);
+  __builtin_prefetch(p, 0, 2);
 #else
   (void)p;
 #endif
@@ -68,14 +78,28 @@ struct PagedKeys {
   KOKKOS_INLINE_FUNCTION std::int64_t stride() const { return std::int64_t(kv.pool.stride(0)); }
 };
 
+// The rows of one chunk: keys 0 .. n0 from p0 on and the rest from p1 on, each part in rows ld
+// apart. A chunk of a paged cache spans the end of one block and the start of the next, so it is
+// as long with blocks of 16 rows as without (measured at 16 heads of 128: 16-key chunks 0.75x
+// 32-key ones).
+template <class T>
+struct ChunkRows {
+  const T* p0;
+  const T* p1;
+  int n0;
+  std::int64_t ld;
+  KOKKOS_FORCEINLINE_FUNCTION const T* row(int j) const { return j < n0 ? p0 + j * ld : p1 + (j - n0) * ld; }
+};
+
 // One query row (heads x head_dim) against keys [begin, end) of one request, by chunks of at most
-// `chunk` consecutive keys. Heads go in groups of kHeadGroup, one team thread per group, so every
-// key vector loaded feeds four heads: scores are a (4 heads x 3 keys) register tile of dot
-// products, the softmax weights of a chunk are one vectorised exp per head, and p . V is a
-// (4 heads x 3 vectors) register tile that also applies the rescale of the previous chunks. A
-// lone head reads its keys row after row instead, and a decode work item with one head walks
-// several key ranges side by side (attend_lone). `o` accumulates unnormalised; m and l are the
-// running max and sum per head.
+// `chunk` keys. Heads go in groups of kHeadGroup, one team thread per group, so every key vector
+// loaded feeds the whole group: scores are a register tile of dot products (8 heads x 2 keys with
+// 32 vector registers, 4 x 3 with 16) whose horizontal sums go L at a time through one transpose
+// and add, the softmax weights of a chunk are one vectorised exp per head, and p . V is a register
+// tile (4 heads x 4 vectors; 4 x 3 with 16 registers) that also applies the rescale of the
+// previous chunks. A lone head reads its keys row after row instead, and a decode work item with
+// one head walks several key ranges side by side (attend_lone). `o` accumulates unnormalised; m
+// and l are the running max and sum per head.
 template <class ExecSpace, class T>
 struct AttendCore {
   static constexpr int L = lanes_v<ExecSpace, T>;
@@ -87,63 +111,75 @@ struct AttendCore {
   // (pf, pf_rows rows; null: none) are prefetched line by line meanwhile, so memory streams while
   // this chunk computes (the hardware prefetchers alone leave the two serialised).
   template <int MH, int MK>
-  KOKKOS_FORCEINLINE_FUNCTION void score_tile(const T* const* qh, const T* k0, std::int64_t ld, T* s, int j,
-                                              const T* pf, int pf_rows) const {
+  KOKKOS_FORCEINLINE_FUNCTION void score_tile(const T* const* qh, const ChunkRows<T>& k, T* s, int j,
+                                              const ChunkRows<T>* pf, int pf_rows) const {
     const int D = head_dim;
     const T* kj[MK];
-    for (int b = 0; b < MK; ++b) kj[b] = k0 + (j + b) * ld;
-    V acc[MH][MK];
-    for (int a = 0; a < MH; ++a)
-      for (int b = 0; b < MK; ++b) acc[a][b] = V{};
+    for (int b = 0; b < MK; ++b) kj[b] = k.row(j + b);
+    V acc[MH * MK];
+    for (int i = 0; i < MH * MK; ++i) acc[i] = V{};
     auto body = [&](int d) {
       V kv[MK];
       for (int b = 0; b < MK; ++b) kv[b] = load<V>(kj[b] + d);
       for (int a = 0; a < MH; ++a) {
-        const V qv = load<V>(qh[a] + d);
-        for (int b = 0; b < MK; ++b) acc[a][b] += qv * kv[b];
+        V qv = load<V>(qh[a] + d);
+        if constexpr (MK > 1) in_register(qv);
+        for (int b = 0; b < MK; ++b) acc[a * MK + b] += qv * kv[b];
       }
     };
     int d = 0;
     constexpr int S = kLineBytes / int(sizeof(T));
     if (pf && S % L == 0) {
       const int pb = pf_rows - j < MK ? pf_rows - j : MK;
+      const T* pr[MK];
+      for (int b = 0; b < pb; ++b) pr[b] = pf->row(j + b);
       for (; d + S <= D; d += S) {
-        for (int b = 0; b < pb; ++b) prefetch(pf + (j + b) * ld + d);
+        for (int b = 0; b < pb; ++b) prefetch(pr[b] + d);
         for (int u = 0; u < S; u += L) body(d + u);
       }
     }
     for (; d + L <= D; d += L) body(d);
-    for (int a = 0; a < MH; ++a)
-      for (int b = 0; b < MK; ++b) {
-        T r = hsum<L>(acc[a][b]);
-        for (int dd = d; dd < D; ++dd) r += qh[a][dd] * kj[b][dd];
-        s[a * kChunkMax + j + b] = r;
-      }
+    // The MH x MK sums: L at a time by one transpose and add, the rest one by one, all in the same
+    // lane order (hsum_tree), so a score does not depend on the tile it was in.
+    constexpr int N = MH * MK;
+    T r[N];
+    int i = 0;
+    if constexpr (L > 1)
+      for (; i + L <= N; i += L) store<V>(r + i, transpose_sum<L>(acc + i));
+    for (; i < N; ++i) r[i] = hsum_tree<L>(acc[i]);
+    if (d < D)
+      for (int a = 0; a < MH; ++a)
+        for (int b = 0; b < MK; ++b)
+          for (int dd = d; dd < D; ++dd) r[a * MK + b] += qh[a][dd] * kj[b][dd];
+    for (int a = 0; a < MH; ++a) __builtin_memcpy(s + a * kChunkMax + j, r + a * MK, MK * sizeof(T));
   }
 
   template <int MH, int NV>
-  KOKKOS_FORCEINLINE_FUNCTION void value_tile(T* const* oh, int d, const T* k0, std::int64_t ld, int nb,
-                                              const T* p, const T* corr, bool first) const {
+  KOKKOS_FORCEINLINE_FUNCTION void value_tile(T* const* oh, int d, const ChunkRows<T>& k, int nb, const T* p,
+                                              const T* corr, bool first) const {
     V acc[MH][NV];
     for (int a = 0; a < MH; ++a)
       for (int v = 0; v < NV; ++v) acc[a][v] = first ? V{} : corr[a] * load<V>(oh[a] + d + v * L);
-    for (int j = 0; j < nb; ++j) {
-      const T* kj = k0 + j * ld + d;
+    auto key = [&](const T* kj, int j) {
       V kv[NV];
       for (int v = 0; v < NV; ++v) kv[v] = load<V>(kj + v * L);
       for (int a = 0; a < MH; ++a) {
         const T pa = p[a * kChunkMax + j];
         for (int v = 0; v < NV; ++v) acc[a][v] += pa * kv[v];
       }
-    }
+    };
+    const int n0 = k.n0 < nb ? k.n0 : nb;
+    int j = 0;
+    for (; j < n0; ++j) key(k.p0 + j * k.ld + d, j);
+    for (; j < nb; ++j) key(k.p1 + (j - n0) * k.ld + d, j);
     for (int a = 0; a < MH; ++a)
       for (int v = 0; v < NV; ++v) store<V>(oh[a] + d + v * L, acc[a][v]);
   }
 
-  // One chunk of nb keys from row k0 for heads h0 .. h0 + MH.
+  // One chunk of nb keys (rows k) for heads h0 .. h0 + MH.
   template <int MH>
-  KOKKOS_FORCEINLINE_FUNCTION void chunk_step(const T* q, T* o, int h0, const T* k0, std::int64_t ld, int nb,
-                                              bool first, T* m, T* l, T* s, const T* pf, int pf_rows,
+  KOKKOS_FORCEINLINE_FUNCTION void chunk_step(const T* q, T* o, int h0, const ChunkRows<T>& k, int nb, bool first,
+                                              T* m, T* l, T* s, const ChunkRows<T>* pf, int pf_rows,
                                               bool scored = false) const {
     const int D = head_dim;
     const T* qh[MH];
@@ -152,59 +188,102 @@ struct AttendCore {
       qh[a] = q + std::size_t(h0 + a) * D;
       oh[a] = o + std::size_t(h0 + a) * D;
     }
-    // Register tiles sized to the 16 vector registers: with several heads every key vector loaded
+    // Register tiles sized to the vector registers: with several heads every key vector loaded
     // feeds a tile of heads x keys. A lone head has too little arithmetic per byte to hide memory,
     // so it reads its keys in address order, one row after the other: the hardware prefetcher
     // follows that one stream, where rows read side by side break it into short ones (measured
     // 1.07-1.29x over an 8-key tile that prefetched the next chunk by hand).
-    constexpr int MK = MH == 2 ? 4 : 3;
-    constexpr int NV = MH == 1 ? 12 : (MH == 2 ? 6 : (MH == 3 ? 4 : 3));
+    constexpr bool wide = kVectorRegs >= 32;
+    // Scores: MH x MK accumulators, MH + MK loads per MH * MK FMAs. With 32 registers, 16
+    // accumulators (8 heads x 2 keys: 10 loads per 16 FMAs), a multiple of the lanes, so their
+    // sums take whole transposes.
+    constexpr int MK = wide ? (MH >= 6 ? 2 : (16 / MH > 8 ? 8 : 16 / MH)) : (MH == 2 ? 4 : 3);
+    // p . V: HB heads x NV vectors per pass over the chunk's rows. With 32 registers, 16
+    // accumulators (4 heads x 4 vectors: 8 loads per 16 FMAs; 4 x 6 and 8 x 2 measured no faster)
+    // and about as many for a group of other sizes; a lone head keeps its 12.
+    constexpr int HB = wide && MH % 4 == 0 ? 4 : MH;
+    constexpr int NV = !wide || HB == 1 ? (HB == 1 ? 12 : (HB == 2 ? 6 : (HB == 3 ? 4 : 3)))
+                                        : (16 / HB > 8 ? 8 : 16 / HB);
     int j = scored ? nb : 0;  // scored: the caller wrote the scores (attend_lone)
-    if constexpr (MH == 1) {
-      for (; j < nb; ++j) s[j] = dot<L>(qh[0], k0 + j * ld, D);
-    } else {
-      for (; j + MK <= nb; j += MK) score_tile<MH, MK>(qh, k0, ld, s, j, pf, pf_rows);
-      for (; j + 2 <= nb; j += 2) score_tile<MH, 2>(qh, k0, ld, s, j, pf, pf_rows);
-      for (; j < nb; ++j) score_tile<MH, 1>(qh, k0, ld, s, j, pf, pf_rows);
+    // (A group of one head in a several-head row goes through the tiles too, so its scores are
+    // summed in the same order as in any other group.)
+    for (; j + MK <= nb; j += MK) score_tile<MH, MK>(qh, k, s, j, pf, pf_rows);
+    if constexpr (MK > 4)
+      for (; j + 4 <= nb; j += 4) score_tile<MH, 4>(qh, k, s, j, pf, pf_rows);
+    for (; j + 2 <= nb; j += 2) score_tile<MH, 2>(qh, k, s, j, pf, pf_rows);
+    for (; j < nb; ++j) score_tile<MH, 1>(qh, k, s, j, pf, pf_rows);
+    // The softmax step per head, vectorised over the chunk's keys: max, weights, their sum. The
+    // rescale factors of all MH heads come from one vector exp (one libm call per head cost as
+    // much as the rest of the step at head_dim 128).
+    constexpr int MR = (MH + L - 1) / L * L;
+    T m_new[MH], corr[MR];
+    for (int a = 0; a < MH; ++a) {
+      const T* sa = s + a * kChunkMax;
+      T mx = sa[0];
+      j = 0;
+      if constexpr (L > 1) {
+        if (nb >= L) {
+          V mv = load<V>(sa);
+          for (j = L; j + L <= nb; j += L) {
+            const V x = load<V>(sa + j);
+            mv = mv < x ? x : mv;
+          }
+          mx = hmax<L>(mv);
+        }
+      }
+      for (; j < nb; ++j) mx = impl::max(mx, sa[j]);
+      const T mb = mx * scale;  // scale > 0: the max of the scaled scores
+      m_new[a] = first ? mb : impl::max(m[a], mb);
     }
-    T corr[MH];
+    for (int a = 0; a < MR; ++a) corr[a] = first || a >= MH ? T(0) : T(m[a] - m_new[a]);
+    if (!first)
+      for (int a = 0; a < MR; a += L) store<V>(corr + a, vexp<L>(load<V>(corr + a)));
     for (int a = 0; a < MH; ++a) {
       T* sa = s + a * kChunkMax;
-      T mb = sa[0] * scale;
-      for (j = 0; j < nb; ++j) mb = impl::max(mb, T(sa[j] * scale));
-      const T m_new = first ? mb : impl::max(m[a], mb);
-      corr[a] = first ? T(0) : impl::exp(T(m[a] - m_new));
-      for (j = 0; j < nb; j += L) store<V>(sa + j, vexp<L>(load<V>(sa + j) * scale - m_new));
-      T sum = T(0);
-      for (j = 0; j < nb; ++j) sum += sa[j];
+      V vs{};
+      for (j = 0; j + L <= nb; j += L) {
+        const V e = vexp<L>(load<V>(sa + j) * scale - m_new[a]);
+        store<V>(sa + j, e);
+        vs += e;
+      }
+      if (j < nb) store<V>(sa + j, vexp<L>(load<V>(sa + j) * scale - m_new[a]));
+      T sum = hsum_tree<L>(vs);
+      for (; j < nb; ++j) sum += sa[j];
       l[a] = first ? sum : T(l[a] * corr[a] + sum);
-      m[a] = m_new;
+      m[a] = m_new[a];
     }
     int d = 0;
-    for (; d + NV * L <= D; d += NV * L) value_tile<MH, NV>(oh, d, k0, ld, nb, s, corr, first);
-    for (; d + L <= D; d += L) value_tile<MH, 1>(oh, d, k0, ld, nb, s, corr, first);
+    for (; d + NV * L <= D; d += NV * L)
+      for (int a = 0; a < MH; a += HB) value_tile<HB, NV>(oh + a, d, k, nb, s + a * kChunkMax, corr + a, first);
+    for (; d + L <= D; d += L) value_tile<MH, 1>(oh, d, k, nb, s, corr, first);
     for (; d < D; ++d)
       for (int a = 0; a < MH; ++a) {
         T r = first ? T(0) : T(corr[a] * oh[a][d]);
-        for (j = 0; j < nb; ++j) r += s[a * kChunkMax + j] * k0[j * ld + d];
+        for (j = 0; j < nb; ++j) r += s[a * kChunkMax + j] * k.row(j)[d];
         oh[a][d] = r;
       }
   }
 
   // One chunk for head group g (heads g*kHeadGroup ..), its m, l and scores in the scratch.
   // Group 0 prefetches the next chunk (pf, pf_rows), unless it is a lone head (see chunk_step).
-  KOKKOS_FORCEINLINE_FUNCTION void step(int g, const T* q, T* o, const T* k0, std::int64_t ld, int nb, bool first,
-                                        T* scratch, const T* pf, int pf_rows) const {
+  KOKKOS_FORCEINLINE_FUNCTION void step(int g, const T* q, T* o, const ChunkRows<T>& k, int nb, bool first,
+                                        T* scratch, const ChunkRows<T>* pf, int pf_rows) const {
     T* m = scratch + g * group_scratch;
     T* l = m + kHeadGroup;
     T* s = l + kHeadGroup;
     const int h0 = g * kHeadGroup;
-    switch (heads - h0 < kHeadGroup ? heads - h0 : kHeadGroup) {
-      case 1: chunk_step<1>(q, o, h0, k0, ld, nb, first, m, l, s, g == 0 ? pf : nullptr, pf_rows); break;
-      case 2: chunk_step<2>(q, o, h0, k0, ld, nb, first, m, l, s, g == 0 ? pf : nullptr, pf_rows); break;
-      case 3: chunk_step<3>(q, o, h0, k0, ld, nb, first, m, l, s, g == 0 ? pf : nullptr, pf_rows); break;
-      default: chunk_step<kHeadGroup>(q, o, h0, k0, ld, nb, first, m, l, s, g == 0 ? pf : nullptr, pf_rows); break;
-    }
+    step_heads<kHeadGroup>(heads - h0 < kHeadGroup ? heads - h0 : kHeadGroup, q, o, h0, k, nb, first, m, l, s,
+                           g == 0 ? pf : nullptr, pf_rows);
+  }
+
+  // chunk_step for the n <= MH heads of a group (the last group may hold fewer).
+  template <int MH>
+  KOKKOS_FORCEINLINE_FUNCTION void step_heads(int n, const T* q, T* o, int h0, const ChunkRows<T>& k, int nb,
+                                              bool first, T* m, T* l, T* s, const ChunkRows<T>* pf,
+                                              int pf_rows) const {
+    if constexpr (MH > 1)
+      if (n < MH) return step_heads<MH - 1>(n, q, o, h0, k, nb, first, m, l, s, pf, pf_rows);
+    chunk_step<MH>(q, o, h0, k, nb, first, m, l, s, pf, pf_rows);
   }
 
   // Team scratch per group: m, l (kHeadGroup each) and the scores (kHeadGroup x kChunkMax); a
@@ -245,19 +324,29 @@ struct AttendCore {
     const int groups = (heads + kHeadGroup - 1) / kHeadGroup;
     Scratch scratch(team.team_scratch(0), std::size_t(groups) * group_scratch);
     const std::int64_t ld = keys.stride();
-    int nb = 0;
-    const T* k0 = begin < end ? keys.row(b, begin, end, nb) : nullptr;
+    // The chunk from key p: up to `chunk` keys in at most two runs of consecutive rows.
+    auto rows_from = [&](std::int64_t p, ChunkRows<T>& c) {
+      int n0 = 0;
+      c.p0 = keys.row(b, p, end, n0);
+      c.ld = ld;
+      if (n0 > chunk) n0 = chunk;
+      c.n0 = n0;
+      c.p1 = c.p0;
+      if (n0 == chunk || p + n0 >= end) return n0;
+      int n1 = 0;
+      c.p1 = keys.row(b, p + n0, end, n1);
+      return n0 + (n1 < chunk - n0 ? n1 : chunk - n0);
+    };
+    ChunkRows<T> cur{}, next{};
+    int nb = begin < end ? rows_from(begin, cur) : 0;
     for (std::int64_t p = begin; p < end;) {
-      if (nb > chunk) nb = chunk;
-      int next_nb = 0;
-      const T* next = p + nb < end ? keys.row(b, p + nb, end, next_nb) : nullptr;
-      if (next_nb > chunk) next_nb = chunk;
+      const int next_nb = p + nb < end ? rows_from(p + nb, next) : 0;
       const bool first = p == begin;
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, groups), [&](const int g) {
-        step(g, q, out, k0, ld, nb, first, scratch.data(), next, next_nb);
+        step(g, q, out, cur, nb, first, scratch.data(), next_nb > 0 ? &next : nullptr, next_nb);
       });
       p += nb;
-      k0 = next;
+      cur = next;
       nb = next_nb;
     }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, groups), [&](const int g) {
@@ -310,8 +399,8 @@ struct AttendCore {
         for (int i = 0; i < n_live; ++i) {
           const int r = live[i];
           T* m = scratch.data() + r * group_scratch;
-          chunk_step<1>(q, out[r], 0, k0[i], ld, n, p[r] == begin[r], m, m + kHeadGroup, m + 2 * kHeadGroup,
-                        nullptr, 0, true);
+          chunk_step<1>(q, out[r], 0, ChunkRows<T>{k0[i], k0[i], n, ld}, n, p[r] == begin[r], m, m + kHeadGroup,
+                        m + 2 * kHeadGroup, nullptr, 0, true);
           p[r] += n;
         }
       }
