@@ -25,7 +25,7 @@ inline constexpr int kHeadGroup = kVectorRegs >= 32 ? 8 : 4;
 inline constexpr int kLineBytes = 64;
 inline constexpr int kMaxRanges = 4;  // key ranges a lone head's decode work item reads side by side
 
-// Prefetch to L2, not L1: the chunk being computed keeps L1 (measured with 8 heads of 512: 1.05-1.1x
+// Prefetch to L2, not L1: the chunk being computed keeps L1 (measured with 8 heads of 512: 1.0-1.15x
 // over prefetching to L1; without the prefetch the row ran at 0.55-0.6x).
 KOKKOS_FORCEINLINE_FUNCTION void prefetch(const void* p) {
 #if defined(RELAYOUT_KERNELS_HOST_SIMD)
