@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 #include <relayout/kernels.hpp>
+#include <type_traits>
 #include <vector>
 
 extern "C" void openblas_set_num_threads(int);
@@ -317,15 +318,17 @@ double fma_peak_gflops() {
 // Times one decode (`run`) over a cache of `rows` x head_dim against a copy of as many bytes, and
 // reports next to the ratio the best ratio the FMA peak allows: decode attention does 2 FMAs per
 // cached element and head (the score and p . V), so with many heads it is bound by the FMA rate,
-// not by memory: fma_bound_ratio = fma_peak / (flops per byte) / copy.
+// not by memory: fma_bound_ratio = fma_peak / (flops per byte) / copy. kv_bytes: bytes per cached
+// element (4 fp32, 2 bf16); q and out are fp32 either way.
 template <class Run>
-void decode_vs_copy(benchmark::State& state, std::int64_t rows, int reqs, int heads, int head_dim, Run&& run) {
+void decode_vs_copy(benchmark::State& state, std::int64_t rows, int reqs, int heads, int head_dim, Run&& run,
+                    double kv_bytes = 4.0) {
   // Bytes the kernel must move: the cache once, q and out. The copy moves its bytes twice (read +
-  // write), so it copies half as many elements: both sides move the same number of bytes.
-  const double bytes = 4.0 * (double(rows) * head_dim + 2.0 * reqs * heads * head_dim);
+  // write), so it copies half as many bytes as the cache holds: both sides move the same number.
+  const double bytes = kv_bytes * double(rows) * head_dim + 4.0 * 2.0 * reqs * heads * head_dim;
   const double flops = 4.0 * double(rows) * head_dim * heads;
   std::vector<float> src(std::size_t(rows) * head_dim, 1.f), dst(src.size(), 0.f);
-  const std::size_t copy_n = src.size() / 2;
+  const std::size_t copy_n = std::size_t(double(src.size()) * kv_bytes / 8.0);
   paired(state, bytes, "GBps", "copy", run, [&] {
     std::memcpy(dst.data(), src.data() + copy_n, copy_n * sizeof(float));
     benchmark::DoNotOptimize(dst.data());
@@ -340,25 +343,45 @@ void decode_vs_copy(benchmark::State& state, std::int64_t rows, int reqs, int he
   state.counters["roofline_ratio"] = gbps / std::min(copy, peak * bytes / flops);
 }
 
-void BM_DecodeAttention(benchmark::State& state) {
+// A cache of KvT (float, or bf16: fp32 values rounded to nearest even) filled like fill().
+template <class KvT, class V>
+void fill_cache(const V& v, unsigned seed) {
+  if constexpr (std::is_same_v<KvT, float>) {
+    fill(v, seed);
+  } else {
+    relayout::RowsView<float, Mem> f("f", v.extent(0), v.extent(1));
+    fill(f, seed);
+    auto fh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), f);
+    auto h = Kokkos::create_mirror_view(v);
+    for (std::size_t i = 0; i < h.span(); ++i) h.data()[i] = KvT(fh.data()[i]);
+    Kokkos::deep_copy(v, h);
+  }
+}
+
+template <class KvT>
+void decode_attention(benchmark::State& state) {
   const int reqs = int(state.range(0)), len = int(state.range(1)), heads = int(state.range(2)),
             head_dim = int(state.range(3));
   Exec exec;
   const std::int64_t rows = std::int64_t(reqs) * len;
-  relayout::RowsView<float, Mem> cache("cache", rows, head_dim), q("q", reqs, heads * head_dim),
-      out("out", reqs, heads * head_dim);
-  fill(cache, 6);
+  relayout::RowsView<KvT, Mem> cache("cache", rows, head_dim);
+  relayout::RowsView<float, Mem> q("q", reqs, heads * head_dim), out("out", reqs, heads * head_dim);
+  fill_cache<KvT>(cache, 6);
   fill(q, 7);
   Kokkos::View<int*, Mem> cu("cu", reqs + 1);
   auto cu_h = Kokkos::create_mirror_view(cu);
   for (int b = 0; b <= reqs; ++b) cu_h(b) = b * len;
   Kokkos::deep_copy(cu, cu_h);
   const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), 0};
-  decode_vs_copy(state, rows, reqs, heads, head_dim, [&] {
-    rk::attention_decode(exec, q, cache, cu, out, p);
-    exec.fence();
-  });
+  decode_vs_copy(
+      state, rows, reqs, heads, head_dim,
+      [&] {
+        rk::attention_decode(exec, q, cache, cu, out, p);
+        exec.fence();
+      },
+      double(sizeof(KvT)));
 }
+void BM_DecodeAttention(benchmark::State& state) { decode_attention<float>(state); }
 BENCHMARK(BM_DecodeAttention)
     ->ArgNames({"reqs", "len", "heads", "head_dim"})
     ->Args({8, 4096, 1, 512})
@@ -372,18 +395,19 @@ BENCHMARK(BM_DecodeAttention)
 
 // The same through a paged cache (blocks of 16 rows, the requests' blocks interleaved in the pool):
 // the kernel reads through the block table, so it should match the contiguous row.
-void BM_DecodeAttentionPaged(benchmark::State& state) {
+template <class KvT>
+void decode_attention_paged(benchmark::State& state) {
   const int reqs = int(state.range(0)), len = int(state.range(1)), heads = int(state.range(2)),
             head_dim = int(state.range(3)), bs = 16;
   Exec exec;
   const int blocks = len / bs;
-  rk::PagedKvCache<float, Mem> cache({1, head_dim, bs, reqs * blocks, reqs, blocks});
-  relayout::RowsView<float, Mem> piece("piece", bs, head_dim), q("q", reqs, heads * head_dim),
-      out("out", reqs, heads * head_dim);
+  rk::PagedKvCache<KvT, Mem> cache({1, head_dim, bs, reqs * blocks, reqs, blocks});
+  relayout::RowsView<KvT, Mem> piece("piece", bs, head_dim);
+  relayout::RowsView<float, Mem> q("q", reqs, heads * head_dim), out("out", reqs, heads * head_dim);
   fill(q, 7);
   for (int k = 0; k < blocks; ++k)
     for (int b = 0; b < reqs; ++b) {
-      fill(piece, unsigned(100 + k * reqs + b));
+      fill_cache<KvT>(piece, unsigned(100 + k * reqs + b));
       cache.append(exec, 0, b, piece);
     }
   Kokkos::View<int*, Mem> slots("slots", reqs);
@@ -393,12 +417,35 @@ void BM_DecodeAttentionPaged(benchmark::State& state) {
   const auto kv = cache.view(0, slots);
   const std::int64_t rows = std::int64_t(reqs) * len;
   const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), 0};
-  decode_vs_copy(state, rows, reqs, heads, head_dim, [&] {
-    rk::attention_decode(exec, q, kv, out, p);
-    exec.fence();
-  });
+  decode_vs_copy(
+      state, rows, reqs, heads, head_dim,
+      [&] {
+        rk::attention_decode(exec, q, kv, out, p);
+        exec.fence();
+      },
+      double(sizeof(KvT)));
 }
+void BM_DecodeAttentionPaged(benchmark::State& state) { decode_attention_paged<float>(state); }
 BENCHMARK(BM_DecodeAttentionPaged)
+    ->ArgNames({"reqs", "len", "heads", "head_dim"})
+    ->Args({8, 4096, 1, 512})
+    ->Args({8, 4096, 8, 512})
+    ->Args({8, 4096, 16, 128})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// The same decodes over a bf16 cache (fp32 q, out and arithmetic): half the bytes of the cache,
+// counted as such, so roofline_ratio stays against the copy of those bytes or the FMA peak.
+void BM_DecodeAttentionBf16(benchmark::State& state) { decode_attention<relayout::bf16>(state); }
+BENCHMARK(BM_DecodeAttentionBf16)
+    ->ArgNames({"reqs", "len", "heads", "head_dim"})
+    ->Args({8, 4096, 1, 512})
+    ->Args({8, 4096, 8, 512})
+    ->Args({8, 4096, 16, 128})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+void BM_DecodeAttentionPagedBf16(benchmark::State& state) { decode_attention_paged<relayout::bf16>(state); }
+BENCHMARK(BM_DecodeAttentionPagedBf16)
     ->ArgNames({"reqs", "len", "heads", "head_dim"})
     ->Args({8, 4096, 1, 512})
     ->Args({8, 4096, 8, 512})

@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 
+#include "relayout/comm/scalar.hpp"
 #include "relayout/kernels/error.hpp"
 #include "relayout/kernels/impl/attention_launch.hpp"
 #include "relayout/kernels/kv_cache.hpp"
@@ -25,6 +27,15 @@ struct AttentionParams {
 };
 
 inline double default_softmax_scale(int head_dim) { return 1.0 / std::sqrt(double(head_dim)); }
+
+// Decode reads the whole cache for a few query rows, so its cost is the bytes it reads: a bf16
+// cache halves them. The queries, outputs and arithmetic stay fp32 (each key row is widened to
+// fp32 as it is read). This is the one mix of scalar types decode takes; any other has q, the
+// cache and out of one type.
+template <class Q, class Kv, class O>
+inline constexpr bool decode_scalars_v = (std::is_same_v<Q, O> && std::is_same_v<Kv, O>) ||
+                                         (std::is_same_v<Kv, relayout::bf16> && std::is_same_v<Q, float> &&
+                                          std::is_same_v<O, float>);
 
 // Causal prefill. Request b owns rows [cu_seqlens[b], cu_seqlens[b+1]) of q (tokens x heads*head_dim)
 // and kv (tokens x head_dim); the token at position p of its request attends that request's keys
@@ -96,8 +107,9 @@ void attention_prefill(const ExecSpace& exec, const Q& q, const KV& kv, const Cu
 template <class ExecSpace, RowMatrixView Q, RowMatrixView KV, VectorView Cu, MutableRowMatrixView O>
 void attention_decode(const ExecSpace& exec, const Q& q, const KV& kv_cache, const Cu& cu_cache,
                       const O& out, const AttentionParams& params) {
-  static_assert(std::is_same_v<scalar_of<Q>, scalar_of<O>> && std::is_same_v<scalar_of<KV>, scalar_of<O>>,
-                "relayout::kernels::attention_decode: q, kv_cache and out must have the same scalar type");
+  static_assert(decode_scalars_v<scalar_of<Q>, scalar_of<KV>, scalar_of<O>>,
+                "relayout::kernels::attention_decode: q, kv_cache and out must have the same scalar type, "
+                "or kv_cache bf16 with q and out float");
   static_assert(std::is_same_v<scalar_of<Cu>, int>, "relayout::kernels: cu_cache must hold int");
   const int heads = impl::check_attention("attention_decode", q, kv_cache, out, params);
   impl::require(cu_cache.extent(0) == q.extent(0) + 1, "attention_decode", "cu_cache",
@@ -106,8 +118,12 @@ void attention_decode(const ExecSpace& exec, const Q& q, const KV& kv_cache, con
   const std::int64_t longest =
       impl::check_offsets("attention_decode", "cu_cache", cu_cache, std::int64_t(kv_cache.extent(0)), false, true);
   if (q.extent(0) == 0) return;
-  impl::decode_launch(exec, q, impl::ContiguousKeys<KV, Cu>{kv_cache, cu_cache}, out, params, heads, longest,
-                      impl::WindowStart{params.window}, impl::NoLse<O>());
+  const impl::ContiguousKeys<KV, Cu> keys{kv_cache, cu_cache};
+  if constexpr (std::is_same_v<scalar_of<KV>, scalar_of<O>>)
+    impl::decode_launch(exec, q, keys, out, params, heads, longest, impl::WindowStart{params.window}, impl::NoLse<O>());
+  else
+    impl::decode_launch(exec, q, impl::widen_keys(keys, params.head_dim, heads), out, params, heads, longest,
+                        impl::WindowStart{params.window}, impl::NoLse<O>());
 }
 
 // Decode through a paged cache (PagedKvCache::view): query row b attends the last min(window, L)
@@ -115,15 +131,20 @@ void attention_decode(const ExecSpace& exec, const Q& q, const KV& kv_cache, con
 template <class ExecSpace, RowMatrixView Q, class T, class MemSpace, MutableRowMatrixView O>
 void attention_decode(const ExecSpace& exec, const Q& q, const PagedKv<T, MemSpace>& kv, const O& out,
                       const AttentionParams& params) {
-  static_assert(std::is_same_v<scalar_of<Q>, T> && std::is_same_v<scalar_of<O>, T>,
-                "relayout::kernels::attention_decode: q, the cache and out must have the same scalar type");
+  static_assert(decode_scalars_v<scalar_of<Q>, T, scalar_of<O>>,
+                "relayout::kernels::attention_decode: q, the cache and out must have the same scalar type, "
+                "or the cache bf16 with q and out float");
   const int heads = impl::check_attention("attention_decode", q, kv.pool, out, params);
   const auto [slots, lengths] = impl::check_slots(q, kv, true);
   std::int64_t longest = 0;
   for (std::size_t b = 0; b < slots.extent(0); ++b) longest = lengths(slots(b)) > longest ? lengths(slots(b)) : longest;
   if (q.extent(0) == 0) return;
-  impl::decode_launch(exec, q, impl::PagedKeys<T, MemSpace>{kv}, out, params, heads, longest,
-                      impl::WindowStart{params.window}, impl::NoLse<O>());
+  const impl::PagedKeys<T, MemSpace> keys{kv};
+  if constexpr (std::is_same_v<T, scalar_of<O>>)
+    impl::decode_launch(exec, q, keys, out, params, heads, longest, impl::WindowStart{params.window}, impl::NoLse<O>());
+  else
+    impl::decode_launch(exec, q, impl::widen_keys(keys, params.head_dim, heads), out, params, heads, longest,
+                        impl::WindowStart{params.window}, impl::NoLse<O>());
 }
 
 // Partial decode over one shard of each request's keys (attention context parallelism: a CP rank
@@ -137,8 +158,9 @@ template <class ExecSpace, RowMatrixView Q, class T, class MemSpace, VectorView 
           MutableRowMatrixView L>
 void attention_decode_partial(const ExecSpace& exec, const Q& q, const PagedKv<T, MemSpace>& kv, const First& first,
                               const O& out, const L& lse, const AttentionParams& params) {
-  static_assert(std::is_same_v<scalar_of<Q>, T> && std::is_same_v<scalar_of<O>, T> && std::is_same_v<scalar_of<L>, T>,
-                "relayout::kernels::attention_decode_partial: q, the cache, out and lse must have the same scalar type");
+  static_assert(decode_scalars_v<scalar_of<Q>, T, scalar_of<O>> && std::is_same_v<scalar_of<L>, scalar_of<O>>,
+                "relayout::kernels::attention_decode_partial: q, the cache, out and lse must have the same scalar "
+                "type, or the cache bf16 with q, out and lse float");
   static_assert(std::is_same_v<scalar_of<First>, int>, "relayout::kernels: first must hold int");
   const char* fn = "attention_decode_partial";
   const int heads = impl::check_attention(fn, q, kv.pool, out, params);
@@ -157,8 +179,12 @@ void attention_decode_partial(const ExecSpace& exec, const Q& q, const PagedKv<T
     longest = lengths(slots(b)) - f(b) > longest ? lengths(slots(b)) - f(b) : longest;
   }
   if (q.extent(0) == 0) return;
-  impl::decode_launch(exec, q, impl::PagedKeys<T, MemSpace>{kv}, out, params, heads, longest,
-                      impl::FirstKey<First>{first}, lse);
+  const impl::PagedKeys<T, MemSpace> keys{kv};
+  if constexpr (std::is_same_v<T, scalar_of<O>>)
+    impl::decode_launch(exec, q, keys, out, params, heads, longest, impl::FirstKey<First>{first}, lse);
+  else
+    impl::decode_launch(exec, q, impl::widen_keys(keys, params.head_dim, heads), out, params, heads, longest,
+                        impl::FirstKey<First>{first}, lse);
 }
 
 // Merges the partials of n query rows from P shards (attention_decode_partial on each):

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "relayout/comm/scalar.hpp"
 #include "relayout/kernels/error.hpp"
 #include "relayout/kernels/types.hpp"
 
@@ -167,10 +168,16 @@ class PagedKvCache {
   }
 
   // Appends rows (n x head_dim) to the request in `layer`, taking blocks from the pool as needed.
+  // Rows have the cache's scalar type, or are float into a bf16 cache: then each value is rounded
+  // to the nearest bf16 (ties to even) as it is stored, so a model that computes its kv rows in
+  // fp32 appends them as they are.
   // Throws LayoutError naming the request and the capacity it would exceed; nothing changes then.
   template <class ExecSpace, RowMatrixView Rows>
   void append(const ExecSpace& exec, int layer, int slot, const Rows& rows) {
-    static_assert(std::is_same_v<scalar_of<Rows>, T>, "relayout::kernels::PagedKvCache::append: scalar type");
+    static_assert(std::is_same_v<scalar_of<Rows>, T> ||
+                      (std::is_same_v<T, relayout::bf16> && std::is_same_v<scalar_of<Rows>, float>),
+                  "relayout::kernels::PagedKvCache::append: rows must have the cache's scalar type (or be float "
+                  "into a bf16 cache)");
     static_assert(accessible_from<ExecSpace, Rows>, "relayout::kernels::PagedKvCache::append: rows space");
     check_layer("append", layer);
     check_slot("append", slot);
@@ -189,7 +196,7 @@ class PagedKvCache {
         "relayout::kernels::kv_append", Kokkos::RangePolicy<ExecSpace>(exec, 0, n * dim),
         KOKKOS_LAMBDA(const std::int64_t i) {
           const std::int64_t r = i / dim, d = i % dim, p = start + r;
-          pool(std::int64_t(table(p / bs)) * bs + p % bs, d) = rows(r, d);
+          pool(std::int64_t(table(p / bs)) * bs + p % bs, d) = T(rows(r, d));
         });
   }
 

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "relayout/kernels/error.hpp"
+#include "relayout/kernels/impl/attention_bf16.hpp"
 #include "relayout/kernels/impl/attention_core.hpp"
 #include "relayout/kernels/kv_cache.hpp"
 #include "relayout/kernels/types.hpp"
@@ -104,10 +105,11 @@ struct DecodeFunctor {
       o[r] = partial.extent(0) == 0 ? &out(b, 0) : &partial(item, 0);
       m[r] = partial.extent(0) == 0 ? static_cast<T*>(nullptr) : &ml(item, 0);
     }
+    decltype(auto) k = bind_keys(keys, team);  // a bf16 cache's keys take their buffers here
     if (ranges == 1)
-      core.attend(team, keys, b, begin[0], end[0], &q(b, 0), o[0], m[0]);
+      core.attend(team, k, b, begin[0], end[0], &q(b, 0), o[0], m[0]);
     else
-      core.attend_lone(team, keys, b, ranges, begin, end, &q(b, 0), o, m);
+      core.attend_lone(team, k, b, ranges, begin, end, &q(b, 0), o, m);
   }
 };
 
@@ -261,9 +263,14 @@ void decode_launch(const ExecSpace& exec, const Q& q, const Keys& keys, const O&
                                 n_req * splits, 2 * heads);
   }
   const int ranges = decode_ranges<ExecSpace>(splits, heads);
-  Kokkos::TeamPolicy<ExecSpace> policy(exec, int(n_req * (splits / ranges)), Kokkos::AUTO);
+  // Keys widened from bf16 go through buffers of one work item's scratch, filled in turn: one
+  // thread per team, so no two threads fill them.
+  const int league = int(n_req * (splits / ranges));
+  Kokkos::TeamPolicy<ExecSpace> policy = is_widen_keys_v<Keys> ? Kokkos::TeamPolicy<ExecSpace>(exec, league, 1)
+                                                               : Kokkos::TeamPolicy<ExecSpace>(exec, league, Kokkos::AUTO);
+  const std::size_t scratch = Core::scratch_bytes(heads, ranges) + keys_scratch_bytes<ExecSpace>(keys);
   Kokkos::parallel_for("relayout::kernels::attention_decode",
-                       policy.set_scratch_size(0, Kokkos::PerTeam(Core::scratch_bytes(heads, ranges))),
+                       policy.set_scratch_size(0, Kokkos::PerTeam(scratch)),
                        DecodeFunctor<ExecSpace, Q, O, Keys, Start>{
                            Core{heads, params.head_dim, chunk_keys<T>(params.head_dim, heads), T(params.scale)}, q, out,
                            keys, partial, ml, start, splits, ranges});
