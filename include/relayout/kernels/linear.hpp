@@ -42,7 +42,8 @@ struct PackedWeights {
   GemmBackend backend = GemmBackend::packed;  // packed or vendor, never automatic
   // bf16 weights only: fp32 rows are rounded to bf16 (nearest even) before they are multiplied,
   // so the GEMM takes bf16 activations with fp32 accumulation and output, and runs vdpbf16ps where
-  // the CPU has AVX512-BF16 (about twice the fp32 GEMM there from 16 rows on). false: fp32 rows
+  // it pays (impl::bf16_kernel: AMD parts with AVX512-BF16, about twice the fp32 GEMM from 16 rows
+  // on; elsewhere the widening kernel on the rounded rows). false: fp32 rows
   // multiply the bf16 weights exactly (the widening kernel), the weights' rounding the only one.
   bool round_rows = false;
   Kokkos::View<T*, memory_space> data;
