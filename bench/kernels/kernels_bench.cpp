@@ -132,12 +132,18 @@ BENCHMARK(BM_GemmDispatch)
 #endif
 
 // bf16 rows and weights (fp32 accumulation) against relayout's own fp32 linear, same shape: half
-// the bytes of the weights. `kernel` 1: AVX512-BF16 (skipped where the CPU lacks it), 0: the
-// portable kernel that widens to fp32 (what AVX2 machines run).
+// the bytes of the weights. `kernel` 2: AMX-BF16 tiles, 1: AVX512-BF16 (each skipped where the CPU
+// or the OS lacks it), 0: the portable kernel that widens to fp32 (what AVX2 machines run).
 void BM_LinearBf16(benchmark::State& state) {
   const int m = int(state.range(0)), n = int(state.range(1)), k = int(state.range(2));
-  const auto kernel = state.range(3) ? rk::impl::Bf16Kernel::avx512_bf16 : rk::impl::Bf16Kernel::widen_fp32;
-  if (state.range(3) && rk::impl::bf16_kernel<Exec>() != rk::impl::Bf16Kernel::avx512_bf16) {
+  const auto kernel = state.range(3) == 2   ? rk::impl::Bf16Kernel::amx_bf16
+                      : state.range(3) == 1 ? rk::impl::Bf16Kernel::avx512_bf16
+                                            : rk::impl::Bf16Kernel::widen_fp32;
+  if (state.range(3) == 2 && !rk::impl::amx_bf16_runnable()) {
+    state.SkipWithError("no AMX-BF16 on this CPU, or Linux did not grant its state");
+    return;
+  }
+  if (state.range(3) == 1 && !(rk::isa::cpu_has("avx512f") && rk::isa::cpu_has("avx512_bf16"))) {
     state.SkipWithError("no AVX512-BF16 on this CPU");
     return;
   }
@@ -162,11 +168,11 @@ void BM_LinearBf16(benchmark::State& state) {
         rk::linear(exec, x, packed, y);
         exec.fence();
       });
-  state.SetLabel(state.range(3) ? "avx512_bf16" : "widened to fp32");
+  state.SetLabel(state.range(3) == 2 ? "amx_bf16" : state.range(3) ? "avx512_bf16" : "widened to fp32");
 }
 BENCHMARK(BM_LinearBf16)
     ->ArgNames({"rows", "out", "in", "kernel"})
-    ->ArgsProduct({{1, 16, 64, 256}, {2048}, {2048}, {1, 0}})
+    ->ArgsProduct({{1, 4, 16, 64, 256}, {2048}, {2048}, {2, 1, 0}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -1,7 +1,8 @@
 // linear on bf16 rows and weights (fp32 accumulation) against a double reference computed from the
-// same bf16 values, through both micro-kernels (AVX512-BF16 where the CPU has it, and the portable
-// one that widens to fp32), with bias and accumulation over shapes that are not multiples of the
-// tile; and the run-time dispatch, both ways (RELAYOUT_ISA_HIDE forces the portable branch).
+// same bf16 values, through the three micro-kernels (AMX-BF16 tiles and AVX512-BF16 where the CPU
+// has them, and the portable one that widens to fp32), with bias and accumulation over shapes that
+// are not multiples of the tile; and the run-time dispatch, every way (RELAYOUT_ISA_HIDE forces the
+// other branches).
 #include <doctest/doctest.h>
 
 #include <Kokkos_Core.hpp>
@@ -90,6 +91,9 @@ void check(const Shape& s, rk::impl::Bf16Kernel kernel, bool dispatch, bool with
 const Shape kShapes[] = {{0, 4, 5}, {1, 1, 1},    {1, 3, 7},     {5, 17, 33},  {8, 128, 32},
                          {9, 64, 96}, {13, 129, 40}, {67, 301, 16}, {64, 256, 64}};
 
+// Shapes around the AMX blocks: 16 and 32 rows, k at, below and past a 32-step, n past a panel.
+const Shape kAmxShapes[] = {{16, 32, 32}, {17, 33, 33}, {32, 64, 31}, {33, 96, 64}, {40, 97, 50}, {3, 200, 70}};
+
 bool cpu_has_bf16() { return rk::isa::cpu_has("avx512f") && rk::isa::cpu_has("avx512_bf16"); }
 
 }  // namespace
@@ -118,25 +122,54 @@ TEST_CASE("bf16 linear, AVX512-BF16 kernel, matches the reference") {
 #endif
 }
 
-TEST_CASE("bf16 linear dispatches at run time, and RELAYOUT_ISA_HIDE takes the portable branch") {
+TEST_CASE("bf16 linear, AMX-BF16 kernel, matches the reference") {
+#if defined(RELAYOUT_KERNELS_AMX)
+  if (!rk::impl::amx_bf16_runnable()) {
+    MESSAGE("this CPU has no AMX-BF16, or Linux did not grant its tile state: its kernel is compiled but not run here");
+    return;
+  }
+  std::uint32_t seed = 301;
+  for (const Shape& s : kShapes) {
+    check(s, rk::impl::Bf16Kernel::amx_bf16, false, false, false, seed += 7);
+    check(s, rk::impl::Bf16Kernel::amx_bf16, false, true, true, seed += 7);
+  }
+  for (const Shape& s : kAmxShapes) {
+    check(s, rk::impl::Bf16Kernel::amx_bf16, false, false, false, seed += 7);
+    check(s, rk::impl::Bf16Kernel::amx_bf16, false, true, true, seed += 7);
+  }
+#else
+  MESSAGE("this build has no AMX kernel (not a Linux x86-64 GCC >= 11 / Clang >= 12 host build)");
+#endif
+}
+
+TEST_CASE("bf16 linear dispatches at run time, and RELAYOUT_ISA_HIDE takes the other branches") {
 #if defined(RELAYOUT_KERNELS_DPBF16)
   const bool can_dp = cpu_has_bf16();
 #else
   const bool can_dp = false;
 #endif
-  // The rule: vdpbf16ps where the CPU has it and it pays (AMD); RELAYOUT_BF16_KERNEL overrides it.
+  const bool can_amx = rk::impl::amx_bf16_runnable();
+  using K = rk::impl::Bf16Kernel;
+  // The rule: AMX tiles where the CPU and Linux allow them; else vdpbf16ps where the CPU has it and
+  // it pays (AMD); else the widening kernel. RELAYOUT_BF16_KERNEL overrides it.
   const bool amd = std::strcmp(rk::isa::cpu_vendor(), "AuthenticAMD") == 0;
-  MESSAGE("cpu vendor " << rk::isa::cpu_vendor() << ", AVX512-BF16 kernel " << (can_dp ? "runnable" : "not runnable"));
-  CHECK((rk::impl::bf16_kernel<Exec>() == rk::impl::Bf16Kernel::avx512_bf16) == (can_dp && amd));
+  MESSAGE("cpu vendor " << rk::isa::cpu_vendor() << ", AVX512-BF16 kernel " << (can_dp ? "runnable" : "not runnable")
+                        << ", AMX-BF16 kernel " << (can_amx ? "runnable" : "not runnable"));
+  const K rule = can_amx ? K::amx_bf16 : (can_dp && amd ? K::avx512_bf16 : K::widen_fp32);
+  CHECK(rk::impl::bf16_kernel<Exec>() == rule);
   setenv(rk::impl::kBf16KernelEnv, "dpbf16", 1);
-  CHECK((rk::impl::bf16_kernel<Exec>() == rk::impl::Bf16Kernel::avx512_bf16) == can_dp);
+  CHECK(rk::impl::bf16_kernel<Exec>() == (can_dp ? K::avx512_bf16 : rule));
   setenv(rk::impl::kBf16KernelEnv, "widen", 1);
-  CHECK(rk::impl::bf16_kernel<Exec>() == rk::impl::Bf16Kernel::widen_fp32);
+  CHECK(rk::impl::bf16_kernel<Exec>() == K::widen_fp32);
   unsetenv(rk::impl::kBf16KernelEnv);
-  check({13, 129, 40}, rk::impl::Bf16Kernel::widen_fp32, true, true, false, 5);
-  setenv(rk::isa::kHideEnv, "avx512_bf16", 1);
-  CHECK(rk::impl::bf16_kernel<Exec>() == rk::impl::Bf16Kernel::widen_fp32);
-  check({13, 129, 40}, rk::impl::Bf16Kernel::widen_fp32, true, true, true, 6);
+  check({13, 129, 40}, K::widen_fp32, true, true, false, 5);
+  // Hiding AMX leaves the vendor rule between vdpbf16ps and widening; hiding both leaves widening.
+  setenv(rk::isa::kHideEnv, "amx_bf16", 1);
+  CHECK(rk::impl::bf16_kernel<Exec>() == (can_dp && amd ? K::avx512_bf16 : K::widen_fp32));
+  check({33, 129, 40}, K::widen_fp32, true, true, false, 7);
+  setenv(rk::isa::kHideEnv, "amx_bf16 avx512_bf16", 1);
+  CHECK(rk::impl::bf16_kernel<Exec>() == K::widen_fp32);
+  check({13, 129, 40}, K::widen_fp32, true, true, true, 6);
   unsetenv(rk::isa::kHideEnv);
 }
 
@@ -208,13 +241,14 @@ float round_to_bf16(float f) {
 }  // namespace
 
 TEST_CASE("linear with bf16 weights and round_rows multiplies fp32 rows rounded to bf16, on both kernels") {
-  const Shape shapes[] = {{1, 65, 17}, {4, 7, 96}, {5, 33, 16}, {8, 128, 32}, {13, 301, 50}, {64, 256, 64}};
-  for (const bool hide : {false, true}) {
-    CAPTURE(hide);
-    // vdpbf16ps forced where the CPU has it (whatever the vendor rule), else the portable kernel.
-    if (hide) setenv(rk::isa::kHideEnv, "avx512_bf16", 1);
-    else setenv(rk::impl::kBf16KernelEnv, "dpbf16", 1);
-    std::uint32_t seed = hide ? 701 : 501;
+  const Shape shapes[] = {{1, 65, 17}, {4, 7, 96}, {5, 33, 16}, {8, 128, 32}, {13, 301, 50}, {40, 97, 50}, {64, 256, 64}};
+  for (const int branch : {0, 1, 2}) {
+    CAPTURE(branch);
+    // 0: vdpbf16ps forced where the CPU has it (whatever the vendor rule); 1: the rule with AMX
+    // (AMX tiles where the CPU and Linux allow them); 2: the portable kernel, both hidden.
+    if (branch == 2) setenv(rk::isa::kHideEnv, "amx_bf16 avx512_bf16", 1);
+    else if (branch == 0) setenv(rk::impl::kBf16KernelEnv, "dpbf16", 1);
+    std::uint32_t seed = 501 + 200 * branch;
     int off_exact = 0, outputs = 0;
     for (const Shape& s : shapes) {
       CAPTURE(s.m);
@@ -249,7 +283,7 @@ TEST_CASE("linear with bf16 weights and round_rows multiplies fp32 rows rounded 
       CHECK(bad == 0);
     }
     CHECK(off_exact > outputs / 2);  // the rows were rounded: most outputs leave the exact-row sum
-    if (hide) unsetenv(rk::isa::kHideEnv);
-    else unsetenv(rk::impl::kBf16KernelEnv);
+    unsetenv(rk::isa::kHideEnv);
+    unsetenv(rk::impl::kBf16KernelEnv);
   }
 }

@@ -1,8 +1,10 @@
 // Internal: the GEMM of gemm.hpp for bf16 weights with fp32 accumulation, on bf16 rows (C and
 // bias bf16, rounded once per output) or fp32 rows (C and bias fp32). Weights are packed as
 // k-pairs, [panels][k/2][NR] 32-bit words each holding (W[j][k], W[j][k+1]), the layout vdpbf16ps
-// reads. Two micro-kernels read it: AVX512-BF16 (vdpbf16ps on bf16 pairs of A, chosen at run time
-// when the CPU has it, whatever the build's flags) and a portable one that reads the bf16 pairs
+// reads (and AMX's B tiles). Three micro-kernels read it, each compiled by target attribute
+// whatever the build's flags and chosen at run time (bf16_kernel): AMX-BF16 (tdpbf16ps on tiles of
+// 16 rows x 32 k, after Linux grants the tile state), AVX512-BF16 (vdpbf16ps on bf16 pairs of A)
+// and a portable one that reads the bf16 pairs
 // straight into fp32 lanes (a shift and a mask per 2 x L weights, no converted copy) and uses fp32
 // FMAs: half the weight bytes of fp32. fp32 rows take the portable kernel as they are (their
 // products with bf16 weights are exact in fp32), unless the weights say to round them to bf16
@@ -26,6 +28,13 @@
     (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 10))
 #include <immintrin.h>
 #define RELAYOUT_KERNELS_DPBF16 1
+// AMX tiles need Linux's permission (arch_prctl) and an assembler that knows the instructions
+// (binutils >= 2.36; GCC >= 11 and Clang >= 12 ship the intrinsics).
+#if defined(__linux__) && defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define RELAYOUT_KERNELS_AMX 1
+#endif
 #endif
 
 namespace relayout::kernels::impl {
@@ -37,27 +46,50 @@ struct GemmTile<ExecSpace, relayout::bf16> : GemmTile<ExecSpace, float> {
 };
 
 // Which micro-kernel a bf16 GEMM on ExecSpace uses.
-enum class Bf16Kernel : std::uint8_t { widen_fp32, avx512_bf16 };
+enum class Bf16Kernel : std::uint8_t { widen_fp32, avx512_bf16, amx_bf16 };
 
-// Environment variable forcing the bf16 GEMM's micro-kernel: "dpbf16" (where the CPU has it) or
-// "widen"; unset: the rule of bf16_kernel.
+// Environment variable forcing the bf16 GEMM's micro-kernel: "amx" or "dpbf16" (each where the
+// CPU has it; else the rule below picks among the rest) or "widen"; unset: the rule of bf16_kernel.
 inline constexpr const char* kBf16KernelEnv = "RELAYOUT_BF16_KERNEL";
 
-// AVX512-BF16 when this build has the kernel, ExecSpace runs on the host, the CPU has the
-// instructions (honouring RELAYOUT_ISA_HIDE, which is how tests take the other branch) and they
-// pay there: on AMD (Zen 4, measured 1.8-1.96x the fp32 GEMM from 16 rows), not on Intel parts,
-// where vdpbf16ps ran at 0.73-0.87x the fp32 GEMM and the widening kernel at 0.85-1.48x
-// (docs/benchmarks.md, "bf16 weights"). RELAYOUT_BF16_KERNEL overrides the vendor rule.
+#if defined(RELAYOUT_KERNELS_AMX)
+// Whether this process may use AMX tile data: Linux grants XTILEDATA per process on request
+// (ARCH_REQ_XCOMP_PERM); asked once, false where the kernel refuses (or predates the call).
+inline bool amx_permitted() {
+  static const bool granted = [] {
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+}
+#endif
+
+// Whether the CPU (as RELAYOUT_ISA_HIDE leaves it) and the OS let this process run the AMX kernel.
+inline bool amx_bf16_runnable() {
+#if defined(RELAYOUT_KERNELS_AMX)
+  return isa::cpu_has("amx_tile") && isa::cpu_has("amx_bf16") && amx_permitted();
+#else
+  return false;
+#endif
+}
+
+// On a host ExecSpace, with the instructions in the CPU (honouring RELAYOUT_ISA_HIDE, which is how
+// tests take the other branches): AMX-BF16 tiles where the CPU has them and Linux grants their
+// state; else AVX512-BF16 where it pays: on AMD (Zen 4, measured 1.8-1.96x the fp32 GEMM from 16
+// rows), not on Intel parts without AMX, where vdpbf16ps ran at 0.73-0.87x the fp32 GEMM and the
+// widening kernel at 0.85-1.48x (docs/benchmarks.md, "bf16 weights"); else the widening kernel.
+// RELAYOUT_BF16_KERNEL overrides the rule.
 template <class ExecSpace>
 Bf16Kernel bf16_kernel() {
 #if defined(RELAYOUT_KERNELS_DPBF16)
-  if (is_host_space_v<ExecSpace> && GemmTile<ExecSpace, float>::nr % 16 == 0 && isa::cpu_has("avx512f") &&
-      isa::cpu_has("avx512_bf16")) {
+  if (is_host_space_v<ExecSpace> && GemmTile<ExecSpace, float>::nr % 16 == 0) {
     const char* force = std::getenv(kBf16KernelEnv);
-    if (force && std::strcmp(force, "dpbf16") == 0) return Bf16Kernel::avx512_bf16;
     if (force && std::strcmp(force, "widen") == 0) return Bf16Kernel::widen_fp32;
+    const bool dp = isa::cpu_has("avx512f") && isa::cpu_has("avx512_bf16");
+    if (force && std::strcmp(force, "dpbf16") == 0 && dp) return Bf16Kernel::avx512_bf16;
+    if (amx_bf16_runnable()) return Bf16Kernel::amx_bf16;
     static const bool pays = std::strcmp(isa::cpu_vendor(), "AuthenticAMD") == 0;
-    if (pays) return Bf16Kernel::avx512_bf16;
+    if (dp && pays) return Bf16Kernel::avx512_bf16;
   }
 #endif
   return Bf16Kernel::widen_fp32;
@@ -246,13 +278,122 @@ struct GemmBf16Dp {
 };
 #endif
 
+#if defined(RELAYOUT_KERNELS_AMX)
+// AMX: A is packed as bf16 rows of kpad = k rounded up to 32, in blocks of kAmxRows rows
+// (zero-padded); B's k-pairs panels are already the layout of a B tile (16 pairs x 16 columns, a
+// row stride of NR words). A block of MT x 16 rows by one NR panel keeps MT x NR/16 fp32 tiles of
+// C in tile registers across k, 32 k per step; the last step's pairs past k/2 come from a
+// zero-padded copy, so nothing beyond the panel is read.
+inline constexpr int kAmxRows = 32;
+
+template <class ExecSpace, class TA>
+struct PackABf16Amx {
+  const TA* a;
+  std::int64_t lda;
+  const int* rows;
+  int m, k, kpad;
+  std::uint16_t* out;  // [ceil(m / kAmxRows) * kAmxRows][kpad]
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t r) const {
+    std::uint16_t* dst = out + r * kpad;
+    if (r >= m) {
+      for (int kk = 0; kk < kpad; ++kk) dst[kk] = 0;
+      return;
+    }
+    const TA* row = a + (rows ? std::int64_t(rows[r]) : r) * lda;
+    for (int kk = 0; kk < k; ++kk) dst[kk] = std::uint16_t(a_bits(row[kk]));
+    for (int kk = k; kk < kpad; ++kk) dst[kk] = 0;
+  }
+};
+
+struct alignas(64) AmxTileConfig {
+  std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+// C tiles 0-3 (t * 2 + z), A tiles 4-5, B tiles 6-7; MT A tiles of 16 rows, NZ B tiles of 16
+// columns. Tile numbers are immediates, so each (t, z) is spelled out.
+template <int MT, int NZ>
+__attribute__((target("amx-tile,amx-bf16"))) void amx_tile(const std::uint16_t* a, std::int64_t kpad,
+                                                             const std::uint32_t* b, int pairs, float* out) {
+  static_assert(MT >= 1 && MT <= 2 && NZ >= 1 && NZ <= 2, "relayout::kernels: AMX block of 1-2 x 1-2 tiles");
+  constexpr int NR = NZ * 16;
+  AmxTileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+  _tile_zero(0);
+  if constexpr (NZ > 1) _tile_zero(1);
+  if constexpr (MT > 1) _tile_zero(2);
+  if constexpr (MT > 1 && NZ > 1) _tile_zero(3);
+  alignas(64) std::uint32_t tail[16 * NR];
+  const long sa = long(kpad * 2), sb = long(NR * 4);
+  for (int q0 = 0; q0 < pairs; q0 += 16) {
+    const std::uint32_t* bq = b + std::int64_t(q0) * NR;
+    if (pairs - q0 < 16) {
+      std::memset(tail, 0, sizeof tail);
+      std::memcpy(tail, bq, sizeof(std::uint32_t) * std::size_t(pairs - q0) * NR);
+      bq = tail;
+    }
+    const std::uint16_t* aq = a + 2 * q0;
+    _tile_loadd(4, aq, sa);
+    if constexpr (MT > 1) _tile_loadd(5, aq + 16 * kpad, sa);
+    _tile_loadd(6, bq, sb);
+    if constexpr (NZ > 1) _tile_loadd(7, bq + 16, sb);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NZ > 1) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (MT > 1) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (MT > 1 && NZ > 1) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, sb);
+  if constexpr (NZ > 1) _tile_stored(1, out + 16, sb);
+  if constexpr (MT > 1) _tile_stored(2, out + 16 * NR, sb);
+  if constexpr (MT > 1 && NZ > 1) _tile_stored(3, out + 16 * NR + 16, sb);
+  _tile_release();
+}
+
+template <class ExecSpace, class TC, int MT>
+struct GemmBf16Amx {
+  using Tile = GemmTile<ExecSpace, float>;
+  static constexpr int NR = Tile::nr, NZ = NR / 16, MR = MT * 16;
+  const std::uint16_t* a_packed;  // [row blocks of kAmxRows][kpad]
+  const std::uint32_t* b_packed;  // [panels][kp/2][NR]
+  TC* c;
+  std::int64_t ldc;
+  const TC* bias;
+  int m, n, kp, kpad;
+  std::int64_t row_blocks;
+  bool accumulate;
+
+  void operator()(const std::int64_t idx) const {
+    const std::int64_t panel = idx / row_blocks, block = idx % row_blocks;
+    const int pairs = kp / 2;
+    alignas(64) float tile[MR * NR];
+    amx_tile<MT, NZ>(a_packed + block * MR * kpad, kpad, b_packed + panel * pairs * NR, pairs, tile);
+    const std::int64_t row0 = block * MR, col0 = panel * NR;
+    store_bf16_tile(tile, MR, NR, c + row0 * ldc + col0, ldc, bias, int(col0), int(m - row0), int(n - col0),
+                    accumulate);
+  }
+};
+#endif
+
 // A pack buffer of the bf16 GEMM for A rows of TA holds the widened fp32 rows (k rounded to even),
 // counted in TA slots: 2 per element for bf16 rows, 1 for fp32 rows.
 template <class ExecSpace, class TA = relayout::bf16>
 std::int64_t gemm_a_pack_size_bf16(std::int64_t m, std::int64_t k) {
   using Tile = GemmTile<ExecSpace, float>;
   static_assert(sizeof(float) % sizeof(TA) == 0, "relayout::kernels: bf16 GEMM rows are bf16 or fp32");
-  return ceil_div(m, Tile::mr) * Tile::mr * (k + (k & 1)) * std::int64_t(sizeof(float) / sizeof(TA));
+  const std::int64_t wide = ceil_div(m, Tile::mr) * Tile::mr * (k + (k & 1)) * std::int64_t(sizeof(float) / sizeof(TA));
+#if defined(RELAYOUT_KERNELS_AMX)
+  // ... or the AMX kernel's bf16 rows (blocks of kAmxRows, k rounded up to 32), the larger.
+  if constexpr (is_host_space_v<ExecSpace>) {
+    const std::int64_t amx = ceil_div(m, kAmxRows) * kAmxRows * ceil_div(k, 32) * 32 * 2 / std::int64_t(sizeof(TA));
+    return amx > wide ? amx : wide;
+  }
+#endif
+  return wide;
 }
 
 // The widening kernel with MR rows per tile: packs A, then one work item per MR x NR tile.
@@ -272,6 +413,9 @@ void gemm_bf16_wide(const ExecSpace& exec, const TA* a, std::int64_t lda, const 
 // Rows below which vdpbf16ps does not pay: its tile is always MR rows high, where the widening
 // kernel runs a tile of the rows there are (measured at one row: 0.96x fp32 against 1.69x).
 inline constexpr int kDpbf16MinRows = 5;
+// ... and below which the AMX tiles do not: at one row of 2048 x 2048 the widening kernel took
+// 0.70 ms against AMX's 0.87 (a tile of 16 rows computed for one), at four 1.26 against 0.97.
+inline constexpr int kAmxMinRows = 4;
 
 // C[m x n] (+)= rows of A . B^T (+ bias) for bf16 B (packed as k-pairs), accumulated in fp32. A, C
 // and bias are all bf16 (C rounded once per output) or all fp32 (TA = float: bf16 weights, fp32
@@ -293,6 +437,25 @@ void gemm_packed_bf16(const ExecSpace& exec, const TA* a, std::int64_t lda, cons
   const bool round = std::is_same_v<TA, float> && round_rows;
 #if defined(RELAYOUT_KERNELS_DPBF16)
   if (std::is_same_v<TA, relayout::bf16> || round) {
+#if defined(RELAYOUT_KERNELS_AMX)
+    if (kernel == Bf16Kernel::amx_bf16 && is_host_space_v<ExecSpace> && Tile::nr % 16 == 0 && Tile::nr <= 32 &&
+        m >= kAmxMinRows) {
+      const int kp = k + (k & 1), kpad = int(ceil_div(k, 32) * 32);
+      const std::int64_t row_blocks = ceil_div(m, kAmxRows), panels = ceil_div(n, Tile::nr);
+      auto* ap = reinterpret_cast<std::uint16_t*>(a_pack);
+      Kokkos::parallel_for("relayout::kernels::pack_a_bf16",
+                           Kokkos::RangePolicy<ExecSpace>(exec, 0, row_blocks * kAmxRows),
+                           PackABf16Amx<ExecSpace, TA>{a, lda, rows, m, k, kpad, ap});
+      if (m <= 16)
+        Kokkos::parallel_for("relayout::kernels::gemm_bf16", Kokkos::RangePolicy<ExecSpace>(exec, 0, panels),
+                             GemmBf16Amx<ExecSpace, TA, 1>{ap, b, c, ldc, bias, m, n, kp, kpad, 1, accumulate});
+      else
+        Kokkos::parallel_for("relayout::kernels::gemm_bf16",
+                             Kokkos::RangePolicy<ExecSpace>(exec, 0, panels * row_blocks),
+                             GemmBf16Amx<ExecSpace, TA, 2>{ap, b, c, ldc, bias, m, n, kp, kpad, row_blocks, accumulate});
+      return;
+    }
+#endif
     if (kernel == Bf16Kernel::avx512_bf16 && is_host_space_v<ExecSpace> && Tile::nr % 16 == 0 &&
         m >= kDpbf16MinRows) {
       const int kp = k + (k & 1);
