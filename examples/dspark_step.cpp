@@ -153,7 +153,7 @@ cli::MemoryEstimate require_size(const Options& o, const RuntimeLayout& layout, 
   for (int n : o.requests) requests += std::max(n, 0);
   const double rows = requests * o.width;
   cli::MemoryEstimate need = cli::estimate_model(o.cfg.target_dims, w, rows, o.width);
-  const double kv = requests * double(o.cfg.kv_capacity) * o.cfg.target_dims.head_dim * 4.0;
+  const double kv = requests * double(o.cfg.kv_capacity) * o.cfg.target_dims.head_dim * cli::kv_cache_elem(o.cfg.target_dims);
   if (layout.config().draft == Draft::moe) {
     need += cli::estimate_model(o.cfg.draft_dims(), w, rows, o.width);
     need.buffers += kv * o.cfg.draft_layers;

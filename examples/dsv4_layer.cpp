@@ -96,7 +96,7 @@ cli::MemoryEstimate require_size(const Options& o, const Widths& w, const model:
   if (o.rebalance) need.weights *= 2;  // the rebalanced forward's model holds weights of its own
   double cache = 0, steps = 0;
   if (plan.steps > 0) {  // the KV cache of every request (a rank holds its group's, under CP its share), decode rows
-    cache = 4.0 * o.dims.layers * o.dims.head_dim * double(work.requests()) *
+    cache = cli::kv_cache_elem(o.dims) * o.dims.layers * o.dims.head_dim * double(work.requests()) *
             (double(o.kv_capacity + w.attn_cp - 1) / w.attn_cp + 17);
     steps = 8.0 * o.dims.hidden * double(work.requests()) * plan.steps;
     need.kv += cache;
@@ -433,8 +433,8 @@ Prefill prefill_and_decode(Net& net, const Options& o, const model::LayerOptions
     keep_prefill(p, net);
     if (opts.expert_location) balance.before = report_expert_load(o, net.exec(), world, *opts.expert_location, net.expert_load());
     if (plan.steps > 0)
-      p.dec = decode(net, work, plan, p.out, world, me, share, o.check, o.dims,
-                     model::router_tie_margin(o.dims, o.tolerance, o.fp8_dispatch()));
+      p.dec = decode(net, work, plan, p.out, world, me, share, o.check, o.dims,  // decode rows read the cache too
+                     model::router_tie_margin(o.dims, o.tolerance + model::kv_cache_tolerance(o.dims), o.fp8_dispatch()));
   } catch (const LayoutError& e) {
     if (e.input() == "capacity" && opts.decode_ep_mode == EpMode::low_latency) refuse_capacity(o, opts, e);
     if (e.input() != "bridge") throw;
@@ -654,6 +654,7 @@ void print_json(const Report& r) {
   j["inject"] = o.inject;
   j["dispatch_dtype"] = o.dispatch_dtype;
   j["dtype"] = o.dtype;
+  j["kv_cache_dtype"] = model::kv_cache_dtype(o.dims);  // the decode steps' cache (with --decode-steps)
   // The estimate --max-memory is checked against, bytes per rank (the largest rank's).
   j["memory_estimate"] = {{"weights", r.need.weights}, {"activations", r.need.activations}, {"kv", r.need.kv},
                           {"buffers", r.need.buffers}, {"total", r.need.total()}};
@@ -677,7 +678,8 @@ void print_json(const Report& r) {
   if (o.repeat > 0)
     j["timing"] = {{"repeats", o.repeat}, {"best_forward_s", r.t.best}, {"tokens_per_s", r.t.tokens_per_s}};
   if (r.plan.steps > 0) {
-    j["decode"] = {{"steps", r.plan.steps}, {"rows_per_group", dec.counts}, {"rows_checked", dec.rows},
+    j["decode"] = {{"steps", r.plan.steps}, {"kv_cache_dtype", model::kv_cache_dtype(o.dims)},
+                   {"rows_per_group", dec.counts}, {"rows_checked", dec.rows},
                    {"max_abs_err", dec.err}, {"tolerance", r.v.decode_tolerance}, {"non_finite", dec.non_finite}};
     if (o.check) j["decode"]["near_router_tie"] = near_tie_json(dec.near);
     if (o.repeat > 0)
@@ -763,8 +765,8 @@ void text_collectives(std::ostringstream& s, const Report& r) {
 void text_decode(std::ostringstream& s, const Report& r) {
   const Widths& w = r.layout.widths();
   const DecodeRun& dec = r.p.dec;
-  s << "\nDecode: " << r.plan.steps << " steps after the prefill, KV cache paged (blocks of 16 rows, " << r.o.kv_capacity
-    << " rows per request); rows per attention-DP group (its ranks) per step"
+  s << "\nDecode: " << r.plan.steps << " steps after the prefill, KV cache " << model::kv_cache_dtype(r.o.dims)
+    << " paged (blocks of 16 rows, " << r.o.kv_capacity << " rows per request); rows per attention-DP group (its ranks) per step"
     << (w.attn_cp > 1 ? ", under CP per CP rank (a decode row at position p on CP rank p mod cp)" : "") << ":\n";
   for (std::size_t st = 0; st < dec.counts.size(); ++st) {
     s << "  step " << st + 1 << ":";
@@ -953,7 +955,8 @@ int main(int argc, char** argv) {
                    "wkv, wo_b) and the routed and shared experts' w1, w3, w2 are stored as bf16 and multiplied through "
                    "the bf16 GEMM with fp32 accumulation (AVX512-BF16 is not used for these fp32 rows: the portable "
                    "kernel reads the bf16 weights straight into fp32 FMAs); the router's gate, the norms, the "
-                   "activations between kernels, the dispatched rows (see --dispatch-dtype) and the KV cache stay fp32");
+                   "activations between kernels and the dispatched rows (see --dispatch-dtype) stay fp32; the decode "
+                   "steps' KV cache holds bf16 (the fp32 kv rows rounded as they are cached, docs/kv_cache.md)");
     app.add_option("--expert-load-out", o.expert_load_out,
                    "paths a2a_split and direct: write the prefill's measured load per logical expert (last layer) as "
                    "{\"experts\": E, \"loads\": [...]}, the file relayout plan --expert-load reads (with or "

@@ -134,6 +134,10 @@ inline MemoryEstimate estimate_model(const model::ModelDims& d, const Widths& w,
   return m;
 }
 
+// Bytes of one value of the demo layer's KV cache (DistributedModel::reserve_kv): 2 when it holds
+// bf16 (bf16 weights, model::kv_cache_bf16), else 4.
+inline double kv_cache_elem(const model::ModelDims& d) { return model::kv_cache_bf16(d) ? 2.0 : 4.0; }
+
 // --check's single-rank reference: one layer of the whole model in double at a time, and its rows.
 inline double reference_bytes(const model::ModelDims& d, double tokens) {
   const double H = d.hidden, Q = d.q_lora, D = d.head_dim, HD = double(d.heads) * d.head_dim, E = d.experts;

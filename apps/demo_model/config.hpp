@@ -44,6 +44,13 @@ struct ModelDims {
   }
 };
 
+// The element type of the layer's KV cache (DistributedModel::reserve_kv): bf16 with bf16 weights
+// (kernels::PagedKvCache<bf16>: fp32 kv rows rounded to nearest even as they are cached, widened
+// to fp32 as decode reads them), else fp32. The prefill attends its fp32 kv rows; decode and
+// extend rows attend the cache.
+inline bool kv_cache_bf16(const ModelDims& d) { return d.weights == WeightDtype::bf16; }
+inline const char* kv_cache_dtype(const ModelDims& d) { return kv_cache_bf16(d) ? "bf16" : "fp32"; }
+
 namespace impl {
 inline void require_dim(bool ok, const char* flag, const std::string& rule) {
   if (!ok) throw LayoutError(flag, std::string(flag) + ": " + rule);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -172,18 +173,28 @@ TEST_CASE_TEMPLATE("CpAttention prefill: the KV all-gather in group order and at
 
 namespace {
 
-// One rank's serving loop: a paged cache with the slot allocator, the ledger, and the reference's
-// own copy of every request's kv rows (all positions, as one rank would hold them).
-template <class T>
+// A kv value as a cache of KvT holds it: rounded to nearest even into a bf16 cache.
+template <class KvT>
+double stored(double v) {
+  if constexpr (std::is_same_v<KvT, bf16>) return double(float(bf16(float(v))));
+  else return v;
+}
+
+// One rank's serving loop: a paged cache (of KvT: the rows' T, or bf16 under float rows) with the
+// slot allocator, the ledger, and the reference's own copy of every request's kv rows (all
+// positions, as one rank would hold them, as the cache stores them). `outs`: every output value
+// of this rank in step order.
+template <class T, class KvT = T>
 struct Server {
   const RuntimeLayout& layout;
   CpAttention<MpiCommunicator, T, Exec>& attn;
-  kernels::PagedKvCache<T, Mem> cache;
+  kernels::PagedKvCache<KvT, Mem> cache;
   CpKvLedger ledger;
   std::map<std::int64_t, std::vector<std::vector<double>>> keys;  // the reference's
   int heads, h0;
   double err = 0;
   std::int64_t rows_checked = 0;
+  std::vector<double> outs;
 
   Server(const RuntimeLayout& l, CpAttention<MpiCommunicator, T, Exec>& a, int slots)
       : layout(l), attn(a), cache(kernels::KvCacheShape{1, kDim, 4, 64, slots, 8}), ledger(a.ledger(slots)) {
@@ -216,7 +227,8 @@ struct Server {
       auto& k = keys[id];
       for (int c = 0; c < count; ++c) {
         const int p = int(k.size());
-        k.push_back({kv_val(id, p, 0, salt), kv_val(id, p, 1, salt), kv_val(id, p, 2, salt), kv_val(id, p, 3, salt)});
+        k.push_back({stored<KvT>(kv_val(id, p, 0, salt)), stored<KvT>(kv_val(id, p, 1, salt)),
+                     stored<KvT>(kv_val(id, p, 2, salt)), stored<KvT>(kv_val(id, p, 3, salt))});
       }
     }
     const std::size_t n = std::size_t(plan.rows()), HD = std::size_t(heads * kDim);
@@ -228,7 +240,10 @@ struct Server {
     const auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
     for (std::size_t i = 0; i < n; ++i) {
       const auto ref = reference(ids[i], plan.position[i], keys[ids[i]], kWindow);
-      for (std::size_t c = 0; c < HD; ++c) err = std::max(err, std::abs(double(oh(i, c)) - ref[std::size_t(h0 * kDim) + c]));
+      for (std::size_t c = 0; c < HD; ++c) {
+        err = std::max(err, std::abs(double(oh(i, c)) - ref[std::size_t(h0 * kDim) + c]));
+        outs.push_back(double(oh(i, c)));
+      }
       ++rows_checked;
     }
   }
@@ -280,6 +295,130 @@ TEST_CASE_TEMPLATE("CpAttention extend: decode, prompt chunks, verify rows, join
     all_reduce_in_place(pg.comm(GroupKind::attn_cp), std::span<std::int64_t>(&rows, 1));
     CHECK(rows == 6 + 1 + 2 + 7 + 4 + 4 + 2);
   }
+}
+
+namespace {
+// The steps of the extend test above: prompts from empty, decode rows, a request joining with a
+// prompt, verify rows and a rollback, a request leaving and another taking its slot.
+template <class S>
+void serve(S& srv, std::int64_t g) {
+  srv.step({{g + 1, 6}, {g + 2, 1}}, 1);
+  srv.step({{g + 1, 1}, {g + 2, 1}}, 2);
+  srv.step({{g + 1, 1}, {g + 3, 5}, {g + 2, 1}}, 3);
+  srv.step({{g + 3, 1}, {g + 1, 3}}, 4);
+  srv.rollback(g + 1, 9);
+  srv.leave(g + 2);
+  srv.step({{g + 4, 2}, {g + 1, 1}, {g + 3, 1}}, 5);
+  srv.step({{g + 4, 1}, {g + 1, 1}}, 6);
+}
+
+// How far attention over bf16-rounded keys may lie from attention over the fp32 keys, as
+// test_attention_bf16.cpp derives it: rounding moves each value by at most u|k|, u = 2^-8, so with
+// |q|, |k| <= 1 a score moves by at most d = scale D u, every softmax weight by a factor within
+// e^(+-2d), and the output by (e^(2d) - 1) max|v| from the weights and u max|v| from the values;
+// plus both sides' fp32 error.
+double bf16_bound() {
+  const double u = std::ldexp(1.0, -8), d = kDim * u / std::sqrt(double(kDim));
+  return std::expm1(2 * d) + u + 2 * tol<float>();
+}
+}  // namespace
+
+TEST_CASE("CpAttention extend over a bf16 cache under float rows: the fp32 cache's result within the bf16 bound, "
+          "the reference on the rounded keys within fp32's") {
+  for (const Setup& s : setups(test::world().size())) {
+    CAPTURE(s.name);
+    const RuntimeLayout layout(s.config);
+    const ProcessGroups pg(layout, test::world());
+    TrafficLog log32, log16;
+    CpAttention<MpiCommunicator, float, Exec> attn32(pg, &log32), attn16(pg, &log16);
+    Server<float> fp32(layout, attn32, 3);
+    Server<float, bf16> half(layout, attn16, 3);
+    const std::int64_t g = 100 * pg.coords().attn_dp_rank;
+    serve(fp32, g);
+    serve(half, g);
+    REQUIRE(half.rows_checked > 0);
+    REQUIRE(half.outs.size() == fp32.outs.size());
+    CHECK(half.err < tol<float>());  // against the reference on the keys the cache holds
+    double diff = 0, moved = 0;
+    for (std::size_t i = 0; i < half.outs.size(); ++i) {
+      diff = std::max(diff, std::abs(half.outs[i] - fp32.outs[i]));
+      moved += half.outs[i] != fp32.outs[i];
+    }
+    CHECK(diff < bf16_bound());
+    CHECK(moved > 0);  // the keys were rounded: the outputs differ from the fp32 cache's
+    // The same collectives as with an fp32 cache: the partials and the lse stay float.
+    CHECK(log16.calls == log32.calls);
+    CHECK(log16.bytes == log32.bytes);
+    CHECK(half.cache.shape().bytes(sizeof(bf16)) < fp32.cache.shape().bytes(sizeof(float)));
+  }
+}
+
+TEST_CASE("attention_extend on one rank over a bf16 cache under float rows: append_extend rounds the kv rows") {
+  kernels::PagedKvCache<bf16, Mem> half(kernels::KvCacheShape{1, kDim, 4, 32, 3, 6});
+  kernels::PagedKvCache<float, Mem> full(kernels::KvCacheShape{1, kDim, 4, 32, 3, 6});
+  CpKvLedger ledger(3, 1, 0);
+  std::map<std::int64_t, std::vector<std::vector<double>>> keys;  // rounded, as the bf16 cache holds them
+  const kernels::AttentionParams params{kDim, 1.0 / std::sqrt(double(kDim)), kWindow};
+  Exec exec;
+  double err = 0, diff = 0;
+  std::int64_t checked = 0;
+  const auto step = [&](const std::vector<std::pair<std::int64_t, int>>& rows, int salt) {
+    std::vector<ExtendRequest> req;
+    for (const auto& [id, count] : rows) {
+      if (!half.slots().holds(id)) {
+        ledger.clear(half.admit(id));
+        full.admit(id);
+      }
+      req.push_back({half.slot_of(id), count});
+    }
+    const ExtendPlan plan = ledger.extend(req, kWindow);
+    std::vector<double> q, kv;
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < plan.rows(); ++i) {
+      const std::int64_t id = half.slots().id_in(plan.slot[std::size_t(i)]);
+      const int p = plan.position[std::size_t(i)];
+      ids.push_back(id);
+      for (int h = 0; h < kHeads; ++h)
+        for (int d = 0; d < kDim; ++d) q.push_back(q_val(id, p, h, d));
+      std::vector<double> k;
+      for (int d = 0; d < kDim; ++d) {
+        kv.push_back(kv_val(id, p, d, salt));
+        k.push_back(stored<bf16>(kv.back()));
+      }
+      keys[id].push_back(k);
+    }
+    const std::size_t n = std::size_t(plan.rows()), HD = std::size_t(kHeads * kDim);
+    const V<float> qv = device<float>(q, n, HD), kvv = device<float>(kv, n, kDim), out16("out16", n, HD),
+                   out32("out32", n, HD);
+    append_extend(exec, half, 0, plan, kvv);  // float rows, rounded into the bf16 cache
+    append_extend(exec, full, 0, plan, kvv);
+    const ExtendRows<Mem> ext = extend_rows(exec, plan);
+    attention_extend(exec, half, 0, ext, qv, out16, params);
+    attention_extend(exec, full, 0, ext, qv, out32, params);
+    exec.fence();
+    const auto o16 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out16);
+    const auto o32 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out32);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto ref = reference(ids[i], plan.position[i], keys[ids[i]], kWindow);
+      for (std::size_t c = 0; c < HD; ++c) {
+        err = std::max(err, std::abs(double(o16(i, c)) - ref[c]));
+        diff = std::max(diff, std::abs(double(o16(i, c)) - double(o32(i, c))));
+      }
+      ++checked;
+    }
+    return plan.causal;
+  };
+  CHECK(step({{1, 6}, {2, 1}}, 1));          // prompts from empty: causal rows over the bf16 cache
+  CHECK_FALSE(step({{1, 1}, {2, 1}}, 2));    // decode rows
+  CHECK(step({{1, 3}, {3, 4}, {2, 1}}, 3));  // verify rows, a request joining
+  CHECK_FALSE(step({{3, 1}, {1, 1}}, 4));    // decode past the window
+  CHECK(checked == 7 + 2 + 8 + 2);
+  CHECK(err < tol<float>());
+  CHECK(diff < bf16_bound());
+  CHECK(diff > 0);
+  // The cache holds the rounded values.
+  const auto held = half.read(0, half.slot_of(1));
+  CHECK(float(held(0, 1)) == float(bf16(float(kv_val(1, 0, 1, 1)))));
 }
 
 TEST_CASE("CpAttention: a rank's rows must be the plan's; a plan for another CP width is refused") {

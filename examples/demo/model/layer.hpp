@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "relayout/attention.hpp"
@@ -113,9 +114,9 @@ class DistributedModel {
     const CpBatch batch = work.batch_of(k.attn_dp_rank, groups_.layout());
     keys_ = attn_.prefill_keys(exec_, batch);
     step_ = ExtendPlan{};
-    if (cache_) {  // the prefill fills the cache: request j of the group is slot j, with the positions held here
+    if (has_cache()) {  // the prefill fills the cache: request j of the group is slot j, with the positions held here
       for (int j = 0; j < batch.requests(); ++j) {
-        cache_->release(exec_, j);
+        with_cache([&](auto& cache) { cache.release(exec_, j); });
         std::vector<int> held = batch.positions_of(k.attn_cp_rank, j);
         for (int p : held) {
           step_.slot.push_back(j);
@@ -134,12 +135,24 @@ class DistributedModel {
   // (prompt + decode steps); allocated here, filled by the next forward.
   // Under CP a rank holds at most ceil(L / cp) of a request's L prompt rows and ceil(S / cp) of its
   // S decode rows, so at most ceil(rows_per_request / cp) + 1 rows of it.
+  // The cache holds bf16 with bf16 weights (kv_cache_bf16: the fp32 kv rows rounded as they are
+  // appended, the attention's q, out and arithmetic fp32), else fp32.
   void reserve_kv(const Workload& work, int rows_per_request, int block_size = 16) {
     const int n = int(work.requests_of(groups_.coords().attn_dp_rank).size()), cp = groups_.layout().widths().attn_cp;
     const int rows = cp > 1 ? (rows_per_request + cp - 1) / cp + 1 : rows_per_request;
     const int blocks = (rows + block_size - 1) / block_size;
-    cache_ = std::make_unique<Cache>(kernels::KvCacheShape{dims_.layers, dims_.head_dim, block_size, n * blocks, n, blocks});
+    const kernels::KvCacheShape shape{dims_.layers, dims_.head_dim, block_size, n * blocks, n, blocks};
+    cache_.reset();
+    cache16_.reset();
+    if (kv_cache_bf16(dims_)) cache16_ = std::make_unique<CacheBf16>(shape);
+    else cache_ = std::make_unique<Cache>(shape);
     ledger_ = attn_.ledger(n);
+  }
+  // The KV cache's element type ("fp32", "bf16"), and its device bytes (0 before reserve_kv).
+  const char* kv_dtype() const { return kv_cache_dtype(dims_); }
+  std::size_t kv_bytes() const {
+    if (cache16_) return cache16_->shape().bytes(sizeof(relayout::bf16));
+    return cache_ ? cache_->shape().bytes(sizeof(float)) : 0;
   }
 
   // Decode step `step` (1-based): every live request of this rank's DP group feeds one row,
@@ -149,7 +162,7 @@ class DistributedModel {
   // attn_cp (an engine shares the sampled token). Returns this rank's rows in request order.
   // Collective like forward: a group or CP rank with no live row joins every collective with zero rows.
   Tracked decode_step(const Workload& work, const DecodePlan& plan, int step, const Tracked& prev) {
-    if (!cache_) throw LayoutError("decode", "decode_step needs a KV cache: call reserve_kv before the prefill");
+    if (!has_cache()) throw LayoutError("decode", "decode_step needs a KV cache: call reserve_kv before the prefill");
     const RankCoords k = groups_.coords();
     const CpShare me = CpShare::of(groups_.layout(), k.attn_cp_rank);
     const std::vector<int> reqs = work.requests_of(k.attn_dp_rank);
@@ -224,7 +237,7 @@ class DistributedModel {
   // the partials are merged on the row's CP rank). Returns the output rows in input order. Collective
   // like forward: a group or CP rank with no rows joins every collective with zero rows.
   Tracked extend(const std::vector<int>& counts, const View& inputs, const std::vector<std::int64_t>& owners) {
-    if (!cache_) throw LayoutError("decode", "extend needs a KV cache: call reserve_kv first");
+    if (!has_cache()) throw LayoutError("decode", "extend needs a KV cache: call reserve_kv first");
     if (int(counts.size()) > ledger_.slots())
       throw LayoutError("decode", "extend: counts for " + std::to_string(counts.size()) + " requests; the cache holds " +
                                       std::to_string(ledger_.slots()));
@@ -260,12 +273,15 @@ class DistributedModel {
     if (slot < 0 || slot >= ledger_.slots())
       throw LayoutError("decode", "truncate_kv: slot " + std::to_string(slot) + " is not in [0, " +
                                       std::to_string(ledger_.slots()) + ")");
-    cache_->truncate(exec_, slot, ledger_.truncate(slot, length));
+    const std::int64_t keep = ledger_.truncate(slot, length);
+    with_cache([&](auto& cache) { cache.truncate(exec_, slot, keep); });
   }
   // Positions of slot j cached over the DP group (under CP spread over the CP ranks).
   std::int64_t kv_length(int slot) const { return ledger_.length(slot); }
   // The kv rows of slot j this rank's cache holds (kv_length(j) without CP).
-  std::int64_t kv_held(int slot) const { return cache_->length(0, slot); }
+  std::int64_t kv_held(int slot) const {
+    return with_cache([&](const auto& cache) { return cache.length(0, slot); });
+  }
 
   const TrafficLog& traffic() const { return traffic_; }
   // With redundant experts: this rank's (token, expert) pairs per physical expert, last layer run.
@@ -328,8 +344,9 @@ class DistributedModel {
     params.head_dim = dims_.head_dim;
     params.scale = kernels::default_softmax_scale(dims_.head_dim);
     params.window = dims_.window;
-    if (cache_) append_extend(exec_, *cache_, layer, step_, kv);
-    if (decode) attn_.extend(exec_, step_, rows_, q, o, *cache_, layer, params);
+    if (has_cache())  // into a bf16 cache the fp32 rows are rounded to nearest even
+      with_cache([&](auto& cache) { append_extend(exec_, cache, layer, step_, kv); });
+    if (decode) with_cache([&](const auto& cache) { attn_.extend(exec_, step_, rows_, q, o, cache, layer, params); });
     else attn_.prefill(exec_, keys_, q, kv, o, params);
     w.wo_b(exec_, o, a);  // Partial over attn_tp
     a = attn_.all_reduce(exec_, Rows<float, Partial<AttnTp>, DpLocal, ExecSpace>(a)).view();
@@ -396,7 +413,19 @@ class DistributedModel {
   Recorder recorder_{groups_, nullptr, &counts_, keep_boundaries(opts_, &boundaries_)};
   PaddingMode mode_ = PaddingMode::sum_len;
   using Cache = kernels::PagedKvCache<float, typename ExecSpace::memory_space>;
-  std::unique_ptr<Cache> cache_;
+  using CacheBf16 = kernels::PagedKvCache<relayout::bf16, typename ExecSpace::memory_space>;
+  std::unique_ptr<Cache> cache_;       // fp32 weights
+  std::unique_ptr<CacheBf16> cache16_;  // bf16 weights (kv_cache_bf16)
+  bool has_cache() const { return cache_ || cache16_; }
+  // f on the cache reserve_kv made (one of the two).
+  template <class F>
+  decltype(auto) with_cache(F&& f) {
+    return cache16_ ? f(*cache16_) : f(*cache_);
+  }
+  template <class F>
+  decltype(auto) with_cache(F&& f) const {
+    return cache16_ ? f(std::as_const(*cache16_)) : f(std::as_const(*cache_));
+  }
   CpAttention<C, float, ExecSpace> attn_{groups_, &traffic_};
   CpKvLedger ledger_{0, 1, 0};                       // the positions of each slot cached here (reserve_kv)
   PrefillKeys<typename ExecSpace::memory_space> keys_;  // this prefill's keys

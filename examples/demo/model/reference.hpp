@@ -124,8 +124,42 @@ inline double router_tie_margin(const ModelDims& d, double tol, bool fp8_dispatc
   return d.weights == WeightDtype::fp32 && !fp8_dispatch ? 0.0 : std::sqrt(2.0 / 3.0) * tol;
 }
 
+// The bf16 KV cache (kv_cache_bf16: with bf16 weights). Decode and extend rows attend the cached
+// kv rows rounded to bf16, k^ = k (1 + e), e like d above (|e| <= u = 2^-8, spread <= u / sqrt(3));
+// the prefill attends its fp32 rows, so only decode rows see it. K = V, and both q and the cached
+// rows are fp32 values from rms-normalised rows: a kv row has rms about 1 (kv_norm, weights
+// 1 +- 0.25: rms 1.01), a query head rms r_q <= 1/sqrt(3) (wq_b's output on rows of rms 1, weights
+// uniform in +-1/sqrt(q_lora)).
+//   scores: s_j = scale q.k_j, scale = 1/sqrt(D), moves by ds_j = scale sum_d q_d k_jd e_jd, of
+//     spread (u / sqrt(3)) scale sqrt(sum_d q_d^2 k_jd^2) ~ (u / sqrt(3)) r_q <= u / 3;
+//   out: o = sum_j p_j v_j moves by sum_j p_j v_j e_j (values) + sum_j p_j (ds_j - sum_i p_i ds_i)
+//     (v_j - o) (softmax weights). Per element the first has spread (u / sqrt(3)) sqrt(sum_j p_j^2
+//     v_jd^2) and the second (u / 3) sqrt(sum_j p_j^2 (v_jd - o_d)^2); p_j <= 1 bounds each sum by
+//     the p-weighted mean of v_jd^2, of mean 1 over d: spreads u / sqrt(3) and u / 3, together
+//     u sqrt(1/3 + 1/9) = 2u / 3, for an o of rms <= 1;
+//   wo_b (weights uniform in +-1/sqrt(K)) passes a per-element error of spread sigma on with
+//     sigma / sqrt(3): sigma_kv = 2u / (3 sqrt(3)) = (2 / sqrt(3)) (u / 3).
+// One such error per layer and decode step, independent of the GEMMs' (rounding of other values),
+// of variance (4/3) (u/3)^2 against the (u/3)^2 of one GEMM rounding above. Step s of a decode
+// holds (s + 1) 2 G L GEMM errors and s (4/3) L cache errors, at most (s + 1) (2 G L + (4/3) L):
+//   tol(decode S) = sqrt(1 + S) 2^-7 sqrt(2 G L + 4 L / 3) + 1e-4
+//                <= sqrt(1 + S) (tol(bf16) + 2^-7 sqrt(4 L / 3)),
+// the bound --check takes (the sum bounds the quadrature and keeps a --tolerance given by the user
+// as its first term). 2^-7 sqrt(4 L / 3): 0.0128 for two layers, 0.0090 for one.
+inline constexpr const char* kKvCacheToleranceRule =
+    "the bf16 KV cache rounds each cached kv value by up to 2^-8 relative; through the scores and the values of "
+    "one decode attention that adds, after wo_b, an error of spread <= (2/sqrt(3)) 2^-8 / 3 per layer and step, so "
+    "the decode bound is sqrt(1 + steps) (tolerance + 2^-7 sqrt(4 layers / 3))";
+inline double kv_cache_tolerance(const ModelDims& d) {
+  return kv_cache_bf16(d) ? std::ldexp(1.0, -7) * std::sqrt(4.0 * d.layers / 3.0) : 0.0;
+}
+
+// The decode check of `decode_steps` steps: the prefill's `tolerance` (and with a bf16 cache
+// kv_cache_tolerance) grown by sqrt(1 + steps) for rounded weights, rows or cache.
 inline double decode_check_tolerance(const ModelDims& d, double tolerance, int decode_steps, bool fp8_dispatch = false) {
-  return d.weights == WeightDtype::fp32 && !fp8_dispatch ? tolerance : tolerance * std::sqrt(1.0 + decode_steps);
+  return d.weights == WeightDtype::fp32 && !fp8_dispatch
+             ? tolerance
+             : (tolerance + kv_cache_tolerance(d)) * std::sqrt(1.0 + decode_steps);
 }
 
 inline reference::Matrix input_rows(const ModelDims& d, const std::vector<std::int64_t>& owners) {

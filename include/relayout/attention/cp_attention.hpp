@@ -149,11 +149,15 @@ class CpAttention {
     to_allv(exec, lse, l_send, lses, l_recv, site);
     kernels::attention_merge(exec, parts, lses, out);
   }
-  // With our kernel on a paged cache.
+  // With our kernel on a paged cache of T, or of bf16 under float rows (PagedAttention): the
+  // partials, the lse and the merge stay T.
+  template <class KvT>
   void extend(const ExecSpace& exec, const ExtendPlan& plan, const ExtendRows<memory_space>& rows, const View& q,
-              const View& out, const kernels::PagedKvCache<T, memory_space>& cache, int layer,
+              const View& out, const kernels::PagedKvCache<KvT, memory_space>& cache, int layer,
               const kernels::AttentionParams& params, Site site = Site::current()) {
-    extend(exec, plan, rows, q, out, params.head_dim, PagedAttention<T, memory_space>{&cache, layer, params}, site);
+    static_assert(kernels::decode_scalars_v<T, KvT, T>,
+                  "relayout::CpAttention::extend: the cache must hold the rows' scalar type, or bf16 under float rows");
+    extend(exec, plan, rows, q, out, params.head_dim, PagedAttention<T, memory_space, KvT>{&cache, layer, params}, site);
   }
 
   // ---- attention TP

@@ -61,10 +61,16 @@ concept ExtendKernel = requires(const K& k, const Exec& exec, const RowsView<T, 
   { k(exec, q, rows, out, lse) };
 };
 
-// Our kernel: the rows through kernels::PagedKvCache's block tables, one layer.
-template <class T, class MemSpace>
+// Our kernel: the rows through kernels::PagedKvCache's block tables, one layer. The cache holds
+// KvT (T by default): the rows' own type, or bf16 under fp32 rows (a bf16 cache halves the bytes
+// decode reads; each key is widened to fp32 as it is read, q, out, lse and the arithmetic stay
+// fp32). Decode and extend rows, causal or not, under CP or not, all run on the decode kernels,
+// which take both (kernels::decode_scalars_v); any other pair does not compile.
+template <class T, class MemSpace, class KvT = T>
 struct PagedAttention {
-  const kernels::PagedKvCache<T, MemSpace>* cache = nullptr;
+  static_assert(kernels::decode_scalars_v<T, KvT, T>,
+                "relayout::PagedAttention: the cache must hold the rows' scalar type, or bf16 under float rows");
+  const kernels::PagedKvCache<KvT, MemSpace>* cache = nullptr;
   int layer = 0;
   kernels::AttentionParams params;
 
@@ -81,7 +87,7 @@ struct PagedAttention {
   // Query row b reads slot slots(b) through a block table of its own (a copy of the slot's) with
   // length limits(b), so the decode kernel stops at the row's own position.
   template <class Exec>
-  kernels::PagedKv<T, MemSpace> causal_view(const Exec& exec, const ExtendRows<MemSpace>& rows) const {
+  kernels::PagedKv<KvT, MemSpace> causal_view(const Exec& exec, const ExtendRows<MemSpace>& rows) const {
     const auto all = cache->view(layer, rows.slots);
     const std::int64_t n = rows.rows(), B = std::int64_t(all.block_table.extent(1));
     // Every entry is written below, on exec.
@@ -100,20 +106,22 @@ struct PagedAttention {
 
 // Extend attention on one rank (no CP): q holds the new rows of a step in plan order, their kv
 // already appended (append_extend); out gets each row's attention over its request's keys up to
-// its own position.
-template <class Exec, class T, class MemSpace>
-void attention_extend(const Exec& exec, const kernels::PagedKvCache<T, MemSpace>& cache, int layer,
+// its own position. The cache holds T, or bf16 under float rows (PagedAttention).
+template <class Exec, class T, class KvT, class MemSpace>
+void attention_extend(const Exec& exec, const kernels::PagedKvCache<KvT, MemSpace>& cache, int layer,
                       const ExtendRows<MemSpace>& rows, const RowsView<T, Exec>& q, const RowsView<T, Exec>& out,
                       const kernels::AttentionParams& params) {
   if (!rows.whole)
     throw LayoutError("rows", "attention_extend: the rows span several CP ranks; run them through CpAttention::extend");
   const RowsView<T, Exec> no_lse;
-  PagedAttention<T, MemSpace>{&cache, layer, params}(exec, q, rows, out, no_lse);
+  PagedAttention<T, MemSpace, KvT>{&cache, layer, params}(exec, q, rows, out, no_lse);
 }
 
-// This rank's new kv rows (plan order) into its cache for `layer`.
-template <class Exec, class T, class MemSpace, class KvRows>
-void append_extend(const Exec& exec, kernels::PagedKvCache<T, MemSpace>& cache, int layer, const ExtendPlan& plan,
+// This rank's new kv rows (plan order) into its cache for `layer`: rows of the cache's scalar type,
+// or float rows into a bf16 cache, each value rounded to the nearest bf16 (ties to even) as it is
+// stored (PagedKvCache::append).
+template <class Exec, class KvT, class MemSpace, class KvRows>
+void append_extend(const Exec& exec, kernels::PagedKvCache<KvT, MemSpace>& cache, int layer, const ExtendPlan& plan,
                    const KvRows& kv) {
   if (std::int64_t(kv.extent(0)) != plan.rows())
     throw LayoutError("kv", "append_extend: " + std::to_string(kv.extent(0)) + " kv rows for the " +
