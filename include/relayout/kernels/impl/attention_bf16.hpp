@@ -6,11 +6,13 @@
 // half of a float, so L keys become L floats by a zero extension of their 16-bit lanes to 32 bits
 // and a 16-bit left shift (AVX-512: vpmovzxwd from memory and vpslld, 16 lanes; AVX2 the same at
 // 8). Widening is exact, so decode over a bf16 cache gives bitwise the rows decode over a fp32 cache
-// of the widened keys gives; a float key is a plain load, so the fp32 core is the code it was.
+// of the widened keys gives; a float key is a plain load, so the fp32 core loads as it did.
 //
-// (Widening each run of rows into fp32 rows of team scratch first and running the fp32 core on
-// those cost a write and a read-back of every key: a lone head of 512 ran at 0.36 of its bf16 byte
-// bound, 8 heads of 512 at 0.48; see docs/benchmarks.md, "bf16 KV cache".) Not public API.
+// No copy of the keys exists, so the launch is the fp32 one (any team size). Widening each run of
+// rows into fp32 rows of team scratch first and running the fp32 core on those cost a write and a
+// read-back of every key: on a 2-core Zen 4 a lone head of 512 ran at 0.36 of its bf16 byte bound
+// and about the fp32 time, 8 heads of 512 at 0.48; reading in place, 0.58-0.67x the fp32 time and
+// about 0.6 of the bound (docs/benchmarks.md, "bf16 KV cache"). Not public API.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -60,8 +62,9 @@ template <> struct Half<16> { using type = H16; };
 #endif
 
 // The lanes of V (L floats, or one float) from the keys at p: a plain load of float keys; bf16
-// keys widened in registers. The vector extension's zero-extending convert and shift compile to
-// vpmovzxwd (from memory) and vpslld on AVX-512 and AVX2, pmovzxwd and pslld on SSE4.1.
+// keys widened in registers: vpmovzxwd from memory and vpslld on AVX-512 (16 lanes) and AVX2 (8),
+// the vector extension's zero-extending convert and shift elsewhere (pmovzxwd and pslld on
+// SSE4.1), one key shifted on a device.
 template <class V, class K>
 KOKKOS_FORCEINLINE_FUNCTION V load_key(const K* p) {
   if constexpr (!std::is_same_v<K, relayout::bf16>) {
