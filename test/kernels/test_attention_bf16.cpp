@@ -1,8 +1,10 @@
 // Decode attention over a bf16 KV cache with fp32 queries and outputs, contiguous and paged:
 // against the double reference over the same bf16-rounded keys (the kernel's arithmetic is fp32),
 // against the fp32-cache decode within what rounding the keys to bf16 allows, a paged cache filled
-// with fp32 rows rounded on append, and the argument checks with a bf16 cache.
+// with fp32 rows rounded on append, bitwise against decode over a fp32 cache of the widened keys
+// (contiguous, paged, partial; one head and several), and the argument checks with a bf16 cache.
 #include <cmath>
+#include <cstring>
 
 #include "support.hpp"
 
@@ -166,6 +168,88 @@ TEST_CASE_TEMPLATE_DEFINE("a paged bf16 cache: fp32 rows rounded on append, deco
         }
 }
 TEST_CASE_TEMPLATE_APPLY(bf16_paged, FloatCases);
+
+// Elements of two float views (same shape) whose bits differ.
+template <class A, class B>
+int bit_diffs(const A& a, const B& b) {
+  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+  auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  int diffs = 0;
+  for (std::size_t i = 0; i < ha.extent(0); ++i)
+    for (std::size_t j = 0; j < ha.extent(1); ++j)
+      diffs += std::memcmp(&ha(i, j), &hb(i, j), sizeof(float)) != 0;
+  return diffs;
+}
+
+// The core widens bf16 keys exactly where it loads them, so decode over a bf16 cache is decode
+// over a fp32 cache of the widened keys, bit for bit: contiguous rows, key splits, a paged cache
+// (blocks shorter than a chunk and of 16 rows) and the partial decode, for a lone head (key ranges
+// read side by side) and head groups of every tile.
+TEST_CASE_TEMPLATE_DEFINE("decode over a bf16 cache is bitwise decode over its widened keys", C, bf16_bitwise) {
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  std::uint32_t seed = 9100;
+  const std::vector<int> lens = {300, 1, 77, 33};
+  const std::vector<int> cu = offsets_of(lens);
+  const int reqs = int(lens.size());
+  for (int heads : {1, 3, 8, 16})
+    for (int head_dim : {40, 64, 72, 128, 512}) {
+      CAPTURE(heads);
+      CAPTURE(head_dim);
+      const int rows = cu.back();
+      auto values = random_values(std::size_t(rows) * head_dim, seed++);
+      const auto cache = bf16_tensor<Mem>(rows, head_dim, values);
+      for (std::size_t i = 0; i < values.size(); ++i) values[i] = double(float(bf16(float(values[i]))));
+      const auto cache32 = make_tensor<C>(rows, head_dim, values);
+      auto q = random_tensor<C>(reqs, heads * head_dim, seed++);
+      auto out = relayout::RowsView<float, Mem>("out", reqs, heads * head_dim);
+      auto out32 = relayout::RowsView<float, Mem>("out32", reqs, heads * head_dim);
+      const double scale = rk::default_softmax_scale(head_dim);
+      for (int splits : {0, 1, 3, 4})
+        for (int window : {0, 45}) {
+          CAPTURE(splits);
+          CAPTURE(window);
+          const rk::AttentionParams p{head_dim, scale, window, splits};
+          rk::attention_decode(exec, q.view, cache.view, make_ints<C>(cu), out, p);
+          rk::attention_decode(exec, q.view, cache32.view, make_ints<C>(cu), out32, p);
+          CHECK(bit_diffs(out, out32) == 0);
+        }
+      for (int block_size : {5, 16}) {
+        CAPTURE(block_size);
+        rk::KvCacheShape shape{1, head_dim, block_size, rows / block_size + reqs + 1, reqs, (300 + block_size - 1) / block_size};
+        rk::PagedKvCache<bf16, Mem> paged(shape);
+        rk::PagedKvCache<float, Mem> paged32(shape);
+        // Filled in pieces, interleaved, so the requests' blocks interleave in the pool.
+        for (int start = 0; start < 300; start += 64)
+          for (int b = 0; b < reqs; ++b) {
+            const int n = std::min(64, lens[std::size_t(b)] - start);
+            if (n <= 0) continue;
+            const auto first = values.begin() + std::ptrdiff_t(cu[std::size_t(b)] + start) * head_dim;
+            const std::vector<double> v(first, first + std::ptrdiff_t(n) * head_dim);
+            paged.append(exec, 0, b, bf16_tensor<Mem>(n, head_dim, v).view);
+            paged32.append(exec, 0, b, make_tensor<C>(n, head_dim, v).view);
+          }
+        const auto slots = make_ints<C>({3, 0, 2, 1});
+        auto qs = random_tensor<C>(reqs, heads * head_dim, seed++);
+        for (int splits : {0, 3}) {
+          CAPTURE(splits);
+          const rk::AttentionParams p{head_dim, scale, 0, splits};
+          rk::attention_decode(exec, qs.view, paged.view(0, slots), out, p);
+          rk::attention_decode(exec, qs.view, paged32.view(0, slots), out32, p);
+          CHECK(bit_diffs(out, out32) == 0);
+        }
+        auto lse = relayout::RowsView<float, Mem>("lse", reqs, heads);
+        auto lse32 = relayout::RowsView<float, Mem>("lse32", reqs, heads);
+        const auto first = make_ints<C>({10, 0, 70, 1});
+        const rk::AttentionParams p{head_dim, scale, 0};
+        rk::attention_decode_partial(exec, qs.view, paged.view(0, slots), first, out, lse, p);
+        rk::attention_decode_partial(exec, qs.view, paged32.view(0, slots), first, out32, lse32, p);
+        CHECK(bit_diffs(out, out32) == 0);
+        CHECK(bit_diffs(lse, lse32) == 0);
+      }
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(bf16_bitwise, FloatCases);
 
 TEST_CASE_TEMPLATE_DEFINE("attention_decode over a bf16 cache checks its arguments", C, bf16_checks) {
   using Mem = typename C::mem;

@@ -29,8 +29,8 @@ struct AttentionParams {
 inline double default_softmax_scale(int head_dim) { return 1.0 / std::sqrt(double(head_dim)); }
 
 // Decode reads the whole cache for a few query rows, so its cost is the bytes it reads: a bf16
-// cache halves them. The queries, outputs and arithmetic stay fp32 (each key row is widened to
-// fp32 as it is read). This is the one mix of scalar types decode takes; any other has q, the
+// cache halves them. The queries, outputs and arithmetic stay fp32 (each key vector is widened to
+// fp32 as it is loaded). This is the one mix of scalar types decode takes; any other has q, the
 // cache and out of one type.
 template <class Q, class Kv, class O>
 inline constexpr bool decode_scalars_v = (std::is_same_v<Q, O> && std::is_same_v<Kv, O>) ||
@@ -119,11 +119,7 @@ void attention_decode(const ExecSpace& exec, const Q& q, const KV& kv_cache, con
       impl::check_offsets("attention_decode", "cu_cache", cu_cache, std::int64_t(kv_cache.extent(0)), false, true);
   if (q.extent(0) == 0) return;
   const impl::ContiguousKeys<KV, Cu> keys{kv_cache, cu_cache};
-  if constexpr (std::is_same_v<scalar_of<KV>, scalar_of<O>>)
-    impl::decode_launch(exec, q, keys, out, params, heads, longest, impl::WindowStart{params.window}, impl::NoLse<O>());
-  else
-    impl::decode_launch(exec, q, impl::widen_keys(keys, params.head_dim, heads), out, params, heads, longest,
-                        impl::WindowStart{params.window}, impl::NoLse<O>());
+  impl::decode_launch(exec, q, keys, out, params, heads, longest, impl::WindowStart{params.window}, impl::NoLse<O>());
 }
 
 // Decode through a paged cache (PagedKvCache::view): query row b attends the last min(window, L)
@@ -140,11 +136,7 @@ void attention_decode(const ExecSpace& exec, const Q& q, const PagedKv<T, MemSpa
   for (std::size_t b = 0; b < slots.extent(0); ++b) longest = lengths(slots(b)) > longest ? lengths(slots(b)) : longest;
   if (q.extent(0) == 0) return;
   const impl::PagedKeys<T, MemSpace> keys{kv};
-  if constexpr (std::is_same_v<T, scalar_of<O>>)
-    impl::decode_launch(exec, q, keys, out, params, heads, longest, impl::WindowStart{params.window}, impl::NoLse<O>());
-  else
-    impl::decode_launch(exec, q, impl::widen_keys(keys, params.head_dim, heads), out, params, heads, longest,
-                        impl::WindowStart{params.window}, impl::NoLse<O>());
+  impl::decode_launch(exec, q, keys, out, params, heads, longest, impl::WindowStart{params.window}, impl::NoLse<O>());
 }
 
 // Partial decode over one shard of each request's keys (attention context parallelism: a CP rank
@@ -180,11 +172,7 @@ void attention_decode_partial(const ExecSpace& exec, const Q& q, const PagedKv<T
   }
   if (q.extent(0) == 0) return;
   const impl::PagedKeys<T, MemSpace> keys{kv};
-  if constexpr (std::is_same_v<T, scalar_of<O>>)
-    impl::decode_launch(exec, q, keys, out, params, heads, longest, impl::FirstKey<First>{first}, lse);
-  else
-    impl::decode_launch(exec, q, impl::widen_keys(keys, params.head_dim, heads), out, params, heads, longest,
-                        impl::FirstKey<First>{first}, lse);
+  impl::decode_launch(exec, q, keys, out, params, heads, longest, impl::FirstKey<First>{first}, lse);
 }
 
 // Merges the partials of n query rows from P shards (attention_decode_partial on each):

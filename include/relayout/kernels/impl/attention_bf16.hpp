@@ -1,17 +1,26 @@
-// Internal: decode attention over a bf16 KV cache with fp32 queries, outputs and arithmetic
-// (relayout/kernels/attention.hpp). Decode reads the whole cache for a few query rows, so its cost
-// is the bytes read: bf16 halves them. The keys adapter below widens each run of rows AttendCore
-// asks for into fp32 rows in team scratch, so AttendCore<ExecSpace, float> runs unchanged on them.
-// Not public API.
+// Internal: how the attention core (attention_core.hpp) reads a vector of keys, for decode over a
+// bf16 KV cache with fp32 queries, outputs and arithmetic (relayout/kernels/attention.hpp). Decode
+// reads the whole cache for a few query rows, so its cost is the bytes read: bf16 halves them.
+// AttendCore<ExecSpace, float, bf16> reads the bf16 rows in place and widens each key vector in
+// registers where it loads it, in the score pass (q . k) and in p . V alike: a bf16 is the high
+// half of a float, so L keys become L floats by a zero extension of their 16-bit lanes to 32 bits
+// and a 16-bit left shift (AVX-512: vpmovzxwd from memory and vpslld, 16 lanes; AVX2 the same at
+// 8). Widening is exact, so decode over a bf16 cache gives bitwise the rows decode over a fp32 cache
+// of the widened keys gives; a float key is a plain load, so the fp32 core loads as it did.
+//
+// No copy of the keys exists, so the launch is the fp32 one (any team size). Widening each run of
+// rows into fp32 rows of team scratch first and running the fp32 core on those cost a write and a
+// read-back of every key: on a 2-core Zen 4 a lone head of 512 ran at 0.36 of its bf16 byte bound
+// and about the fp32 time, 8 heads of 512 at 0.48; reading in place, 0.58-0.67x the fp32 time and
+// about 0.6 of the bound (docs/benchmarks.md, "bf16 KV cache"). Not public API.
 #pragma once
 
 #include <Kokkos_Core.hpp>
-#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
 #include "relayout/comm/scalar.hpp"
-#include "relayout/kernels/impl/attention_core.hpp"
+#include "relayout/kernels/impl/simd.hpp"
 
 #if defined(RELAYOUT_KERNELS_HOST_SIMD) && (defined(__AVX2__) || defined(__AVX512F__))
 #include <immintrin.h>
@@ -19,125 +28,76 @@
 
 namespace relayout::kernels::impl {
 
-// n bf16 values to fp32: a bf16 is the high half of a float, so widening is a 16-bit shift.
-KOKKOS_FORCEINLINE_FUNCTION void widen_bf16(const relayout::bf16* src, float* dst, int n) {
-  const auto* s = reinterpret_cast<const std::uint16_t*>(src);
-  int i = 0;
-#if defined(RELAYOUT_KERNELS_HOST_SIMD) && defined(__AVX512F__)
-  // The zero-masked forms: g++ 12 warns of the undefined source the unmasked ones pass.
-  const __mmask16 all = __mmask16(0xffff);
-  for (; i + 16 <= n; i += 16) {
-    const __m512i w = _mm512_maskz_cvtepu16_epi32(all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i)));
-    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, w, 16)));
-  }
-#elif defined(RELAYOUT_KERNELS_HOST_SIMD) && defined(__AVX2__)
-  for (; i + 8 <= n; i += 8) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-  }
+// A key as the core's scalar T: a float as it is, a bf16 widened (exact).
+template <class T, class K>
+KOKKOS_FORCEINLINE_FUNCTION T key_value(const K& k) {
+  if constexpr (std::is_same_v<K, T>) return k;
+  else return T(k);
+}
+
+#if defined(RELAYOUT_KERNELS_HOST_SIMD)
+// L bf16 bit patterns widened to the bits of L floats: zero-extend each 16-bit lane to 32 bits,
+// shift left by 16. (Spelled out per width: g++ 12 rejects __builtin_convertvector of a vector
+// type that depends on a template parameter.)
+namespace widen {
+// (Only the widths the host's vectors hold: a wider one changes the ABI.)
+template <int L> struct Half;
+typedef std::uint16_t H4 __attribute__((vector_size(8)));
+typedef std::uint32_t W4 __attribute__((vector_size(16)));
+KOKKOS_FORCEINLINE_FUNCTION W4 bits(H4 h) { return __builtin_convertvector(h, W4) << 16; }
+template <> struct Half<4> { using type = H4; };
+#if defined(__AVX__) || defined(__AVX512F__)
+typedef std::uint16_t H8 __attribute__((vector_size(16)));
+typedef std::uint32_t W8 __attribute__((vector_size(32)));
+KOKKOS_FORCEINLINE_FUNCTION W8 bits(H8 h) { return __builtin_convertvector(h, W8) << 16; }
+template <> struct Half<8> { using type = H8; };
 #endif
-  for (; i < n; ++i) dst[i] = relayout::impl::bf16_bits_to_float(s[i]);
-}
+#if defined(__AVX512F__)
+typedef std::uint16_t H16 __attribute__((vector_size(32)));
+typedef std::uint32_t W16 __attribute__((vector_size(64)));
+KOKKOS_FORCEINLINE_FUNCTION W16 bits(H16 h) { return __builtin_convertvector(h, W16) << 16; }
+template <> struct Half<16> { using type = H16; };
+#endif
+}  // namespace widen
+#endif
 
-// Keys of a bf16 cache (ContiguousKeys or PagedKeys over bf16 rows) as fp32 rows: row() widens
-// the run of rows it is asked for (at most `cap`) into one of `buffers` buffers of team scratch,
-// filled in turn, and returns it; stride() is the buffers' row stride. A buffer is overwritten
-// `buffers` calls later, so there must be as many buffers as runs live at once: AttendCore::attend
-// asks for the next chunk while the current one is still to be computed, one run per chunk from
-// contiguous rows (2 buffers of a chunk), up to two through a block table, the end of one block
-// and the start of the next (4 buffers of at most a block). attend_lone asks for at most
-// kMaxRanges runs at a time, all used before it asks again (kMaxRanges buffers). The buffers stay
-// this small so the widened rows, read by the score pass and again by p . V, stay in L1 as the
-// rows of a fp32 cache would.
-//
-// The buffers and the turn belong to one work item: bind() takes them from the team's scratch,
-// and the launch runs one thread per team (several threads would widen the same rows into the
-// same buffers, each on its own turn).
-template <class Keys>
-struct WidenKeys {
-  Keys keys;
-  int head_dim = 0;
-  int cap = 0;      // rows per buffer
-  int buffers = 0;  // buffers filled in turn
-  int ld = 0;       // floats per buffer row: head_dim rounded up to a cache line, so rows start aligned
-  float* buf = nullptr;
-  mutable int turn = 0;
-
-  static int row_stride(int head_dim) { return (head_dim + 15) / 16 * 16; }
-  template <class ExecSpace>
-  std::size_t scratch_bytes() const {
-    return Kokkos::View<float*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>::shmem_size(
-        std::size_t(buffers) * cap * ld);
-  }
-  template <class Member>
-  KOKKOS_INLINE_FUNCTION WidenKeys bind(const Member& team) const {
-    using S = Kokkos::View<float*, typename Member::scratch_memory_space, Kokkos::MemoryUnmanaged>;
-    WidenKeys k = *this;
-    S s(team.team_scratch(0), std::size_t(buffers) * cap * ld);
-    k.buf = s.data();
-    k.turn = 0;
-    return k;
-  }
-
-  KOKKOS_INLINE_FUNCTION std::int64_t length(std::int64_t b) const { return keys.length(b); }
-  KOKKOS_INLINE_FUNCTION const float* row(std::int64_t b, std::int64_t p, std::int64_t end, int& run) const {
-    const relayout::bf16* src = keys.row(b, p, end, run);
-    if (run > cap) run = cap;
-    float* dst = buf + std::size_t(turn) * cap * ld;
-    turn = turn + 1 == buffers ? 0 : turn + 1;
-    const std::int64_t sld = keys.stride();
-    const int line = kLineBytes / int(sizeof(relayout::bf16));
-    for (int j = 0; j < run; ++j) {
-      // The run after this one is most likely the rows that follow: start reading them, as the
-      // core does for fp32 rows (the keys it prefetches are the widened ones, already in cache). A
-      // paged cache's next block lies elsewhere; a prefetch of a wrong address costs only the slot.
-      const relayout::bf16* ahead = src + (j + run) * sld;
-      for (int d = 0; d < head_dim; d += line) prefetch(ahead + d);
-      widen_bf16(src + j * sld, dst + std::size_t(j) * ld, head_dim);
+// The lanes of V (L floats, or one float) from the keys at p: a plain load of float keys; bf16
+// keys widened in registers: vpmovzxwd from memory and vpslld on AVX-512 (16 lanes) and AVX2 (8),
+// the vector extension's zero-extending convert and shift elsewhere (pmovzxwd and pslld on
+// SSE4.1), one key shifted on a device.
+template <class V, class K>
+KOKKOS_FORCEINLINE_FUNCTION V load_key(const K* p) {
+  if constexpr (!std::is_same_v<K, relayout::bf16>) {
+    return load<V>(p);
+  } else if constexpr (std::is_same_v<V, float>) {
+    return relayout::impl::bf16_bits_to_float(p->bits);
+  } else {
+#if defined(RELAYOUT_KERNELS_HOST_SIMD)
+    constexpr int L = int(sizeof(V) / sizeof(float));
+#if defined(__AVX512F__)
+    // Spelled with intrinsics: g++ 12 tuned for Zen 4 (256-bit preferred) splits the generic form
+    // into two 8-lane converts and an insert (measured 16 heads of 128: the score and p . V loops
+    // spent more on those than on the FMAs). The zero-masked forms: g++ 12 warns of the undefined
+    // source the unmasked ones pass.
+    if constexpr (L == 16) {
+      const __mmask16 all = __mmask16(0xffff);
+      const __m512i w = _mm512_maskz_cvtepu16_epi32(all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      return (V)_mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, w, 16));
     }
-    return dst;
+#endif
+#if defined(__AVX2__)
+    if constexpr (L == 8) {
+      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      return (V)_mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    }
+#endif
+    typename widen::Half<L>::type h;
+    __builtin_memcpy(&h, p, sizeof(h));
+    return (V)widen::bits(h);
+#else
+    return V{};  // not reached: without the vector extension V is one float
+#endif
   }
-  KOKKOS_INLINE_FUNCTION std::int64_t stride() const { return ld; }
-};
-
-template <class Keys>
-inline constexpr bool is_widen_keys_v = false;
-template <class Keys>
-inline constexpr bool is_widen_keys_v<WidenKeys<Keys>> = true;
-
-// The keys a work item reads: ordinary keys as they are, widening keys bound to its scratch.
-template <class Keys, class Member>
-KOKKOS_INLINE_FUNCTION const Keys& bind_keys(const Keys& k, const Member&) {
-  return k;
-}
-template <class Keys, class Member>
-KOKKOS_INLINE_FUNCTION WidenKeys<Keys> bind_keys(const WidenKeys<Keys>& k, const Member& team) {
-  return k.bind(team);
-}
-// Team scratch the keys take beside the core's.
-template <class ExecSpace, class Keys>
-std::size_t keys_scratch_bytes(const Keys& k) {
-  if constexpr (is_widen_keys_v<Keys>) return k.template scratch_bytes<ExecSpace>();
-  else return 0;
-}
-
-template <class Keys>
-inline constexpr bool is_paged_keys_v = false;
-template <class T, class MemSpace>
-inline constexpr bool is_paged_keys_v<PagedKeys<T, MemSpace>> = true;
-
-// Keys over a bf16 cache widened for a core of `heads` heads of `head_dim` (its chunk: chunk_keys).
-template <class Keys>
-WidenKeys<Keys> widen_keys(const Keys& keys, int head_dim, int heads) {
-  const int chunk = chunk_keys<float>(head_dim, heads);
-  int cap = chunk, buffers = 2;
-  if (heads == 1) {
-    buffers = kMaxRanges;
-  } else if constexpr (is_paged_keys_v<Keys>) {
-    buffers = 4;
-    cap = keys.kv.block_size < chunk ? keys.kv.block_size : chunk;
-  }
-  return WidenKeys<Keys>{keys, head_dim, cap, buffers, WidenKeys<Keys>::row_stride(head_dim)};
 }
 
 }  // namespace relayout::kernels::impl

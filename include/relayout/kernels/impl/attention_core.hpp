@@ -6,7 +6,9 @@
 #include <Kokkos_Core.hpp>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
+#include "relayout/kernels/impl/attention_bf16.hpp"
 #include "relayout/kernels/impl/simd.hpp"
 #include "relayout/kernels/kv_cache.hpp"
 
@@ -52,6 +54,7 @@ int chunk_keys(int head_dim, int heads) {
 template <class KV, class Cu>
 struct ContiguousKeys {
   using T = typename KV::non_const_value_type;
+  using key_type = T;
   KV kv;
   Cu cu;
   KOKKOS_INLINE_FUNCTION std::int64_t length(std::int64_t b) const { return cu(b + 1) - cu(b); }
@@ -66,6 +69,7 @@ struct ContiguousKeys {
 // Keys of request slots(b) through its block table: consecutive only within a block.
 template <class T, class MemSpace>
 struct PagedKeys {
+  using key_type = T;
   PagedKv<T, MemSpace> kv;
   KOKKOS_INLINE_FUNCTION std::int64_t length(std::int64_t b) const { return kv.lengths(kv.slots(b)); }
   KOKKOS_INLINE_FUNCTION const T* row(std::int64_t b, std::int64_t p, std::int64_t end, int& run) const {
@@ -91,6 +95,71 @@ struct ChunkRows {
   KOKKOS_FORCEINLINE_FUNCTION const T* row(int j) const { return j < n0 ? p0 + j * ld : p1 + (j - n0) * ld; }
 };
 
+// a * b + c rounded once. The scalar tails of the dot products (head_dim not a multiple of the
+// lanes) are written with it: left to g++, `r += a * b` over a tail became vector products and
+// ordered adds for some elements and FMAs for others, chosen per loop, so a key read as bf16 and
+// the same key read as fp32 could round differently.
+template <class T>
+KOKKOS_FORCEINLINE_FUNCTION T fmadd(T a, T b, T c) {
+#if defined(RELAYOUT_KERNELS_HOST_SIMD)
+  if constexpr (std::is_same_v<T, float>) return __builtin_fmaf(a, b, c);
+  else return __builtin_fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// q . k over n elements, L lanes at a time with 4 independent accumulators (dot in simd.hpp, the
+// keys read by load_key).
+template <int L, class T, class K>
+KOKKOS_FORCEINLINE_FUNCTION T dot_key(const T* q, const K* k, int n) {
+  using V = typename Vec<T, L>::type;
+  V s0{}, s1{}, s2{}, s3{};
+  int i = 0;
+  for (; i + 4 * L <= n; i += 4 * L) {
+    s0 += load<V>(q + i) * load_key<V>(k + i);
+    s1 += load<V>(q + i + L) * load_key<V>(k + i + L);
+    s2 += load<V>(q + i + 2 * L) * load_key<V>(k + i + 2 * L);
+    s3 += load<V>(q + i + 3 * L) * load_key<V>(k + i + 3 * L);
+  }
+  for (; i + L <= n; i += L) s0 += load<V>(q + i) * load_key<V>(k + i);
+  T s = hsum<L>((s0 + s1) + (s2 + s3));
+  for (; i < n; ++i) s = fmadd(q[i], key_value<T>(k[i]), s);
+  return s;
+}
+
+// out[r] = q . k[r] for R rows at once, sharing the loads of q: R streams read side by side.
+// Accumulators per row: enough chains in all to cover the FMA latency.
+template <int L, int R, class T, class K>
+KOKKOS_FORCEINLINE_FUNCTION void dot_rows(const T* q, const K* const* k, int n, T* out) {
+  if constexpr (R == 1) {
+    out[0] = dot_key<L>(q, k[0], n);
+  } else {
+    using V = typename Vec<T, L>::type;
+    constexpr int A = R == 2 ? 2 : 1;
+    V s[R][A];
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < A; ++u) s[r][u] = V{};
+    int i = 0;
+    for (; i + A * L <= n; i += A * L)
+      for (int u = 0; u < A; ++u) {
+        const V qv = load<V>(q + i + u * L);
+        for (int r = 0; r < R; ++r) s[r][u] += qv * load_key<V>(k[r] + i + u * L);
+      }
+    for (; i + L <= n; i += L) {
+      const V qv = load<V>(q + i);
+      for (int r = 0; r < R; ++r) s[r][0] += qv * load_key<V>(k[r] + i);
+    }
+    for (int r = 0; r < R; ++r) {
+      V a = s[r][0];
+      for (int u = 1; u < A; ++u) a += s[r][u];
+      T t = hsum<L>(a);
+      for (int ii = i; ii < n; ++ii) t = fmadd(q[ii], key_value<T>(k[r][ii]), t);
+      out[r] = t;
+    }
+  }
+}
+
 // One query row (heads x head_dim) against keys [begin, end) of one request, by chunks of at most
 // `chunk` keys. Heads go in groups of kHeadGroup, one team thread per group, so every key vector
 // loaded feeds the whole group: scores are a register tile of dot products (8 heads x 2 keys with
@@ -100,7 +169,7 @@ struct ChunkRows {
 // previous chunks. A lone head reads its keys row after row instead, and a decode work item with
 // one head walks several key ranges side by side (attend_lone). `o` accumulates unnormalised; m
 // and l are the running max and sum per head.
-template <class ExecSpace, class T>
+template <class ExecSpace, class T, class K = T>
 struct AttendCore {
   static constexpr int L = lanes_v<ExecSpace, T>;
   using V = typename Vec<T, L>::type;
@@ -111,16 +180,16 @@ struct AttendCore {
   // (pf, pf_rows rows; null: none) are prefetched line by line meanwhile, so memory streams while
   // this chunk computes (the hardware prefetchers alone leave the two serialised).
   template <int MH, int MK>
-  KOKKOS_FORCEINLINE_FUNCTION void score_tile(const T* const* qh, const ChunkRows<T>& k, T* s, int j,
-                                              const ChunkRows<T>* pf, int pf_rows) const {
+  KOKKOS_FORCEINLINE_FUNCTION void score_tile(const T* const* qh, const ChunkRows<K>& k, T* s, int j,
+                                              const ChunkRows<K>* pf, int pf_rows) const {
     const int D = head_dim;
-    const T* kj[MK];
+    const K* kj[MK];
     for (int b = 0; b < MK; ++b) kj[b] = k.row(j + b);
     V acc[MH * MK];
     for (int i = 0; i < MH * MK; ++i) acc[i] = V{};
     auto body = [&](int d) {
       V kv[MK];
-      for (int b = 0; b < MK; ++b) kv[b] = load<V>(kj[b] + d);
+      for (int b = 0; b < MK; ++b) kv[b] = load_key<V>(kj[b] + d);
       for (int a = 0; a < MH; ++a) {
         V qv = load<V>(qh[a] + d);
         if constexpr (MK > 1) in_register(qv);
@@ -128,10 +197,10 @@ struct AttendCore {
       }
     };
     int d = 0;
-    constexpr int S = kLineBytes / int(sizeof(T));
+    constexpr int S = kLineBytes / int(sizeof(K));
     if (pf && S % L == 0) {
       const int pb = pf_rows - j < MK ? pf_rows - j : MK;
-      const T* pr[MK];
+      const K* pr[MK];
       for (int b = 0; b < pb; ++b) pr[b] = pf->row(j + b);
       for (; d + S <= D; d += S) {
         for (int b = 0; b < pb; ++b) prefetch(pr[b] + d);
@@ -150,19 +219,19 @@ struct AttendCore {
     if (d < D)
       for (int a = 0; a < MH; ++a)
         for (int b = 0; b < MK; ++b)
-          for (int dd = d; dd < D; ++dd) r[a * MK + b] += qh[a][dd] * kj[b][dd];
+          for (int dd = d; dd < D; ++dd) r[a * MK + b] = fmadd(qh[a][dd], key_value<T>(kj[b][dd]), r[a * MK + b]);
     for (int a = 0; a < MH; ++a) __builtin_memcpy(s + a * kChunkMax + j, r + a * MK, MK * sizeof(T));
   }
 
   template <int MH, int NV>
-  KOKKOS_FORCEINLINE_FUNCTION void value_tile(T* const* oh, int d, const ChunkRows<T>& k, int nb, const T* p,
+  KOKKOS_FORCEINLINE_FUNCTION void value_tile(T* const* oh, int d, const ChunkRows<K>& k, int nb, const T* p,
                                               const T* corr, bool first) const {
     V acc[MH][NV];
     for (int a = 0; a < MH; ++a)
       for (int v = 0; v < NV; ++v) acc[a][v] = first ? V{} : corr[a] * load<V>(oh[a] + d + v * L);
-    auto key = [&](const T* kj, int j) {
+    auto key = [&](const K* kj, int j) {
       V kv[NV];
-      for (int v = 0; v < NV; ++v) kv[v] = load<V>(kj + v * L);
+      for (int v = 0; v < NV; ++v) kv[v] = load_key<V>(kj + v * L);
       for (int a = 0; a < MH; ++a) {
         const T pa = p[a * kChunkMax + j];
         for (int v = 0; v < NV; ++v) acc[a][v] += pa * kv[v];
@@ -178,8 +247,8 @@ struct AttendCore {
 
   // One chunk of nb keys (rows k) for heads h0 .. h0 + MH.
   template <int MH>
-  KOKKOS_FORCEINLINE_FUNCTION void chunk_step(const T* q, T* o, int h0, const ChunkRows<T>& k, int nb, bool first,
-                                              T* m, T* l, T* s, const ChunkRows<T>* pf, int pf_rows,
+  KOKKOS_FORCEINLINE_FUNCTION void chunk_step(const T* q, T* o, int h0, const ChunkRows<K>& k, int nb, bool first,
+                                              T* m, T* l, T* s, const ChunkRows<K>* pf, int pf_rows,
                                               bool scored = false) const {
     const int D = head_dim;
     const T* qh[MH];
@@ -259,15 +328,15 @@ struct AttendCore {
     for (; d < D; ++d)
       for (int a = 0; a < MH; ++a) {
         T r = first ? T(0) : T(corr[a] * oh[a][d]);
-        for (j = 0; j < nb; ++j) r += s[a * kChunkMax + j] * k.row(j)[d];
+        for (j = 0; j < nb; ++j) r = fmadd(s[a * kChunkMax + j], key_value<T>(k.row(j)[d]), r);
         oh[a][d] = r;
       }
   }
 
   // One chunk for head group g (heads g*kHeadGroup ..), its m, l and scores in the scratch.
   // Group 0 prefetches the next chunk (pf, pf_rows), unless it is a lone head (see chunk_step).
-  KOKKOS_FORCEINLINE_FUNCTION void step(int g, const T* q, T* o, const ChunkRows<T>& k, int nb, bool first,
-                                        T* scratch, const ChunkRows<T>* pf, int pf_rows) const {
+  KOKKOS_FORCEINLINE_FUNCTION void step(int g, const T* q, T* o, const ChunkRows<K>& k, int nb, bool first,
+                                        T* scratch, const ChunkRows<K>* pf, int pf_rows) const {
     T* m = scratch + g * group_scratch;
     T* l = m + kHeadGroup;
     T* s = l + kHeadGroup;
@@ -278,8 +347,8 @@ struct AttendCore {
 
   // chunk_step for the n <= MH heads of a group (the last group may hold fewer).
   template <int MH>
-  KOKKOS_FORCEINLINE_FUNCTION void step_heads(int n, const T* q, T* o, int h0, const ChunkRows<T>& k, int nb,
-                                              bool first, T* m, T* l, T* s, const ChunkRows<T>* pf,
+  KOKKOS_FORCEINLINE_FUNCTION void step_heads(int n, const T* q, T* o, int h0, const ChunkRows<K>& k, int nb,
+                                              bool first, T* m, T* l, T* s, const ChunkRows<K>* pf,
                                               int pf_rows) const {
     if constexpr (MH > 1)
       if (n < MH) return step_heads<MH - 1>(n, q, o, h0, k, nb, first, m, l, s, pf, pf_rows);
@@ -325,7 +394,7 @@ struct AttendCore {
     Scratch scratch(team.team_scratch(0), std::size_t(groups) * group_scratch);
     const std::int64_t ld = keys.stride();
     // The chunk from key p: up to `chunk` keys in at most two runs of consecutive rows.
-    auto rows_from = [&](std::int64_t p, ChunkRows<T>& c) {
+    auto rows_from = [&](std::int64_t p, ChunkRows<K>& c) {
       int n0 = 0;
       c.p0 = keys.row(b, p, end, n0);
       c.ld = ld;
@@ -337,7 +406,7 @@ struct AttendCore {
       c.p1 = keys.row(b, p + n0, end, n1);
       return n0 + (n1 < chunk - n0 ? n1 : chunk - n0);
     };
-    ChunkRows<T> cur{}, next{};
+    ChunkRows<K> cur{}, next{};
     int nb = begin < end ? rows_from(begin, cur) : 0;
     for (std::int64_t p = begin; p < end;) {
       const int next_nb = p + nb < end ? rows_from(p + nb, next) : 0;
@@ -373,7 +442,7 @@ struct AttendCore {
       for (int r = 0; r < n_ranges; ++r) p[r] = begin[r];
       for (;;) {
         int live[kMaxRanges], n_live = 0, n = chunk;
-        const T* k0[kMaxRanges];
+        const K* k0[kMaxRanges];
         for (int r = 0; r < n_ranges; ++r) {
           if (p[r] >= end[r]) continue;
           int run = 0;
@@ -385,7 +454,7 @@ struct AttendCore {
         T* s[kMaxRanges];
         for (int i = 0; i < n_live; ++i) s[i] = scratch.data() + live[i] * group_scratch + 2 * kHeadGroup;
         for (int j = 0; j < n; ++j) {
-          const T* rows[kMaxRanges];
+          const K* rows[kMaxRanges];
           T sc[kMaxRanges];
           for (int i = 0; i < n_live; ++i) rows[i] = k0[i] + j * ld;
           switch (n_live) {
@@ -399,7 +468,7 @@ struct AttendCore {
         for (int i = 0; i < n_live; ++i) {
           const int r = live[i];
           T* m = scratch.data() + r * group_scratch;
-          chunk_step<1>(q, out[r], 0, ChunkRows<T>{k0[i], k0[i], n, ld}, n, p[r] == begin[r], m, m + kHeadGroup,
+          chunk_step<1>(q, out[r], 0, ChunkRows<K>{k0[i], k0[i], n, ld}, n, p[r] == begin[r], m, m + kHeadGroup,
                         m + 2 * kHeadGroup, nullptr, 0, true);
           p[r] += n;
         }

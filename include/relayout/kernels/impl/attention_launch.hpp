@@ -11,7 +11,6 @@
 #include <utility>
 
 #include "relayout/kernels/error.hpp"
-#include "relayout/kernels/impl/attention_bf16.hpp"
 #include "relayout/kernels/impl/attention_core.hpp"
 #include "relayout/kernels/kv_cache.hpp"
 #include "relayout/kernels/types.hpp"
@@ -75,11 +74,12 @@ struct FirstKey {
 // keys split into `splits` ranges (a multiple of `ranges`) whose length is a multiple of the chunk,
 // so the ranges of a paged cache start alike within their blocks and advance together. Without
 // partial rows the output row is final (one split); with them, each split leaves an unnormalised
-// partial row and its (m, l) for DecodeMerge.
+// partial row and its (m, l) for DecodeMerge. The keys are read as the cache stores them (a bf16
+// cache's widened in registers by the core).
 template <class ExecSpace, class Q, class O, class Keys, class Start>
 struct DecodeFunctor {
   using T = typename O::non_const_value_type;
-  AttendCore<ExecSpace, T> core;
+  AttendCore<ExecSpace, T, typename Keys::key_type> core;
   Q q;
   O out;
   Keys keys;
@@ -105,11 +105,10 @@ struct DecodeFunctor {
       o[r] = partial.extent(0) == 0 ? &out(b, 0) : &partial(item, 0);
       m[r] = partial.extent(0) == 0 ? static_cast<T*>(nullptr) : &ml(item, 0);
     }
-    decltype(auto) k = bind_keys(keys, team);  // a bf16 cache's keys take their buffers here
     if (ranges == 1)
-      core.attend(team, k, b, begin[0], end[0], &q(b, 0), o[0], m[0]);
+      core.attend(team, keys, b, begin[0], end[0], &q(b, 0), o[0], m[0]);
     else
-      core.attend_lone(team, k, b, ranges, begin, end, &q(b, 0), o, m);
+      core.attend_lone(team, keys, b, ranges, begin, end, &q(b, 0), o, m);
   }
 };
 
@@ -251,7 +250,7 @@ void decode_launch(const ExecSpace& exec, const Q& q, const Keys& keys, const O&
                    int heads, std::int64_t longest, const Start& start, const L& lse) {
   using T = scalar_of<O>;
   using Mem = typename ExecSpace::memory_space;
-  using Core = AttendCore<ExecSpace, T>;
+  using Core = AttendCore<ExecSpace, T, typename Keys::key_type>;
   const std::int64_t n_req = std::int64_t(q.extent(0));
   const std::int64_t keys_used = params.window > 0 && params.window < longest ? params.window : longest;
   const int splits = decode_splits(exec, params.splits, n_req, keys_used, heads);
@@ -263,12 +262,8 @@ void decode_launch(const ExecSpace& exec, const Q& q, const Keys& keys, const O&
                                 n_req * splits, 2 * heads);
   }
   const int ranges = decode_ranges<ExecSpace>(splits, heads);
-  // Keys widened from bf16 go through buffers of one work item's scratch, filled in turn: one
-  // thread per team, so no two threads fill them.
-  const int league = int(n_req * (splits / ranges));
-  Kokkos::TeamPolicy<ExecSpace> policy = is_widen_keys_v<Keys> ? Kokkos::TeamPolicy<ExecSpace>(exec, league, 1)
-                                                               : Kokkos::TeamPolicy<ExecSpace>(exec, league, Kokkos::AUTO);
-  const std::size_t scratch = Core::scratch_bytes(heads, ranges) + keys_scratch_bytes<ExecSpace>(keys);
+  Kokkos::TeamPolicy<ExecSpace> policy(exec, int(n_req * (splits / ranges)), Kokkos::AUTO);
+  const std::size_t scratch = Core::scratch_bytes(heads, ranges);
   Kokkos::parallel_for("relayout::kernels::attention_decode",
                        policy.set_scratch_size(0, Kokkos::PerTeam(scratch)),
                        DecodeFunctor<ExecSpace, Q, O, Keys, Start>{

@@ -256,38 +256,6 @@ KOKKOS_FORCEINLINE_FUNCTION T dot(const T* a, const T* b, int n) {
   return s;
 }
 
-// out[r] = q . k[r] for R rows at once, sharing the loads of q: R streams read side by side.
-// Accumulators per row: enough chains in all to cover the FMA latency.
-template <int L, int R, class T>
-KOKKOS_FORCEINLINE_FUNCTION void dot_rows(const T* q, const T* const* k, int n, T* out) {
-  if constexpr (R == 1) {
-    out[0] = dot<L>(q, k[0], n);
-  } else {
-    using V = typename Vec<T, L>::type;
-    constexpr int A = R == 2 ? 2 : 1;
-    V s[R][A];
-    for (int r = 0; r < R; ++r)
-      for (int u = 0; u < A; ++u) s[r][u] = V{};
-    int i = 0;
-    for (; i + A * L <= n; i += A * L)
-      for (int u = 0; u < A; ++u) {
-        const V qv = load<V>(q + i + u * L);
-        for (int r = 0; r < R; ++r) s[r][u] += qv * load<V>(k[r] + i + u * L);
-      }
-    for (; i + L <= n; i += L) {
-      const V qv = load<V>(q + i);
-      for (int r = 0; r < R; ++r) s[r][0] += qv * load<V>(k[r] + i);
-    }
-    for (int r = 0; r < R; ++r) {
-      V a = s[r][0];
-      for (int u = 1; u < A; ++u) a += s[r][u];
-      T t = hsum<L>(a);
-      for (int ii = i; ii < n; ++ii) t += q[ii] * k[r][ii];
-      out[r] = t;
-    }
-  }
-}
-
 // exp of every lane: range reduction x = n ln2 + r, |r| <= ln2/2, a polynomial for e^r and 2^n
 // from the exponent bits, so the softmax weights of a key chunk cost a few vector FMAs instead of
 // one libm call per key. Inputs below the normal range give the smallest normal number (softmax
