@@ -953,9 +953,10 @@ int main(int argc, char** argv) {
     app.add_option("--dtype", o.dtype,
                    "the weights' element type: fp32 (default) or bf16. bf16: the attention projections (wq_a, wq_b, "
                    "wkv, wo_b) and the routed and shared experts' w1, w3, w2 are stored as bf16 and multiplied through "
-                   "the bf16 GEMM with fp32 accumulation (AVX512-BF16 is not used for these fp32 rows: the portable "
-                   "kernel reads the bf16 weights straight into fp32 FMAs); the router's gate, the norms, the "
-                   "activations between kernels and the dispatched rows (see --dispatch-dtype) stay fp32; the decode "
+                   "the bf16 GEMM with fp32 accumulation, the rows entering them rounded to bf16 (AMX-BF16 tiles, "
+                   "vdpbf16ps or bf16 widened to fp32 FMAs, chosen at run time; RELAYOUT_BF16_KERNEL overrides); the "
+                   "router's gate, the norms, the activations between kernels and the dispatched rows (see "
+                   "--dispatch-dtype) stay fp32; the decode "
                    "steps' KV cache holds bf16 (the fp32 kv rows rounded as they are cached, docs/kv_cache.md)");
     app.add_option("--expert-load-out", o.expert_load_out,
                    "paths a2a_split and direct: write the prefill's measured load per logical expert (last layer) as "
