@@ -8,6 +8,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <sstream>
@@ -16,6 +17,7 @@
 
 #include "common/layout_flags.hpp"
 #include "relayout/comm/job.hpp"
+#include "relayout/kernels/linear.hpp"
 
 namespace relayout::cli {
 
@@ -66,6 +68,12 @@ template <class F>
 int run_mpi_main(CLI::App& app, const KokkosArgs& args, JobGuard& job, F&& body) {
   if (args.kokkos_help()) return job.finish(0, "");
   if (const int bad = job.refuse_bad_settings()) return bad;  // a bad RELAYOUT_* value: exit 2 before any work
+  try {
+    kernels::check_kernel_settings();  // the same for the kernels' own (every rank sees the same environment)
+  } catch (const LayoutError& e) {
+    if (job.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
+    return job.finish(2, e.what());
+  }
   std::ostringstream quiet;
   const bool root = job.rank() == 0;
   std::string error;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <random>
 #include <relayout/kernels.hpp>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -161,7 +162,21 @@ TEST_CASE("bf16 linear dispatches at run time, and RELAYOUT_ISA_HIDE takes the o
   CHECK(rk::impl::bf16_kernel<Exec>() == (can_dp ? K::avx512_bf16 : rule));
   setenv(rk::impl::kBf16KernelEnv, "widen", 1);
   CHECK(rk::impl::bf16_kernel<Exec>() == K::widen_fp32);
+  // "amx" is taken (the rule where the CPU or Linux refuses the tiles); any other text is refused,
+  // naming the variable and its values, by the GEMM's dispatch and by check_kernel_settings alike.
+  setenv(rk::impl::kBf16KernelEnv, "amx", 1);
+  CHECK(rk::impl::bf16_kernel<Exec>() == rule);
+  CHECK_NOTHROW(rk::check_kernel_settings());
+  for (const char* bad : {"fast", "", "AMX", "widen "}) {
+    CAPTURE(bad);
+    setenv(rk::impl::kBf16KernelEnv, bad, 1);
+    const std::string expect = *bad ? "RELAYOUT_BF16_KERNEL=" + std::string(bad) + ": expected amx, dpbf16 or widen"
+                                    : std::string("RELAYOUT_BF16_KERNEL is set but empty: expected amx, dpbf16 or widen");
+    CHECK_THROWS_WITH_AS(rk::impl::bf16_kernel<Exec>(), doctest::Contains(expect.c_str()), rk::KernelError);
+    CHECK_THROWS_WITH_AS(rk::check_kernel_settings(), doctest::Contains(expect.c_str()), rk::KernelError);
+  }
   unsetenv(rk::impl::kBf16KernelEnv);
+  CHECK_NOTHROW(rk::check_kernel_settings());
   check({13, 129, 40}, K::widen_fp32, true, true, false, 5);
   // Hiding AMX leaves the vendor rule between vdpbf16ps and widening; hiding both leaves widening.
   setenv(rk::isa::kHideEnv, "amx_bf16", 1);

@@ -59,6 +59,12 @@ struct PackedWeights {
   const T* matrix(int e) const { return data.data() + e * matrix_size(); }
 };
 
+// The kernels' settings from the environment, checked: RELAYOUT_BF16_KERNEL (amx, dpbf16 or widen;
+// unset: chosen from the CPU). Throws KernelError naming the variable and the values it takes. The
+// bf16 GEMM checks it again on every call; a program calls this at its start to refuse a bad value
+// before any work.
+inline void check_kernel_settings() { impl::bf16_kernel_setting(); }
+
 // Whether weights of scalar W multiply rows of scalar T (linear, the experts, the router): the same
 // type, or bf16 weights for fp32 rows (bf16 weights, fp32 activations and outputs, fp32
 // accumulation: each product is exact in fp32, so the weights' rounding is the only one added).

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "relayout/comm/scalar.hpp"
+#include "relayout/kernels/error.hpp"
 #include "relayout/kernels/impl/gemm.hpp"
 #include "relayout/kernels/isa.hpp"
 
@@ -52,6 +53,17 @@ enum class Bf16Kernel : std::uint8_t { widen_fp32, avx512_bf16, amx_bf16 };
 // CPU has it; else the rule below picks among the rest) or "widen"; unset: the rule of bf16_kernel.
 inline constexpr const char* kBf16KernelEnv = "RELAYOUT_BF16_KERNEL";
 
+// RELAYOUT_BF16_KERNEL as set: nullptr when unset; any other text than the three names (an empty
+// one included) throws KernelError naming the variable and the values it takes, so a misspelt
+// override is refused rather than silently left to the rule.
+inline const char* bf16_kernel_setting() {
+  const char* v = std::getenv(kBf16KernelEnv);
+  if (!v) return nullptr;
+  if (std::strcmp(v, "amx") == 0 || std::strcmp(v, "dpbf16") == 0 || std::strcmp(v, "widen") == 0) return v;
+  throw KernelError(kBf16KernelEnv, std::string(kBf16KernelEnv) + (*v ? "=" + std::string(v) : std::string(" is set but empty")) +
+                                        ": expected amx, dpbf16 or widen (unset: the kernel is chosen from the CPU)");
+}
+
 #if defined(RELAYOUT_KERNELS_AMX)
 // Whether this process may use AMX tile data: Linux grants XTILEDATA per process on request
 // (ARCH_REQ_XCOMP_PERM); asked once, false where the kernel refuses (or predates the call).
@@ -81,9 +93,9 @@ inline bool amx_bf16_runnable() {
 // RELAYOUT_BF16_KERNEL overrides the rule.
 template <class ExecSpace>
 Bf16Kernel bf16_kernel() {
+  [[maybe_unused]] const char* force = bf16_kernel_setting();  // checked on every build and space
 #if defined(RELAYOUT_KERNELS_DPBF16)
   if (is_host_space_v<ExecSpace> && GemmTile<ExecSpace, float>::nr % 16 == 0) {
-    const char* force = std::getenv(kBf16KernelEnv);
     if (force && std::strcmp(force, "widen") == 0) return Bf16Kernel::widen_fp32;
     const bool dp = isa::cpu_has("avx512f") && isa::cpu_has("avx512_bf16");
     if (force && std::strcmp(force, "dpbf16") == 0 && dp) return Bf16Kernel::avx512_bf16;
