@@ -11,8 +11,8 @@
 // No copy of the keys exists, so the launch is the fp32 one (any team size). Widening each run of
 // rows into fp32 rows of team scratch first and running the fp32 core on those cost a write and a
 // read-back of every key: on a 2-core Zen 4 a lone head of 512 ran at 0.36 of its bf16 byte bound
-// and about the fp32 time, 8 heads of 512 at 0.48; reading in place, 0.58-0.67x the fp32 time and
-// about 0.6 of the bound (docs/benchmarks.md, "bf16 KV cache"). Not public API.
+// and about the fp32 time, 8 heads of 512 at 0.48; reading in place, 0.60-0.62x the fp32 time for
+// the lone head and 0.64-0.74 of the bound on every row measured (docs/benchmarks.md, "bf16 KV cache"). Not public API.
 #pragma once
 
 #include <Kokkos_Core.hpp>
