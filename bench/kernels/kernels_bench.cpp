@@ -399,6 +399,54 @@ BENCHMARK(BM_DecodeAttention)
     ->Unit(benchmark::kMillisecond);
 
 
+// Causal prefill (attention_prefill) of `reqs` requests of `len` rows, heads sharing one KV head, as
+// a layer's attention runs it (the heads of one attention-TP rank: 8 heads over attn_tp 2 leave 4).
+// GFLOP/s counts 4 flops per (query, key, element, head) over the causal keys; fma_ratio is that
+// rate over the FMA peak measured in the same run (prefill holds its keys in cache: the bound is
+// the arithmetic).
+void BM_PrefillAttention(benchmark::State& state) {
+  const int reqs = int(state.range(0)), len = int(state.range(1)), heads = int(state.range(2)),
+            head_dim = int(state.range(3));
+  Exec exec;
+  const std::int64_t rows = std::int64_t(reqs) * len;
+  relayout::RowsView<float, Mem> kv("kv", rows, head_dim), q("q", rows, heads * head_dim),
+      out("out", rows, heads * head_dim);
+  fill(kv, 6);
+  fill(q, 7);
+  Kokkos::View<int*, Mem> cu("cu", reqs + 1);
+  auto cu_h = Kokkos::create_mirror_view(cu);
+  for (int b = 0; b <= reqs; ++b) cu_h(b) = b * len;
+  Kokkos::deep_copy(cu, cu_h);
+  const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), 0};
+  const double flops = 4.0 * reqs * (double(len) * (len + 1) / 2) * head_dim * heads;
+  rk::attention_prefill(exec, q, kv, cu, out, p);
+  exec.fence();
+  double t = 0;
+  for (auto _ : state) {
+    const double s = seconds([&] {
+      rk::attention_prefill(exec, q, kv, cu, out, p);
+      exec.fence();
+    });
+    t += s;
+    state.SetIterationTime(s);
+  }
+  const double gflops = flops * double(state.iterations()) / t * 1e-9, peak = fma_peak_gflops();
+  state.counters["relayout_GFLOPs"] = gflops;
+  state.counters["fma_peak_GFLOPs"] = peak;
+  state.counters["fma_ratio"] = gflops / peak;
+}
+BENCHMARK(BM_PrefillAttention)
+    ->ArgNames({"reqs", "len", "heads", "head_dim"})
+    ->Args({2, 512, 1, 64})
+    ->Args({2, 512, 2, 64})
+    ->Args({2, 512, 4, 64})
+    ->Args({2, 512, 8, 64})
+    ->Args({2, 512, 16, 64})
+    ->Args({2, 512, 4, 128})
+    ->Args({2, 512, 16, 128})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
 // The same through a paged cache (blocks of 16 rows, the requests' blocks interleaved in the pool):
 // the kernel reads through the block table, so it should match the contiguous row.
 template <class KvT>

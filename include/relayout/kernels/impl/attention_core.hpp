@@ -187,7 +187,7 @@ struct AttendCore {
     for (int b = 0; b < MK; ++b) kj[b] = k.row(j + b);
     V acc[MH * MK];
     for (int i = 0; i < MH * MK; ++i) acc[i] = V{};
-    auto body = [&](int d) {
+    auto body = [&](int d) RELAYOUT_INLINE_LAMBDA {
       V kv[MK];
       for (int b = 0; b < MK; ++b) kv[b] = load_key<V>(kj[b] + d);
       for (int a = 0; a < MH; ++a) {
@@ -229,7 +229,7 @@ struct AttendCore {
     V acc[MH][NV];
     for (int a = 0; a < MH; ++a)
       for (int v = 0; v < NV; ++v) acc[a][v] = first ? V{} : corr[a] * load<V>(oh[a] + d + v * L);
-    auto key = [&](const K* kj, int j) {
+    auto key = [&](const K* kj, int j) RELAYOUT_INLINE_LAMBDA {
       V kv[NV];
       for (int v = 0; v < NV; ++v) kv[v] = load_key<V>(kj + v * L);
       for (int a = 0; a < MH; ++a) {
