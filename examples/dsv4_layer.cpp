@@ -47,6 +47,7 @@ struct Options {
   std::string trace;  // directory for the per-rank row-ownership trace (empty: no trace)
   bool check = false;
   bool two_batch_overlap = false;  // --enable-two-batch-overlap
+  bool attn_tp_input_scattered = false;  // --enable-attn-tp-input-scattered
   int show_group = -1;
   double tolerance = 1e-4;
   bool tolerance_given = false;  // --tolerance on the command line (else the --dtype's default)
@@ -327,7 +328,8 @@ std::shared_ptr<const ExpertLocation> expert_location(const Options& o, const Ru
 }
 
 // The layer options of the flags, in the order their refusals come: padding, restore, --inject,
-// the dispatch dtype, redundant experts, the decode steps' EP mode, two-batch overlap.
+// the dispatch dtype, redundant experts, the decode steps' EP mode, two-batch overlap, the
+// scattered attention-TP input.
 model::LayerOptions layer_options(const Options& o, const RuntimeLayout& layout, const Exec& exec,
                                   const MpiCommunicator& world) {
   model::LayerOptions opts;
@@ -345,6 +347,12 @@ model::LayerOptions layer_options(const Options& o, const RuntimeLayout& layout,
                                            "--deepep-mode low_latency (this run: --deepep-mode " + o.deepep_mode + ")");
   opts.two_batch_overlap = o.two_batch_overlap;
   check_two_batch_overlap(o.two_batch_overlap, layout.bridge_path(), "--enable-two-batch-overlap");
+  if (o.attn_tp_input_scattered && layout.widths().attn_tp < 2)
+    throw LayoutError("--enable-attn-tp-input-scattered",
+                      "--enable-attn-tp-input-scattered splits the projections every attention-TP member repeats "
+                      "by rows over attn_tp; it needs attn_tp > 1, and this layout has attn_tp = " +
+                          std::to_string(layout.widths().attn_tp));
+  opts.attn_tp_input_scattered = o.attn_tp_input_scattered;
   opts.record_boundaries = true;
   return opts;
 }
@@ -663,6 +671,7 @@ void print_json(const Report& r) {
   if (o.check) j["reference_checksum"] = {{"sum", r.c.ref_sum}, {"sumsq", r.c.ref_sumsq}};
   j["deepep_mode"] = o.deepep_mode;
   j["two_batch_overlap"] = o.two_batch_overlap;
+  j["attn_tp_input_scattered"] = o.attn_tp_input_scattered;
   if (balance.on) {
     j["expert_balance"] = {{"expert_skew", o.dims.expert_skew},
                            {"redundant_experts", balance.map->redundant()},
@@ -974,6 +983,10 @@ int main(int argc, char** argv) {
     app.add_flag("--enable-two-batch-overlap", o.two_batch_overlap,
                  "paths a2a_split and direct: each MoE hand-over as two micro-batches, one's dispatch/combine "
                  "in flight while the other's experts run (SGLang's flag; same rows as one batch)");
+    app.add_flag("--enable-attn-tp-input-scattered", o.attn_tp_input_scattered,
+                 "under attention TP (attn_tp > 1): each member computes the low-rank query and shared KV "
+                 "projections for its chunk of the rows and the members all-gather them, instead of each "
+                 "computing them for every row (SGLang's flag; same values)");
     app.add_option("--inject", o.inject, "wire a known bug on purpose: double_reduce, skip_reduce, gather_partial, no_split");
     CLI::Option* skew = cli::add_float(app, "--expert-skew", o.dims.expert_skew,
                                        "the router draws each token's experts from a Zipf law of this exponent over a "

@@ -34,6 +34,11 @@ struct LayerOptions : relayout::BridgeOptions {
   // rows a rank dispatches in one decode step.
   EpMode decode_ep_mode = EpMode::normal;
   std::int64_t decode_ep_capacity = 0;
+  // SGLang's --enable-attn-tp-input-scattered: under attn_tp > 1 each attention-TP member computes
+  // the replicated low-rank projections (attn norm, wq_a, wkv, q and kv norms) for its chunk of the
+  // rows and the members all-gather the results (n x (q_lora + head_dim) values), instead of every
+  // member computing them for every row. Same values; no effect at attn_tp 1.
+  bool attn_tp_input_scattered = false;
 };
 
 // The owners this rank holds after each boundary, kept for the example's picture

@@ -332,14 +332,34 @@ class DistributedModel {
     const LayerShard<ExecSpace>& w = shards_[std::size_t(layer)];
     const std::size_t n = x.view().extent(0), H = std::size_t(dims_.hidden), Q = std::size_t(dims_.q_lora),
                       D = std::size_t(dims_.head_dim), HD = std::size_t(w.spec.heads) * D;
-    View xn("relayout::xn", n, H), qa("relayout::qa", n, Q), qn("relayout::qn", n, Q), q("relayout::q", n, HD),
-        kvr("relayout::kv_raw", n, D), kv("relayout::kv", n, D), o("relayout::o", n, HD), a("relayout::attn_out", n, H);
-    kernels::rms_norm(exec_, x.view(), w.attn_norm, dims_.rms_eps, xn);
-    w.wq_a(exec_, xn, qa);
-    kernels::rms_norm(exec_, qa, w.q_norm, dims_.rms_eps, qn);
+    View q("relayout::q", n, HD), o("relayout::o", n, HD), a("relayout::attn_out", n, H);
+    // The low-rank query and the shared KV row (wq_a, wkv and their norms) are the same on every
+    // attention-TP member. With LayerOptions::attn_tp_input_scattered each member computes them
+    // for its chunk of the rows (split_rows) and the members all-gather them; otherwise each
+    // computes them for every row.
+    const bool scattered = opts_.attn_tp_input_scattered && groups_.layout().widths().attn_tp > 1;
+    View qn, kv;
+    {
+      using Replica = Rows<float, Replicated<AttnTp>, DpLocal, ExecSpace>;
+      const View xr = scattered ? split_rows(groups_, Replica(x.view())).view() : x.view();
+      const std::size_t m = xr.extent(0);
+      View xn("relayout::xn", m, H), qa("relayout::qa", m, Q), qr("relayout::qn", m, Q), kvr("relayout::kv_raw", m, D),
+          kvn("relayout::kv", m, D);
+      kernels::rms_norm(exec_, xr, w.attn_norm, dims_.rms_eps, xn);
+      w.wq_a(exec_, xn, qa);
+      kernels::rms_norm(exec_, qa, w.q_norm, dims_.rms_eps, qr);
+      w.wkv(exec_, xn, kvr);
+      kernels::rms_norm(exec_, kvr, w.kv_norm, dims_.rms_eps, kvn);
+      if (scattered) {
+        using Shard = Rows<float, RowShard<AttnTp>, DpLocal, ExecSpace>;
+        qn = all_gather(exec_, groups_, Shard(qr, std::int64_t(n)), &traffic_).view();
+        kv = all_gather(exec_, groups_, Shard(kvn, std::int64_t(n)), &traffic_).view();
+      } else {
+        qn = qr;
+        kv = kvn;
+      }
+    }
     w.wq_b(exec_, qn, q);
-    w.wkv(exec_, xn, kvr);
-    kernels::rms_norm(exec_, kvr, w.kv_norm, dims_.rms_eps, kv);
     kernels::AttentionParams params;
     params.head_dim = dims_.head_dim;
     params.scale = kernels::default_softmax_scale(dims_.head_dim);
