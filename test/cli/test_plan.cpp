@@ -351,6 +351,32 @@ TEST_CASE("plan: two-batch overlap takes max(compute, communication) of the two 
   CHECK(tbo.step < plain.step);
 }
 
+TEST_CASE("plan: --enable-attn-tp-input-scattered divides q_a and kv_a by attn_tp on path tp_moe only") {
+  const cli::Cluster c = cli::Cluster::preset("h100");
+  cli::DeployInput in = prefill(8192);
+  const RuntimeLayout tp8({.tp = 8});  // path tp_moe, attn_tp 8
+  const cli::Deployment plain = cli::plan_deployment(tp8, in, c);
+  in.attn_tp_input_scattered = true;
+  const cli::Deployment scattered = cli::plan_deployment(tp8, in, c);
+  // q_a (7168 x 1536) and kv_a (7168 x (512 + 64)) on 8192 / 8 tokens instead of 8192, FP8 GEMMs at
+  // 70% of 1979 TFLOP/s (compute-bound both ways: the weights are read whole either way).
+  const double replicated = 7168.0 * 1536 + 7168.0 * (512 + 64);
+  CHECK(plain.moe.attention - scattered.moe.attention ==
+        doctest::Approx(2.0 * 8192 * replicated * (1 - 1.0 / 8) / (1979e12 * 0.7)));
+  CHECK(plain.dense.attention > scattered.dense.attention);
+  // ... and their outputs all-gathered over attn_tp: 8192 tokens x (1536 + 512 + 64) BF16 values.
+  CHECK(scattered.moe.other_comm - plain.moe.other_comm ==
+        doctest::Approx(cli::collective_seconds(TrafficOp::all_gather, 8, true, 1, 8192.0 * 2112 * 2, c)));
+  CHECK(scattered.memory.total() == doctest::Approx(plain.memory.total()));  // same weights on every rank
+  CHECK(scattered.step < plain.step);
+  // SGLang applies it on TP without DP attention or an all-to-all backend only: elsewhere the plan is unchanged.
+  const cli::Deployment direct = cli::plan_deployment(kEp32, in, c);
+  in.attn_tp_input_scattered = false;
+  CHECK(direct.step == cli::plan_deployment(kEp32, in, c).step);
+  CHECK_FALSE(cli::attn_input_scattered(BridgePath::direct, kEp32.widths()));
+  CHECK(cli::attn_input_scattered(BridgePath::tp_moe, tp8.widths()));
+}
+
 TEST_CASE("plan: the expert-load imbalance, given or from a load file, on the busiest rank") {
   // 8 experts on 2 ranks: rank loads 16 and 4, mean 10: 1.6. Per layer 1.6 and 1.0: 1.3.
   const std::vector<double> skewed = {4, 4, 4, 4, 1, 1, 1, 1}, flat(8, 1.0);

@@ -47,7 +47,7 @@ struct DeployFlags {
   std::string phase = "prefill", deepep_mode = "auto", load_file;
   int kv_len = 0, requests_per_gpu = 0, redundant = 0;
   double imbalance = 1.0;
-  bool tbo = false;
+  bool tbo = false, attn_scattered = false;
 
   void add_to(CLI::App& app) {
     app.add_option("--phase", phase, "MLA presets: prefill (one forward of --batch-tokens) or decode (one step)");
@@ -55,6 +55,9 @@ struct DeployFlags {
     add_int(app, "--requests-per-gpu", requests_per_gpu, "decode: requests each GPU steps (the decode batch per GPU)", 1, 1 << 20);
     app.add_option("--deepep-mode", deepep_mode, "DeepEP kernels: normal, low_latency or auto (low_latency for decode)");
     app.add_flag("--enable-two-batch-overlap", tbo, "two micro-batches, one's dispatch/combine behind the other's compute");
+    app.add_flag("--enable-attn-tp-input-scattered", attn_scattered,
+                 "path tp_moe (TP without DP attention or an all-to-all backend, as SGLang applies it): q_a and kv_a "
+                 "on each attn_tp rank's chunk of the tokens, their outputs all-gathered");
     add_int(app, "--ep-num-redundant-experts", redundant, "extra physical experts (EPLB replicas) over moe_ep; needs ep > 1", 0, 1 << 16);
     add_float(app, "--expert-imbalance", imbalance, "busiest EP rank's tokens over the mean (>= 1; default 1: balanced)", 1.0, 1e6);
     app.add_option("--expert-load", load_file,
@@ -63,7 +66,7 @@ struct DeployFlags {
   }
   static constexpr const char* kNames[] = {"--phase", "--kv-len", "--requests-per-gpu", "--deepep-mode",
                                            "--enable-two-batch-overlap", "--ep-num-redundant-experts",
-                                           "--expert-imbalance"};
+                                           "--expert-imbalance", "--enable-attn-tp-input-scattered"};
 };
 
 // The MLA model's input from the flags; throws LayoutError naming the flag that does not apply.
@@ -82,6 +85,7 @@ inline DeployInput deploy_input(const CLI::App& plan, const DeployFlags& f, cons
   in.phase = parse_phase(f.phase);
   in.deepep_mode = parse_deepep_mode(f.deepep_mode);
   in.two_batch_overlap = f.tbo;
+  in.attn_tp_input_scattered = f.attn_scattered;
   in.redundant_experts = f.redundant;
   in.imbalance = f.imbalance;
   if (plan.count("--expert-load") > 0) {
@@ -200,6 +204,11 @@ inline int deploy_command(const CLI::App& plan, LayoutFlags& flags, const Deploy
   const WorldLayout world = flags.world();
   check_deepep_mode(plan, world.domain());
   note_unmodelled(plan, err);
+  if (in.attn_tp_input_scattered && !attn_input_scattered(world.domain().bridge_path(), world.domain().widths()))
+    err << "note: --enable-attn-tp-input-scattered: SGLang applies it on TP without DP attention, CP or an all-to-all "
+           "backend (path tp_moe with attn_tp > 1); this layout takes path "
+        << to_string(world.domain().bridge_path()) << " with attn_tp = " << world.domain().widths().attn_tp
+        << ", so the plan is the same without it\n";
   const bool nnodes_given = plan.count("--nnodes") > 0;
   const Cluster timed = world_cluster(world, nnodes_given, cluster);
   const Deployment d = plan_deployment(world, in, timed, nnodes_given);
@@ -301,7 +310,7 @@ inline constexpr const char* kSglangValued[] = {
     "--attention-data-parallel-size"};
 inline constexpr const char* kSglangSwitches[] = {"--enable-dp-attention", "--enable-two-batch-overlap",
                                                   "--enable-dp-lm-head", "--enable-tp-lm-head-all-to-all",
-                                                  "--enable-prefill-cp"};
+                                                  "--enable-prefill-cp", "--enable-attn-tp-input-scattered"};
 
 inline SglangWords sglang_flags(const std::vector<std::string>& words, const std::vector<std::string>& given) {
   const auto& kValued = kSglangValued;

@@ -202,6 +202,7 @@ struct DeployInput {
   double weight_bytes = 1, act_bytes = 2, kv_bytes = 2;  // FP8 weights, BF16 activations and KV
   std::optional<EpMode> deepep_mode;  // nullopt: auto
   bool two_batch_overlap = false;
+  bool attn_tp_input_scattered = false;  // --enable-attn-tp-input-scattered (where attn_input_scattered)
   int redundant_experts = 0;
   double imbalance = 1.0;  // busiest EP rank's tokens over the mean
   std::optional<std::vector<std::vector<double>>> load;  // --expert-load: per layer, per logical expert
@@ -266,6 +267,13 @@ inline double roofline(double flops, double rate, double bytes, const Cluster& c
   return std::max(flops / rate, bytes / (c.hbm_bw * c.eff.hbm));
 }
 
+// Where SGLang applies --enable-attn-tp-input-scattered: TP without attention DP, prefill CP or an
+// all-to-all backend (path tp_moe), attn_tp > 1. Each attn_tp rank then computes the replicated
+// projections (q_a, kv_a) for its chunk of the tokens and the ranks all-gather their outputs.
+inline bool attn_input_scattered(BridgePath path, const Widths& w) {
+  return path == BridgePath::tp_moe && w.attn_tp > 1 && w.attn_cp == 1;
+}
+
 namespace impl {
 
 // The rank's per-layer quantities for `share` of the batch (1, or 0.5 per micro-batch).
@@ -282,7 +290,10 @@ inline LayerParts layer_parts(const Deployment& d, const DeployInput& in, const 
   LayerParts p;
   // Attention: q_a, kv_a on every attn_tp rank; q_b, kv_b, o split over heads. Decode runs MLA
   // absorbed (W_UK, W_UV folded in: the same flops as kv_b on each token) over the cached latent.
+  // Scattered input: every rank still holds (and reads) the replicated weights, for 1/A of the tokens.
+  const bool scattered = in.attn_tp_input_scattered && attn_input_scattered(d.path, w);
   const double proj = m.attn_replicated() + m.attn_split() / A;
+  const double proj_flops = m.attn_replicated() / (scattered ? A : 1.0) + m.attn_split() / A;
   const double h = m.heads / A;
   double core_flops = 0, kv_read = 0;
   if (in.phase == Phase::prefill) {
@@ -293,10 +304,13 @@ inline LayerParts layer_parts(const Deployment& d, const DeployInput& in, const 
     core_flops = 2.0 * R * S * h * (m.kv_lora + m.qk_rope + m.kv_lora);  // scores over 576, values over 512
     kv_read = R * S * m.kv_per_token_layer() * in.kv_bytes;
   }
-  p.attention = roofline(2.0 * T * proj, gemm, proj * wb, c) +
+  p.attention = roofline(2.0 * T * proj_flops, gemm, proj * wb, c) +
                 roofline(core_flops, c.gpu_flops * c.eff.attention, kv_read, c);
   const bool one_node = A <= c.gpus_per_node;
   if (A > 1) p.attn_comm = collective_seconds(TrafficOp::all_reduce, A, one_node, 1, T * H * in.act_bytes, c);
+  if (scattered)  // the q_a and kv_a outputs of every token
+    p.attn_comm += collective_seconds(TrafficOp::all_gather, A, one_node, 1,
+                                      T * (m.q_lora + m.kv_lora + m.qk_rope) * in.act_bytes, c);
   // Dense MLP (first layers): split over attn_tp like the attention, one more all-reduce.
   const double dense = 3.0 * H * m.dense_inter / A;
   p.dense_mlp = roofline(2.0 * T * dense, gemm, dense * wb, c);
@@ -583,6 +597,7 @@ inline nlohmann::json deployment_json(const Deployment& d, const DeployInput& in
           {"path", std::string(to_string(d.path))},
           {"deepep_mode", d.deepep ? (d.low_latency ? "low_latency" : "normal") : "none"},
           {"two_batch_overlap", in.two_batch_overlap},
+          {"attn_tp_input_scattered", in.attn_tp_input_scattered && attn_input_scattered(d.path, d.widths)},
           {"imbalance", d.imbalance},
           {"physical_experts", in.model.experts + in.redundant_experts},
           {"tokens_per_group", d.group_tokens},
@@ -618,7 +633,8 @@ inline std::string deployment_text(const Deployment& d, const DeployInput& in) {
     << " attn dp x tp = " << w.attn_dp << " x " << w.attn_tp << ", moe ep x tp = " << w.moe_ep << " x " << w.moe_tp
     << " -> bridge " << to_string(d.path);
   if (d.deepep) s << ", DeepEP " << (d.low_latency ? "low_latency" : "normal");
-  s << (in.two_batch_overlap ? ", two-batch overlap" : "") << "\n";
+  s << (in.two_batch_overlap ? ", two-batch overlap" : "")
+    << (in.attn_tp_input_scattered && attn_input_scattered(d.path, w) ? ", attention-TP input scattered" : "") << "\n";
   std::snprintf(b, sizeof b,
                 "model: config.json dims, %d layers (%d dense), %d routed experts%s + %d shared, top-%d, node-limited "
                 "routing %d groups top-%d; %.3g-byte weights, %.3g-byte activations and K/V\n",
