@@ -986,7 +986,8 @@ int main(int argc, char** argv) {
     app.add_flag("--enable-attn-tp-input-scattered", o.attn_tp_input_scattered,
                  "under attention TP (attn_tp > 1): each member computes the low-rank query and shared KV "
                  "projections for its chunk of the rows and the members all-gather them, instead of each "
-                 "computing them for every row (SGLang's flag, which SGLang applies on path tp_moe only; same values)");
+                 "computing them for every row, and on a path that dispatches rows keeps the residual split over "
+                 "attn_tp between layers (SGLang's flag, which SGLang applies on path tp_moe only; same values)");
     app.add_option("--inject", o.inject, "wire a known bug on purpose: double_reduce, skip_reduce, gather_partial, no_split");
     CLI::Option* skew = cli::add_float(app, "--expert-skew", o.dims.expert_skew,
                                        "the router draws each token's experts from a Zipf law of this exponent over a "

@@ -309,3 +309,72 @@ TEST_CASE("MoeBridge two_batch_overlap: refused with a LayoutError naming it whe
   CHECK_NOTHROW(check_two_batch_overlap(false, BridgePath::dp_gather));
   CHECK_NOTHROW(check_two_batch_overlap(true, BridgePath::direct));
 }
+
+// Rows already split over attn_tp (MoeBridge::ScatteredIn, SGLang's scattered mode under DeepEP):
+// each member hands over its chunk and gets that chunk's MoE rows back, the rows the replicated
+// run returns there, bit for bit; no attention-TP all-gather is sent, the owners come back as they
+// went in, and the plan is the dispatching one without split_rows and all_gather.
+TEST_CASE("MoeBridge scattered rows: each attn_tp member's chunk of the replicated run, on every dispatching path") {
+  const int np = world().size();
+  const Space exec;
+  ValueRouter router;
+  using Shard = Bridge::ScatteredIn;
+  for (const Case& c : dispatching_layouts(np)) {
+    CAPTURE(c.name);
+    const ProcessGroups pg(c.layout, world());
+    const int g = pg.coords().attn_dp_rank, A = c.layout.widths().attn_tp, me = pg.coords().attn_tp_rank;
+    for (int workload = 0; workload < 4; ++workload) {
+      CAPTURE(workload);
+      const std::int64_t rows = rows_in(workload, g);
+      const In x = rows_of_group(g, rows);
+      for (const bool two : {false, true}) {
+        CAPTURE(two);
+        Bridge full(pg, kExperts, {.two_batch_overlap = two}), split(pg, kExperts, {.two_batch_overlap = two});
+        ScaleExperts e1, e2;
+        TrafficLog t1, t2;
+        std::vector<std::int64_t> all_owners;
+        for (std::int64_t i = 0; i < rows; ++i) all_owners.push_back(1000 * g + i);
+        std::vector<std::int64_t> owners1 = all_owners;
+        const In y1 = full.run(exec, x, router, e1, {.owners = &owners1, .traffic = &t1});
+        const Range mine = tensor_split_range(rows, A, me);
+        std::vector<std::int64_t> owners2(all_owners.begin() + mine.begin, all_owners.begin() + mine.begin + mine.count);
+        const std::vector<std::int64_t> chunk_owners = owners2;
+        const Shard y2 = split.run(exec, split_rows(pg, x), router, e2, {.owners = &owners2, .traffic = &t2});
+        REQUIRE(y2.rows() == mine.count);
+        CHECK(y2.full_rows() == rows);
+        CHECK(owners2 == chunk_owners);
+        CHECK(same_rows(In(impl::row_slice(y1.view(), mine.begin, mine.count)), In(y2.view())));
+        CHECK(e1.rows_of == e2.rows_of);
+        CHECK(t2.calls_of(TrafficOp::all_gather, GroupKind::attn_tp) + t2.calls_of(TrafficOp::all_gatherv, GroupKind::attn_tp) == 0);
+        if (A > 1)
+          CHECK(t1.calls_of(TrafficOp::all_gather, GroupKind::attn_tp) + t1.calls_of(TrafficOp::all_gatherv, GroupKind::attn_tp) == 1);
+      }
+    }
+  }
+  const auto plan = bridge_plan(BridgePath::a2a_split, PaddingMode::sum_len, BridgeRestore::reduce, false, true);
+  REQUIRE(plan.size() == 5);
+  CHECK(plan.front().step == BridgeStep::route);
+  CHECK(plan.back().step == BridgeStep::shared_expert);
+  CHECK(plan_sums(plan) == 1);
+  CHECK(bridge_plan(BridgePath::tp_moe, PaddingMode::sum_len, BridgeRestore::reduce, false, true).empty());
+}
+
+TEST_CASE("MoeBridge scattered rows: refused with a LayoutError where no row is dispatched, and with no_split") {
+  const int np = world().size();
+  const Space exec;
+  ValueRouter router;
+  ScaleExperts e;
+  // Path tp_moe: every MoE rank multiplies every row.
+  const ProcessGroups tp(RuntimeLayout(LayoutConfig{.tp = np}), world());
+  Bridge b(tp, kExperts);
+  const In x = rows_of_group(0, 4);
+  CHECK_THROWS_WITH_AS(b.run(exec, split_rows(tp, x), router, e),
+                       doctest::Contains("rows split over attn_tp (RowShard<AttnTp>) need a path that dispatches rows"),
+                       LayoutError);
+  if (np >= 2) {
+    const ProcessGroups a2a(RuntimeLayout(LayoutConfig{.tp = np, .moe_a2a_backend = Backend::deepep}), world());
+    Bridge faulty(a2a, kExperts, {.fault = BridgeFault::no_split});
+    CHECK_THROWS_WITH_AS(faulty.run(exec, split_rows(a2a, x), router, e),
+                         doctest::Contains("fault no_split wires the split before the dispatch"), LayoutError);
+  }
+}

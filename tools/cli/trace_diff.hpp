@@ -323,7 +323,7 @@ inline int cp_width(const TraceRun& run) {
 }
 
 // One rank's file against itself and against the files checked before it.
-inline void check_file(const TraceRun& run, const RankTrace& t, bool baseline, RunFacts& f) {
+inline void check_file(const TraceRun& run, const RankTrace& t, RunFacts& f) {
   std::map<std::pair<int, std::string>, int> seen;
   std::map<int, std::size_t> step_first;  // step -> first record of it in this file
   for (std::size_t i = 0; i < t.records.size(); ++i) {
@@ -361,15 +361,6 @@ inline void check_file(const TraceRun& run, const RankTrace& t, bool baseline, R
         throw TraceInputError(detail::at(t, i) + "field 'global_num_tokens': " + detail::list(r.global_num_tokens) + ", but line " +
                               std::to_string(it->second + 2) + " of the same step says " + detail::list(first.global_num_tokens));
     }
-    // A candidate's rows are judged against the baseline's; counts not recorded (empty) are not checked.
-    if (baseline && r.state == "attn_out" && !r.global_num_tokens.empty()) {
-      const std::size_t share = std::size_t(r.attn_dp_rank) * std::size_t(f.cp) + std::size_t(r.attn_cp_rank);
-      if (share >= r.global_num_tokens.size() || r.global_num_tokens[share] != std::int64_t(r.rows.size()))
-        throw TraceInputError(detail::at(t, i) + "field 'global_num_tokens': " + detail::list(r.global_num_tokens) + " for attention-DP group " +
-                              std::to_string(r.attn_dp_rank) + (f.cp > 1 ? " CP rank " + std::to_string(r.attn_cp_rank) : "") +
-                              ", whose attention output holds " +
-                              std::to_string(r.rows.size()) + " rows here");
-    }
     const int occurrence = seen[{r.layer, r.boundary}]++;
     const auto [it, fresh] = f.boundary.try_emplace({r.layer, r.boundary, occurrence}, FirstSeen{&t, i});
     if (fresh) continue;
@@ -393,8 +384,9 @@ inline void check_file(const TraceRun& run, const RankTrace& t, bool baseline, R
     f.tp_ranks[{t.records.front().attn_dp_rank, t.records.front().attn_cp_rank}].push_back(t.records.front().attn_tp_rank);
 }
 
-// An attention-TP group's ranks are numbered 0..n-1 and its outputs are held by all n of them.
-inline void check_groups(const TraceRun& run, RunFacts& f) {
+// An attention-TP group's ranks are numbered 0..n-1 and its outputs are held by all n of them, or
+// (copies 1: the residual kept split over attn_tp) each row by one of them.
+inline void check_groups(const TraceRun& run, RunFacts& f, bool baseline) {
   for (auto& [group, ranks] : f.tp_ranks) {
     std::sort(ranks.begin(), ranks.end());
     for (std::size_t k = 0; k < ranks.size(); ++k)
@@ -408,10 +400,20 @@ inline void check_groups(const TraceRun& run, RunFacts& f) {
     for (std::size_t i = 0; i < t.records.size(); ++i) {
       const trace::Record& r = t.records[i];
       const int group_size = int(f.tp_ranks[{r.attn_dp_rank, r.attn_cp_rank}].size());
-      if ((r.state == "attn_out" || r.state == "layer_out") && r.copies != group_size)
+      if ((r.state == "attn_out" || r.state == "layer_out") && r.copies != group_size && r.copies != 1)
         throw TraceInputError(detail::at(t, i) + "field 'copies': " + std::to_string(r.copies) + ", but a " + r.state +
                               " row is held by every rank of its attention-TP group, which has " + std::to_string(group_size) +
-                              " ranks here");
+                              " ranks here, or by one of them (the rows split over attn_tp)");
+      // A candidate's rows are judged against the baseline's; counts not recorded (empty) are not
+      // checked, nor the chunks of rows split over attn_tp (copies 1 in a group of several).
+      if (baseline && r.state == "attn_out" && r.copies == group_size && !r.global_num_tokens.empty()) {
+        const std::size_t share = std::size_t(r.attn_dp_rank) * std::size_t(f.cp) + std::size_t(r.attn_cp_rank);
+        if (share >= r.global_num_tokens.size() || r.global_num_tokens[share] != std::int64_t(r.rows.size()))
+          throw TraceInputError(detail::at(t, i) + "field 'global_num_tokens': " + detail::list(r.global_num_tokens) +
+                                " for attention-DP group " + std::to_string(r.attn_dp_rank) +
+                                (f.cp > 1 ? " CP rank " + std::to_string(r.attn_cp_rank) : "") +
+                                ", whose attention output holds " + std::to_string(r.rows.size()) + " rows here");
+      }
     }
 }
 
@@ -453,8 +455,8 @@ inline void check_baseline_rows(const TraceRun& run, const trace::Tolerance& tol
 inline void check_run(const TraceRun& run, const trace::Tolerance& tol, bool baseline) {
   detail::RunFacts f;
   f.cp = detail::cp_width(run);
-  for (const RankTrace& t : run.ranks) detail::check_file(run, t, baseline, f);
-  detail::check_groups(run, f);
+  for (const RankTrace& t : run.ranks) detail::check_file(run, t, f);
+  detail::check_groups(run, f, baseline);
   if (baseline) detail::check_baseline_rows(run, tol);
 }
 

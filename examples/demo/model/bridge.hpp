@@ -37,8 +37,10 @@ struct LayerOptions : relayout::BridgeOptions {
   // SGLang's --enable-attn-tp-input-scattered: under attn_tp > 1 each attention-TP member computes
   // the replicated low-rank projections (attn norm, wq_a, wkv, q and kv norms) for its chunk of the
   // rows and the members all-gather the results (n x (q_lora + head_dim) values), instead of every
-  // member computing them for every row. Same values; no effect at attn_tp 1. (SGLang applies its
-  // flag on TP without DP attention, CP or an all-to-all backend only; here any attn_tp > 1.)
+  // member computing them for every row; on a path that dispatches rows the residual also stays
+  // split over attn_tp between layers (reduce_scatter after wo_b, the bridge on each member's
+  // chunk). Same values; no effect at attn_tp 1. (SGLang applies its flag on TP without DP
+  // attention, CP or an all-to-all backend only; here any attn_tp > 1.)
   bool attn_tp_input_scattered = false;
 };
 

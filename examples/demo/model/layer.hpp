@@ -127,7 +127,7 @@ class DistributedModel {
         ledger_.prefilled(j, std::move(held), batch.lengths()[std::size_t(j)]);
       }
     }
-    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, false);
+    x = run_layers(x, false);
     return x;
   }
 
@@ -221,7 +221,7 @@ class DistributedModel {
       bool& flag;
       ~Reset() { flag = false; }
     } reset{decoding_};
-    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, true);
+    x = run_layers(x, true);
     if (opts_.track_owners && x.owners != owners)
       throw LayoutError("bridge", "decode step " + std::to_string(step) + ": rows came back in another order");
     return x;
@@ -260,7 +260,7 @@ class DistributedModel {
     new_rows(owners);
     gather_counts(std::int64_t(held));
     rows_ = extend_rows(exec_, step_);
-    for (int layer = 0; layer < dims_.layers; ++layer) x = layer_forward(layer, x, true);
+    x = run_layers(x, true);
     if (opts_.track_owners && x.owners != owners)
       throw LayoutError("bridge", "extend: rows came back in another order");
     return x;
@@ -328,10 +328,48 @@ class DistributedModel {
   }
 
   // decode: the rows of step_ (decode_step, extend) attend the cache; else a prefill (keys_).
-  Tracked layer_forward(int layer, const Tracked& x, bool decode) {
+  // Rows between layers: this DP group's (CP share's) rows, or under split_ this member's chunk of them.
+  struct Held {
+    View rows;
+    std::vector<std::int64_t> owners;  // when owners are tracked
+  };
+  // Whether the residual stream stays split over attn_tp between layers (attn_tp_input_scattered on
+  // a path that dispatches rows, as SGLang keeps it under DeepEP): the attention's partials are
+  // reduce-scattered, the bridge takes and returns this member's chunk, and the rows are gathered
+  // once after the last layer.
+  bool split_residual() const {
+    return opts_.attn_tp_input_scattered && groups_.layout().widths().attn_tp > 1 &&
+           dispatches_rows(groups_.layout().bridge_path());
+  }
+
+  // Every layer on x; `decode`: the rows of step_ attend the cache.
+  Tracked run_layers(const Tracked& x, bool decode) {
+    const std::int64_t n = x.count();
+    Held h{x.view(), x.owners};
+    const bool split = split_residual();
+    if (split) {
+      using Replica = Rows<float, Replicated<AttnTp>, DpLocal, ExecSpace>;
+      h.rows = split_rows(groups_, Replica(x.view())).view();
+      if (!h.owners.empty()) {
+        const Range mine = tensor_split_range(n, groups_.layout().widths().attn_tp, groups_.coords().attn_tp_rank);
+        h.owners.assign(x.owners.begin() + mine.begin, x.owners.begin() + mine.begin + mine.count);
+      }
+    }
+    const std::vector<std::int64_t> entered = h.owners;
+    for (int layer = 0; layer < dims_.layers; ++layer) h = layer_forward(layer, h, n, decode);
+    if (!split) return Tracked(Typed(h.rows), std::move(h.owners));
+    if (h.owners != entered)  // the bridge checks every layer; the gather below assumes it
+      throw LayoutError("bridge", "the layers returned this member's rows in another order");
+    using Shard = Rows<float, RowShard<AttnTp>, DpLocal, ExecSpace>;
+    return Tracked(Typed(all_gather(exec_, groups_, Shard(h.rows, n), &traffic_).view()), x.owners);
+  }
+
+  // One layer on x (n: the rows of this DP group or CP share, which x holds all or, split, a chunk of).
+  Held layer_forward(int layer, const Held& x, std::int64_t n_rows, bool decode) {
     const LayerShard<ExecSpace>& w = shards_[std::size_t(layer)];
-    const std::size_t n = x.view().extent(0), H = std::size_t(dims_.hidden), Q = std::size_t(dims_.q_lora),
-                      D = std::size_t(dims_.head_dim), HD = std::size_t(w.spec.heads) * D;
+    const bool split = split_residual();
+    const std::size_t n = std::size_t(n_rows), m = x.rows.extent(0), H = std::size_t(dims_.hidden),
+                      Q = std::size_t(dims_.q_lora), D = std::size_t(dims_.head_dim), HD = std::size_t(w.spec.heads) * D;
     View q("relayout::q", n, HD), o("relayout::o", n, HD), a("relayout::attn_out", n, H);
     // The low-rank query and the shared KV row (wq_a, wkv and their norms) are the same on every
     // attention-TP member. With LayerOptions::attn_tp_input_scattered each member computes them
@@ -341,10 +379,10 @@ class DistributedModel {
     View qn, kv;
     {
       using Replica = Rows<float, Replicated<AttnTp>, DpLocal, ExecSpace>;
-      const View xr = scattered ? split_rows(groups_, Replica(x.view())).view() : x.view();
-      const std::size_t m = xr.extent(0);
-      View xn("relayout::xn", m, H), qa("relayout::qa", m, Q), qr("relayout::qn", m, Q), kvr("relayout::kv_raw", m, D),
-          kvn("relayout::kv", m, D);
+      const View xr = scattered && !split ? split_rows(groups_, Replica(x.rows)).view() : x.rows;
+      const std::size_t mr = xr.extent(0);
+      View xn("relayout::xn", mr, H), qa("relayout::qa", mr, Q), qr("relayout::qn", mr, Q),
+          kvr("relayout::kv_raw", mr, D), kvn("relayout::kv", mr, D);
       kernels::rms_norm(exec_, xr, w.attn_norm, dims_.rms_eps, xn);
       w.wq_a(exec_, xn, qa);
       kernels::rms_norm(exec_, qa, w.q_norm, dims_.rms_eps, qr);
@@ -369,30 +407,44 @@ class DistributedModel {
     if (decode) with_cache([&](const auto& cache) { attn_.extend(exec_, step_, rows_, q, o, cache, layer, params); });
     else attn_.prefill(exec_, keys_, q, kv, o, params);
     w.wo_b(exec_, o, a);  // Partial over attn_tp
-    a = attn_.all_reduce(exec_, Rows<float, Partial<AttnTp>, DpLocal, ExecSpace>(a)).view();
-    recorder_.attention_output(layer, x.owners, a);
+    using Partials = Rows<float, Partial<AttnTp>, DpLocal, ExecSpace>;
+    if (split) {  // this member's chunk of the rows, summed
+      a = reduce_scatter(exec_, groups_, Partials(a), &traffic_).view();
+      recorder_(layer, {"attention reduce_scatter", "attn_out", RowState::row_shard, 1, GroupKind::attn_tp}, x.owners, a);
+    } else {
+      a = attn_.all_reduce(exec_, Partials(a)).view();
+      recorder_.attention_output(layer, x.owners, a);
+    }
 
-    View residual("relayout::residual", n, H);
-    Kokkos::deep_copy(exec_, residual, x.view());
+    View residual("relayout::residual", m, H);
+    Kokkos::deep_copy(exec_, residual, x.rows);
     kernels::add_rms_norm(exec_, a, residual, w.ffn_norm, dims_.rms_eps);  // residual = x + attn
     exec_.fence();
-    const Tracked y = moe(layer, w, a, x.owners);
-    if (y.view().extent(0) != n)
+    const Held y = moe(layer, w, a, x.owners, n_rows);
+    if (y.rows.extent(0) != m)
       throw LayoutError("bridge", "layer " + std::to_string(layer) + ": the bridge returned " +
-                                      std::to_string(y.view().extent(0)) + " rows for " + std::to_string(n) +
+                                      std::to_string(y.rows.extent(0)) + " rows for " + std::to_string(m) +
                                       " (rows lost or duplicated)");
-    const View yv = y.view();
+    const View yv = y.rows;
     Kokkos::parallel_for(
-        "relayout::residual_add", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(n * H)),
+        "relayout::residual_add", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(m * H)),
         KOKKOS_LAMBDA(const std::int64_t i) { residual.data()[i] += yv.data()[i]; });
     exec_.fence();
-    recorder_.layer_output(layer, y.owners, residual);
-    return Tracked(Typed(residual), y.owners);
+    if (split)
+      recorder_(layer, {"layer output", "layer_out", RowState::row_shard, 1, {}, false}, y.owners, residual);
+    else
+      recorder_.layer_output(layer, y.owners, residual);
+    return {residual, y.owners};
   }
 
   // The hand-over through the library's bridge, with this model's router and SwiGLU experts.
-  Tracked moe(int layer, const LayerShard<ExecSpace>& w, const View& a, const std::vector<std::int64_t>& owners) {
-    recorder_.bridge_input(layer, owners, a);
+  // a: this DP group's rows, or under split_residual this member's chunk of its n rows.
+  Held moe(int layer, const LayerShard<ExecSpace>& w, const View& a, const std::vector<std::int64_t>& owners,
+           std::int64_t n) {
+    if (split_residual())
+      recorder_(layer, {"bridge input", "moe_in", RowState::row_shard, 1, {}, false}, owners, a);
+    else
+      recorder_.bridge_input(layer, owners, a);
     DemoRouter<ExecSpace> router{{w.router, dims_.router()}, skew_routing(dims_), dims_.expert_skew > 0, routed_owners_};
     if (router.skewed && layer == 0) {  // once per forward: every layer routes these rows
       const std::vector<std::int64_t> ids = routed_owners(bridge_, groups_, counts_, row_owners_);
@@ -404,12 +456,16 @@ class DistributedModel {
     std::vector<std::int64_t> out_owners = owners;
     try {
       auto& bridge = decoding_ && decode_bridge_ ? *decode_bridge_ : bridge_;
-      Typed y = bridge.run(exec_, Typed(a), router, experts,
-                            {.global_num_tokens = counts_,
-                             .owners = opts_.track_owners ? &out_owners : nullptr,
-                             .observer = recorder_.observer(layer),
-                             .traffic = &traffic_});
-      return Tracked(std::move(y), std::move(out_owners));
+      const typename relayout::MoeBridge<C, float, ExecSpace>::RunOptions run{
+          .global_num_tokens = counts_,
+          .owners = opts_.track_owners ? &out_owners : nullptr,
+          .observer = recorder_.observer(layer),
+          .traffic = &traffic_};
+      if (split_residual()) {
+        using Shard = Rows<float, RowShard<AttnTp>, DpLocal, ExecSpace>;
+        return {bridge.run(exec_, Shard(a, n), router, experts, run).view(), std::move(out_owners)};
+      }
+      return {bridge.run(exec_, Typed(a), router, experts, run).view(), std::move(out_owners)};
     } catch (const LayoutError& e) {
       if (e.input() == "bridge")
         recorder_.bridge_failed(layer, e.what());

@@ -187,6 +187,9 @@ class MoeBridge {
  public:
   using In = Rows<T, Replicated<AttnTp>, DpLocal, Space>;
   using Out = In;
+  // Rows already split over attn_tp: this member's tensor_split chunk of its DP group's rows (what
+  // reduce_scatter over attn_tp makes of the attention's wo_b partials). Paths a2a_split and direct.
+  using ScatteredIn = Rows<T, RowShard<AttnTp>, DpLocal, Space>;
   using view_type = RowsView<T, Space>;
 
   // experts: the model's routed experts (global ids [0, experts)), split evenly over moe_ep.
@@ -291,10 +294,31 @@ class MoeBridge {
       slots = opts.global_num_tokens.empty() ? this->slots(gather_num_tokens(x.rows())) : this->slots(opts.global_num_tokens);
     return run.go(x, slots);
   }
+  // The hand-over of rows already split over attn_tp (SGLang's scattered mode under DeepEP): on the
+  // paths that dispatch rows each attn_tp member dispatches the chunk it holds and gets its chunk's
+  // MoE rows back, RowShard like the input, without the split before the dispatch and the
+  // attention-TP all-gather after the combine (bridge_plan(path, ..., scattered = true)). The
+  // engine keeps its residual stream split the same way: reduce_scatter the attention's partials
+  // over attn_tp instead of all-reducing them, and all_gather over attn_tp where every member needs
+  // every row. opts.owners: the chunk's owners. Other paths hold every row on every MoE rank: a
+  // LayoutError naming the rule (all_gather the rows and pass them Replicated<AttnTp>).
+  template <RouterFor<T, Space> R, ExpertsFor<T, Space> E>
+  ScatteredIn run(const Space& exec, const ScatteredIn& x, R& router, E& experts, const RunOptions& opts = {}) {
+    if (!dispatches_rows(path()))
+      throw LayoutError("rows", "MoeBridge::run: rows split over attn_tp (RowShard<AttnTp>) need a path that dispatches "
+                                "rows (a2a_split or direct: --moe-a2a-backend deepep); this layout takes path " +
+                                    std::string(to_string(path())) +
+                                    ": all_gather them over attn_tp and pass them Replicated<AttnTp>");
+    if (opts_.fault == BridgeFault::no_split)
+      throw LayoutError("fault", "MoeBridge::run: fault no_split wires the split before the dispatch, which rows "
+                                 "already split over attn_tp do not take");
+    Exec<R, E> run{*this, workspace(), second_ws_, exec, router, experts, opts.observer, opts.traffic, opts.owners};
+    return run.go_scattered(x);
+  }
   // The rows must be the attention's complete output for this DP group: a sentence, not "cannot
   // convert", for any other placement.
   template <RowsType X, class... Rest>
-    requires(!std::same_as<std::remove_cvref_t<X>, In>)
+    requires(!std::same_as<std::remove_cvref_t<X>, In> && !std::same_as<std::remove_cvref_t<X>, ScatteredIn>)
   void run(const Space&, const X&, Rest&&...) {
     using St = typename std::remove_cvref_t<X>::state_type;
     static_assert(St::state != RowState::partial,
@@ -302,8 +326,9 @@ class MoeBridge {
                   "attention's wo_b output before its all-reduce): call all_reduce(exec, pg, rows) first");
     static_assert(St::state == RowState::partial,
                   "relayout: MoeBridge::run takes this DP group's complete rows as Rows<T, Replicated<AttnTp>, "
-                  "DpLocal, Space> of the bridge's T and Space (the attention all-reduce's output): all_gather "
-                  "RowShard rows first, dp_scatter DpGlobal rows first");
+                  "DpLocal, Space> of the bridge's T and Space (the attention all-reduce's output), or this "
+                  "member's chunk of them as Rows<T, RowShard<AttnTp>, DpLocal, Space> (paths that dispatch "
+                  "rows): dp_scatter DpGlobal rows first");
   }
 
  private:
@@ -508,6 +533,20 @@ class MoeBridge {
       return partial;
     }
 
+    // Rows already split over attn_tp, on a path that dispatches rows: the chunk's hand-over.
+    ScatteredIn go_scattered(const ScatteredIn& x) {
+      const std::int64_t n = x.rows();
+      if (owners && static_cast<std::int64_t>(owners->size()) != n)
+        throw LayoutError("owners", "MoeBridge::run: " + std::to_string(owners->size()) + " owners for " +
+                                        std::to_string(n) + " rows; the owner column must stay aligned with the rows");
+      const std::vector<std::int64_t> in_owners = owners ? *owners : std::vector<std::int64_t>{};
+      plan = bridge_plan(b.path(), PaddingMode::sum_len, b.opts_.restore, false, true);
+      ScatteredIn out = a2a_chunk(x, in_owners, x.full_rows());
+      if (at != plan.size()) throw LayoutError("bridge", "MoeBridge: the executor stopped before the end of its plan");
+      if (owners || fault() != BridgeFault::none) conserve(n, in_owners, out.rows());
+      return out;
+    }
+
     // Path B and direct: split over attn_tp, dispatch this chunk, experts, combine, all-gather.
     Out a2a(const In& x) {
       const int A = widths().attn_tp;
@@ -523,7 +562,22 @@ class MoeBridge {
         else c_owners = to_vector(split_rows(pg(), OwnerRows<Replicated<AttnTp>, DpLocal>(owner_view(*owners))).view());
       }
       see(s_step, RowState::replicated, 1, span_of(c_owners), chunk.view());
+      const Rows<T, RowShard<AttnTp>, DpLocal, Space> combined = a2a_chunk(chunk, c_owners, n);
+      const PlanStep& g_step = step(BridgeStep::all_gather);
+      Out o = all_gather(exec, pg(), combined, traffic);
+      if (owners) {
+        const std::int64_t full = fault() == BridgeFault::no_split ? n * A : n;
+        *owners = to_vector(all_gather(pg(), OwnerRows<RowShard<AttnTp>, DpLocal>(owner_view(c_owners), full)).view());
+      }
+      see(g_step, RowState::replicated, group_ranks(), owners ? span_of(*owners) : std::span<const std::int64_t>{}, o.view());
+      return o;
+    }
 
+    // This member's chunk (c_owners: its rows' owners, when carried; group_rows: its DP group's
+    // rows) through route, dispatch, experts, combine and the shared expert: the chunk's MoE rows.
+    Rows<T, RowShard<AttnTp>, DpLocal, Space> a2a_chunk(const Rows<T, RowShard<AttnTp>, DpLocal, Space>& chunk,
+                                                         const std::vector<std::int64_t>& c_owners,
+                                                         std::int64_t group_rows) {
       // One batch, or two micro-batches whose exchanges overlap the other's compute.
       const bool two = b.opts_.two_batch_overlap;
       const std::int64_t m = chunk.rows(), H = impl::hidden_of(chunk.view().extent(1));
@@ -539,9 +593,9 @@ class MoeBridge {
       step(BridgeStep::route);
       const PlanStep& d_step = step(BridgeStep::dispatch);
       static_cast<void>(d_step);
-      begin_dispatch(mb[0], x.rows(), chunk.full_rows(), false);
+      begin_dispatch(mb[0], group_rows, chunk.full_rows(), false);
       if (two) {
-        begin_dispatch(mb[1], x.rows(), chunk.full_rows(), true);  // behind the first one's exchange
+        begin_dispatch(mb[1], group_rows, chunk.full_rows(), true);  // behind the first one's exchange
         mb[0].pd->test();
       }
       finish_dispatch(mb[0], two ? &mb[1] : nullptr);  // and its experts: behind the second one's exchange
@@ -587,14 +641,7 @@ class MoeBridge {
       exec.fence();
       const Rows<T, RowShard<AttnTp>, DpLocal, Space> combined(joined, chunk.full_rows());
       see(c_step, RowState::replicated, 1, span_of(c_owners), combined.view());
-      const PlanStep& g_step = step(BridgeStep::all_gather);
-      Out o = all_gather(exec, pg(), combined, traffic);
-      if (owners) {
-        const std::int64_t full = fault() == BridgeFault::no_split ? n * A : n;
-        *owners = to_vector(all_gather(pg(), OwnerRows<RowShard<AttnTp>, DpLocal>(owner_view(c_owners), full)).view());
-      }
-      see(g_step, RowState::replicated, group_ranks(), owners ? span_of(*owners) : std::span<const std::int64_t>{}, o.view());
-      return o;
+      return combined;
     }
 
     // One micro-batch of this rank's chunk (the whole chunk without two-batch overlap) on its way

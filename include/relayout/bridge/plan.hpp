@@ -182,8 +182,15 @@ inline constexpr std::array<PlanStep, 5> kPlanCpGatherScatter{{
 
 // The steps of one layer's hand-over for a path; `padding` and `restore` matter on dp_gather only,
 // `cp` (attn_cp > 1) there too: the gathered blocks are CP shares, not whole DP groups.
+// `scattered`: the rows enter already split over attn_tp (RowShard<AttnTp>, SGLang's scattered
+// mode under an all-to-all backend) and leave so: on a path that dispatches rows, its plan without
+// split_rows and all_gather; on any other path no plan (empty: the bridge refuses such rows there).
 constexpr std::span<const PlanStep> bridge_plan(BridgePath path, PaddingMode padding = PaddingMode::sum_len,
-                                                BridgeRestore restore = BridgeRestore::reduce, bool cp = false) {
+                                                BridgeRestore restore = BridgeRestore::reduce, bool cp = false,
+                                                bool scattered = false) {
+  if (scattered)
+    return dispatches_rows(path) ? std::span<const PlanStep>(impl::kPlanA2a).subspan(1, impl::kPlanA2a.size() - 2)
+                                 : std::span<const PlanStep>{};
   switch (path) {
     case BridgePath::dp_gather:
       if (restore == BridgeRestore::scatter) return cp ? impl::kPlanCpGatherScatter : impl::kPlanGatherScatter;
