@@ -364,6 +364,15 @@ void fill_cache(const V& v, unsigned seed) {
   }
 }
 
+// The row offsets of `reqs` requests of `len` rows each: 0, len, 2 len, ...
+Kokkos::View<int*, Mem> uniform_offsets(int reqs, int len) {
+  Kokkos::View<int*, Mem> cu("cu", reqs + 1);
+  auto cu_h = Kokkos::create_mirror_view(cu);
+  for (int b = 0; b <= reqs; ++b) cu_h(b) = b * len;
+  Kokkos::deep_copy(cu, cu_h);
+  return cu;
+}
+
 template <class KvT>
 void decode_attention(benchmark::State& state) {
   const int reqs = int(state.range(0)), len = int(state.range(1)), heads = int(state.range(2)),
@@ -374,10 +383,7 @@ void decode_attention(benchmark::State& state) {
   relayout::RowsView<float, Mem> q("q", reqs, heads * head_dim), out("out", reqs, heads * head_dim);
   fill_cache<KvT>(cache, 6);
   fill(q, 7);
-  Kokkos::View<int*, Mem> cu("cu", reqs + 1);
-  auto cu_h = Kokkos::create_mirror_view(cu);
-  for (int b = 0; b <= reqs; ++b) cu_h(b) = b * len;
-  Kokkos::deep_copy(cu, cu_h);
+  const Kokkos::View<int*, Mem> cu = uniform_offsets(reqs, len);
   const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), 0};
   decode_vs_copy(
       state, rows, reqs, heads, head_dim,
@@ -413,10 +419,7 @@ void BM_PrefillAttention(benchmark::State& state) {
       out("out", rows, heads * head_dim);
   fill(kv, 6);
   fill(q, 7);
-  Kokkos::View<int*, Mem> cu("cu", reqs + 1);
-  auto cu_h = Kokkos::create_mirror_view(cu);
-  for (int b = 0; b <= reqs; ++b) cu_h(b) = b * len;
-  Kokkos::deep_copy(cu, cu_h);
+  const Kokkos::View<int*, Mem> cu = uniform_offsets(reqs, len);
   const rk::AttentionParams p{head_dim, rk::default_softmax_scale(head_dim), 0};
   const double flops = 4.0 * reqs * (double(len) * (len + 1) / 2) * head_dim * heads;
   rk::attention_prefill(exec, q, kv, cu, out, p);
