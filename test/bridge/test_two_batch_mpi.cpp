@@ -356,22 +356,67 @@ TEST_CASE("MoeBridge scattered rows: each attn_tp member's chunk of the replicat
   CHECK(plan.front().step == BridgeStep::route);
   CHECK(plan.back().step == BridgeStep::shared_expert);
   CHECK(plan_sums(plan) == 1);
-  CHECK(bridge_plan(BridgePath::tp_moe, PaddingMode::sum_len, BridgeRestore::reduce, false, true).empty());
+  CHECK(bridge_plan(BridgePath::dp_gather, PaddingMode::sum_len, BridgeRestore::reduce, false, true).empty());
 }
 
-TEST_CASE("MoeBridge scattered rows: refused with a LayoutError where no row is dispatched, and with no_split") {
+// Path tp_moe on rows split over attn_tp (== tp): the chunks gathered, every row through this
+// rank's experts, the partials reduce-scattered into the chunks: the replicated run's rows there.
+TEST_CASE("MoeBridge scattered rows on tp_moe: the chunks gathered, the sum scattered back, the replicated rows") {
+  const int np = world().size();
+  const Space exec;
+  ValueRouter router;
+  const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np}), world());
+  REQUIRE(pg.layout().bridge_path() == BridgePath::tp_moe);
+  const int me = pg.coords().attn_tp_rank;
+  for (int workload = 0; workload < 4; ++workload) {
+    CAPTURE(workload);
+    const std::int64_t rows = rows_in(workload, 0);
+    const In x = rows_of_group(0, rows);
+    Bridge full(pg, kExperts), split(pg, kExperts);
+    ScaleExperts e1, e2;
+    TrafficLog t2;
+    const In y1 = full.run(exec, x, router, e1);
+    const Range mine = tensor_split_range(rows, np, me);
+    std::vector<std::int64_t> owners;
+    for (std::int64_t i = mine.begin; i < mine.begin + mine.count; ++i) owners.push_back(7 * i + 1);
+    const std::vector<std::int64_t> sent = owners;
+    const Bridge::ScatteredIn y2 = split.run(exec, split_rows(pg, x), router, e2, {.owners = &owners, .traffic = &t2});
+    REQUIRE(y2.rows() == mine.count);
+    CHECK(owners == sent);
+    // (ScaleExperts writes whole rows, not a moe_tp share: both runs sum np of them, alike.)
+    auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y1.view());
+    auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y2.view());
+    double diff = 0;
+    for (std::int64_t i = 0; i < mine.count; ++i)
+      for (int f = 0; f < kHidden; ++f)
+        diff = std::max(diff, std::abs(double(b(i, f)) - double(a(mine.begin + i, f))) / std::abs(double(a(mine.begin + i, f))));
+    CHECK(diff <= 1e-6);  // the same sum, over the ranks in the order each collective takes
+    if (np > 1) {
+      CHECK(t2.calls_of(TrafficOp::all_reduce, GroupKind::tp) + t2.calls_of(TrafficOp::all_reduce, GroupKind::attn_tp) == 0);
+      CHECK(t2.calls_of(TrafficOp::reduce_scatter, GroupKind::attn_tp) + t2.calls_of(TrafficOp::reduce_scatterv, GroupKind::attn_tp) == 1);
+    }
+  }
+  const auto plan = bridge_plan(BridgePath::tp_moe, PaddingMode::sum_len, BridgeRestore::reduce, false, true);
+  REQUIRE(plan.size() == 4);
+  CHECK(plan.front().step == BridgeStep::all_gather);
+  CHECK(plan.back().step == BridgeStep::reduce_scatter);
+  CHECK(plan_sums(plan) == 1);
+}
+
+TEST_CASE("MoeBridge scattered rows: refused with a LayoutError on dp_gather, and with no_split") {
   const int np = world().size();
   const Space exec;
   ValueRouter router;
   ScaleExperts e;
-  // Path tp_moe: every MoE rank multiplies every row.
-  const ProcessGroups tp(RuntimeLayout(LayoutConfig{.tp = np}), world());
-  Bridge b(tp, kExperts);
   const In x = rows_of_group(0, 4);
-  CHECK_THROWS_WITH_AS(b.run(exec, split_rows(tp, x), router, e),
-                       doctest::Contains("rows split over attn_tp (RowShard<AttnTp>) need a path that dispatches rows"),
-                       LayoutError);
   if (np >= 2) {
+    // Path dp_gather gathers whole DP groups.
+    const ProcessGroups dpg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true}), world());
+    REQUIRE(dpg.layout().bridge_path() == BridgePath::dp_gather);
+    Bridge b(dpg, kExperts);
+    CHECK_THROWS_WITH_AS(b.run(exec, split_rows(dpg, x), router, e),
+                         doctest::Contains("rows split over attn_tp (RowShard<AttnTp>) need path a2a_split, direct or tp_moe"),
+                         LayoutError);
     const ProcessGroups a2a(RuntimeLayout(LayoutConfig{.tp = np, .moe_a2a_backend = Backend::deepep}), world());
     Bridge faulty(a2a, kExperts, {.fault = BridgeFault::no_split});
     CHECK_THROWS_WITH_AS(faulty.run(exec, split_rows(a2a, x), router, e),

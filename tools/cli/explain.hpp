@@ -656,7 +656,8 @@ inline std::string step_collective(BridgeStep s) {
     case BridgeStep::dp_gather: return "all_gatherv";
     case BridgeStep::dispatch:
     case BridgeStep::combine: return "all_to_allv";
-    case BridgeStep::dp_reduce_scatter: return "reduce_scatter";
+    case BridgeStep::dp_reduce_scatter:
+    case BridgeStep::reduce_scatter: return "reduce_scatter";
     case BridgeStep::reduce_scatterv: return "reduce_scatterv";
     case BridgeStep::all_reduce: return "all_reduce";
     case BridgeStep::all_gather: return "all_gather";

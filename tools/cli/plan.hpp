@@ -340,6 +340,9 @@ inline RankPlan plan_rank(const LayerPlan& p, const PlanInput& in, const RankInp
         if (multi(*s.group))
           layer.add(n_rows % A == 0 ? TrafficOp::all_gather : TrafficOp::all_gatherv, *s.group, n * H * e);
         break;
+      case BridgeStep::reduce_scatter:  // the scattered plans: not planned here (bridge_plan without scattered)
+        if (multi(*s.group)) layer.add(TrafficOp::reduce_scatter, *s.group, n * H * e);
+        break;
       case BridgeStep::route:
       case BridgeStep::experts:
       case BridgeStep::shared_expert:

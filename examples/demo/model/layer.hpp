@@ -336,7 +336,8 @@ class DistributedModel {
   // Whether the residual stream stays split over attn_tp between layers (attn_tp_input_scattered on
   // a path that dispatches rows, as SGLang keeps it under DeepEP): the attention's partials are
   // reduce-scattered, the bridge takes and returns this member's chunk, and the rows are gathered
-  // once after the last layer.
+  // once after the last layer. On tp_moe the bridge takes such rows too, but there it gathers them
+  // again for the experts, and the layer measured slower split than replicated (benchmarks.md).
   bool split_residual() const {
     return opts_.attn_tp_input_scattered && groups_.layout().widths().attn_tp > 1 &&
            dispatches_rows(groups_.layout().bridge_path());

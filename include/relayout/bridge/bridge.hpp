@@ -294,21 +294,22 @@ class MoeBridge {
       slots = opts.global_num_tokens.empty() ? this->slots(gather_num_tokens(x.rows())) : this->slots(opts.global_num_tokens);
     return run.go(x, slots);
   }
-  // The hand-over of rows already split over attn_tp (SGLang's scattered mode under DeepEP): on the
-  // paths that dispatch rows each attn_tp member dispatches the chunk it holds and gets its chunk's
-  // MoE rows back, RowShard like the input, without the split before the dispatch and the
-  // attention-TP all-gather after the combine (bridge_plan(path, ..., scattered = true)). The
-  // engine keeps its residual stream split the same way: reduce_scatter the attention's partials
-  // over attn_tp instead of all-reducing them, and all_gather over attn_tp where every member needs
-  // every row. opts.owners: the chunk's owners. Other paths hold every row on every MoE rank: a
-  // LayoutError naming the rule (all_gather the rows and pass them Replicated<AttnTp>).
+  // The hand-over of rows already split over attn_tp (SGLang's scattered mode): each attn_tp member
+  // passes the chunk it holds and gets its chunk's MoE rows back, RowShard like the input
+  // (bridge_plan(path, ..., scattered = true)). On the paths that dispatch rows each member
+  // dispatches its chunk, without the split before the dispatch and the attention-TP all-gather
+  // after the combine; on tp_moe the chunks are gathered for the experts and the partials summed
+  // back into the chunks by one reduce_scatter, in place of the all-reduce. The engine keeps its
+  // residual stream split the same way: reduce_scatter the attention's partials over attn_tp
+  // instead of all-reducing them, and all_gather over attn_tp where every member needs every row.
+  // opts.owners: the chunk's owners. Path dp_gather gathers whole DP groups: a LayoutError naming
+  // the rule (all_gather the rows and pass them Replicated<AttnTp>).
   template <RouterFor<T, Space> R, ExpertsFor<T, Space> E>
   ScatteredIn run(const Space& exec, const ScatteredIn& x, R& router, E& experts, const RunOptions& opts = {}) {
-    if (!dispatches_rows(path()))
-      throw LayoutError("rows", "MoeBridge::run: rows split over attn_tp (RowShard<AttnTp>) need a path that dispatches "
-                                "rows (a2a_split or direct: --moe-a2a-backend deepep); this layout takes path " +
-                                    std::string(to_string(path())) +
-                                    ": all_gather them over attn_tp and pass them Replicated<AttnTp>");
+    if (path() == BridgePath::dp_gather)
+      throw LayoutError("rows", "MoeBridge::run: rows split over attn_tp (RowShard<AttnTp>) need path a2a_split, direct "
+                                "or tp_moe; this layout takes path dp_gather: all_gather them over attn_tp and pass "
+                                "them Replicated<AttnTp>");
     if (opts_.fault == BridgeFault::no_split)
       throw LayoutError("fault", "MoeBridge::run: fault no_split wires the split before the dispatch, which rows "
                                  "already split over attn_tp do not take");
@@ -516,6 +517,34 @@ class MoeBridge {
       return o;
     }
 
+    // tp_moe on this member's chunk: the chunks gathered, the experts on every row, the partials
+    // summed over attn_tp (== tp) into the chunks.
+    ScatteredIn tp_moe_scattered(const ScatteredIn& x) {
+      const PlanStep& g_step = step(BridgeStep::all_gather);
+      const In all = all_gather(exec, pg(), x, traffic);
+      std::vector<std::int64_t> g_owners;
+      if (owners)
+        g_owners = to_vector(all_gather(pg(), OwnerRows<RowShard<AttnTp>, DpLocal>(owner_view(*owners), x.full_rows())).view());
+      see(g_step, RowState::replicated, group_ranks(), span_of(g_owners), all.view());
+      const Range mine = tensor_split_range(all.rows(), widths().moe_dp, pg().coords().moe_dp_rank);
+      auto partial = moe_partial(all.view(), mine);
+      const PlanStep& e_step = step(BridgeStep::local_experts);
+      see(e_step, RowState::partial, moe_holders(), span_of(g_owners, mine.begin, mine.count), partial, mine.begin);
+      if (pg().attn_tp().size() != pg().tp().size())
+        throw LayoutError("bridge", "MoeBridge: path tp_moe with attn_tp = " + std::to_string(pg().attn_tp().size()) +
+                                        " != tp = " + std::to_string(pg().tp().size()));
+      Rows<T, Partial<AttnTp>, DpLocal, Space> p(partial);
+      if (fault() == BridgeFault::double_reduce)
+        p = Rows<T, Partial<AttnTp>, DpLocal, Space>(
+            impl::all_reduce_rows_in_place(pg().attn_tp(), std::move(p).data(), GroupKind::attn_tp, impl::ctx(exec, traffic)));
+      const PlanStep& r_step = step(BridgeStep::reduce_scatter);
+      ScatteredIn o = fault() == BridgeFault::skip_reduce
+                          ? split_rows(pg(), Rows<T, Replicated<AttnTp>, DpLocal, Space>(std::move(p).data()))
+                          : reduce_scatter(exec, pg(), std::move(p), traffic);
+      see(r_step, RowState::replicated, 1, owners ? span_of(*owners) : std::span<const std::int64_t>{}, o.view());
+      return o;
+    }
+
     // Rows [mine) of x through route + this rank's experts (+ its shared share): Partial<tp> rows.
     view_type moe_partial(const view_type& x, Range mine) {
       auto partial = impl::alloc_rows<T, Space>("relayout::moe_partial", static_cast<std::int64_t>(x.extent(0)),
@@ -541,7 +570,7 @@ class MoeBridge {
                                         std::to_string(n) + " rows; the owner column must stay aligned with the rows");
       const std::vector<std::int64_t> in_owners = owners ? *owners : std::vector<std::int64_t>{};
       plan = bridge_plan(b.path(), PaddingMode::sum_len, b.opts_.restore, false, true);
-      ScatteredIn out = a2a_chunk(x, in_owners, x.full_rows());
+      ScatteredIn out = b.path() == BridgePath::tp_moe ? tp_moe_scattered(x) : a2a_chunk(x, in_owners, x.full_rows());
       if (at != plan.size()) throw LayoutError("bridge", "MoeBridge: the executor stopped before the end of its plan");
       if (owners || fault() != BridgeFault::none) conserve(n, in_owners, out.rows());
       return out;

@@ -67,6 +67,7 @@ enum class BridgeStep : std::uint8_t {
   dp_reduce_scatter,  // sum and return each DP group's rows (max_len)
   dp_scatter,         // copy this DP group's rows out of the global buffer (local)
   all_gather,         // concatenate the attn_tp chunks back (not a sum)
+  reduce_scatter,     // sum of the expert partials over attn_tp (== tp), each member keeping its chunk
 };
 
 struct PlanStep {
@@ -127,6 +128,17 @@ inline constexpr std::array<PlanStep, 3> kPlanTpMoe{{
     {BridgeStep::all_reduce, G::tp, "all_reduce", "moe_out", kReplicatedAttnTp,
      "sums the partials over tp (attn_tp == tp here; the only sum)"},
 }};
+// tp_moe on rows already split over attn_tp (== tp here): every MoE rank multiplies every row, so
+// the chunks are gathered first and the partials summed back into the chunks.
+inline constexpr std::array<PlanStep, 4> kPlanTpMoeScattered{{
+    {BridgeStep::all_gather, G::attn_tp, "all_gather", "moe_in", kReplicatedAttnTp,
+     "concatenate the members' chunks: every row on every rank, as the MoE needs them (not a sum)"},
+    kRoute,
+    {BridgeStep::local_experts, std::nullopt, "experts", "moe_partial", kPartialTpLocal,
+     "this rank's experts (and moe_tp share) on every row; no sum yet"},
+    {BridgeStep::reduce_scatter, G::attn_tp, "reduce_scatter", "moe_out", kRowShardAttnTp,
+     "sums the partials over attn_tp (== tp here), each member keeping its own chunk (the only sum)"},
+}};
 inline constexpr std::array<PlanStep, 7> kPlanA2a{{
     {BridgeStep::split_rows, std::nullopt, "split_rows", "moe_in", kRowShardAttnTp,
      "keep this rank's tensor_split chunk of its group's replicated rows (earlier chunks one row larger)"},
@@ -183,14 +195,16 @@ inline constexpr std::array<PlanStep, 5> kPlanCpGatherScatter{{
 // The steps of one layer's hand-over for a path; `padding` and `restore` matter on dp_gather only,
 // `cp` (attn_cp > 1) there too: the gathered blocks are CP shares, not whole DP groups.
 // `scattered`: the rows enter already split over attn_tp (RowShard<AttnTp>, SGLang's scattered
-// mode under an all-to-all backend) and leave so: on a path that dispatches rows, its plan without
-// split_rows and all_gather; on any other path no plan (empty: the bridge refuses such rows there).
+// mode) and leave so: on a path that dispatches rows, its plan without split_rows and all_gather;
+// on tp_moe the chunks gathered, the experts, and the sum scattered back into the chunks; on
+// dp_gather no plan (empty: the bridge refuses such rows there).
 constexpr std::span<const PlanStep> bridge_plan(BridgePath path, PaddingMode padding = PaddingMode::sum_len,
                                                 BridgeRestore restore = BridgeRestore::reduce, bool cp = false,
                                                 bool scattered = false) {
-  if (scattered)
-    return dispatches_rows(path) ? std::span<const PlanStep>(impl::kPlanA2a).subspan(1, impl::kPlanA2a.size() - 2)
-                                 : std::span<const PlanStep>{};
+  if (scattered) {
+    if (dispatches_rows(path)) return std::span<const PlanStep>(impl::kPlanA2a).subspan(1, impl::kPlanA2a.size() - 2);
+    return path == BridgePath::tp_moe ? std::span<const PlanStep>(impl::kPlanTpMoeScattered) : std::span<const PlanStep>{};
+  }
   switch (path) {
     case BridgePath::dp_gather:
       if (restore == BridgeRestore::scatter) return cp ? impl::kPlanCpGatherScatter : impl::kPlanGatherScatter;
@@ -211,13 +225,15 @@ constexpr int plan_sums(std::span<const PlanStep> plan) {
   int n = 0;
   for (const PlanStep& s : plan)
     n += s.step == BridgeStep::all_reduce || s.step == BridgeStep::reduce_scatterv ||
-         s.step == BridgeStep::dp_reduce_scatter || s.step == BridgeStep::combine;
+         s.step == BridgeStep::dp_reduce_scatter || s.step == BridgeStep::reduce_scatter ||
+         s.step == BridgeStep::combine;
   return n;
 }
 static_assert(plan_sums(impl::kPlanGatherSum) == 1 && plan_sums(impl::kPlanGatherMax) == 1 &&
                   plan_sums(impl::kPlanGatherScatter) == 1 && plan_sums(impl::kPlanTpMoe) == 1 &&
                   plan_sums(impl::kPlanA2a) == 1 && plan_sums(impl::kPlanCpGatherSum) == 1 &&
-                  plan_sums(impl::kPlanCpGatherMax) == 1 && plan_sums(impl::kPlanCpGatherScatter) == 1,
+                  plan_sums(impl::kPlanCpGatherMax) == 1 && plan_sums(impl::kPlanCpGatherScatter) == 1 &&
+                  plan_sums(impl::kPlanTpMoeScattered) == 1,
               "every bridge plan sums the expert outputs exactly once");
 
 }  // namespace relayout
