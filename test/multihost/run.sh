@@ -144,9 +144,11 @@ layer_run B-4+4 h1,h2 4 8 --tp 8 --dp 2 --enable-dp-attention --moe-a2a-backend 
 
 DEADLINE=4
 echo "== faults (RELAYOUT_COLLECTIVE_TIMEOUT=$DEADLINE s)"
-# A forward long enough to be cut in the middle (tens of seconds undisturbed across the hosts; with a
-# deadline set the ranks poll and yield, so a layer takes about 15 ms on one machine).
-LONG=(--tp 4 --dp 2 --enable-dp-attention --moe-a2a-backend deepep --hidden 128 --requests 300,300 --layers 400)
+# A run long enough to be cut in the middle: 400 layers, run 25 more times (--repeat), tens of
+# seconds undisturbed across the hosts. One pass of the 400 layers took 1.6 s on a 2-core AMD EPYC
+# once the attention ran at its speed with 4 heads: shorter than the 2 s the drill waits before
+# its fault, so the job could end first.
+LONG=(--tp 4 --dp 2 --enable-dp-attention --moe-a2a-backend deepep --hidden 128 --requests 300,300 --layers 400 --repeat 25)
 MARGIN=10
 host_ranks() { for p in $(ip netns pids "$(mh_ns "$1")"); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = dsv4_layer ] && echo "$p"; done; }
 fault_drill() {  # NAME FAULT REPAIR FAR_SIDE_ENDS(yes|no)

@@ -327,8 +327,8 @@ class DistributedModel {
     mode_ = bridge_.padding(counts_);
   }
 
-  // decode: the rows of step_ (decode_step, extend) attend the cache; else a prefill (keys_).
-  // Rows between layers: this DP group's (CP share's) rows, or under split_ this member's chunk of them.
+  // Rows between layers: this DP group's (CP share's) rows, or under split_residual() this
+  // member's chunk of them.
   struct Held {
     View rows;
     std::vector<std::int64_t> owners;  // when owners are tracked
@@ -365,7 +365,8 @@ class DistributedModel {
     return Tracked(Typed(all_gather(exec_, groups_, Shard(h.rows, n), &traffic_).view()), x.owners);
   }
 
-  // One layer on x (n: the rows of this DP group or CP share, which x holds all or, split, a chunk of).
+  // One layer on x (n_rows: the rows of this DP group or CP share, which x holds all or, split, a
+  // chunk of). decode: the rows of step_ (decode_step, extend) attend the cache; else a prefill (keys_).
   Held layer_forward(int layer, const Held& x, std::int64_t n_rows, bool decode) {
     const LayerShard<ExecSpace>& w = shards_[std::size_t(layer)];
     const bool split = split_residual();

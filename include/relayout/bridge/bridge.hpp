@@ -188,7 +188,7 @@ class MoeBridge {
   using In = Rows<T, Replicated<AttnTp>, DpLocal, Space>;
   using Out = In;
   // Rows already split over attn_tp: this member's tensor_split chunk of its DP group's rows (what
-  // reduce_scatter over attn_tp makes of the attention's wo_b partials). Paths a2a_split and direct.
+  // reduce_scatter over attn_tp makes of the attention's wo_b partials). Paths a2a_split, direct and tp_moe.
   using ScatteredIn = Rows<T, RowShard<AttnTp>, DpLocal, Space>;
   using view_type = RowsView<T, Space>;
 
@@ -328,8 +328,8 @@ class MoeBridge {
     static_assert(St::state == RowState::partial,
                   "relayout: MoeBridge::run takes this DP group's complete rows as Rows<T, Replicated<AttnTp>, "
                   "DpLocal, Space> of the bridge's T and Space (the attention all-reduce's output), or this "
-                  "member's chunk of them as Rows<T, RowShard<AttnTp>, DpLocal, Space> (paths that dispatch "
-                  "rows): dp_scatter DpGlobal rows first");
+                  "member's chunk of them as Rows<T, RowShard<AttnTp>, DpLocal, Space> (paths a2a_split, "
+                  "direct and tp_moe): dp_scatter DpGlobal rows first");
   }
 
  private:
