@@ -421,5 +421,12 @@ TEST_CASE("MoeBridge scattered rows: refused with a LayoutError on dp_gather, an
     Bridge faulty(a2a, kExperts, {.fault = BridgeFault::no_split});
     CHECK_THROWS_WITH_AS(faulty.run(exec, split_rows(a2a, x), router, e),
                          doctest::Contains("fault no_split wires the split before the dispatch"), LayoutError);
+    // A chunk other than tensor_split's (every member one row too many here): the dispatch would
+    // number the group's tokens wrongly, so it is refused on every member.
+    Bridge plain(a2a, kExperts);
+    const std::int64_t chunk = tensor_split_range(4, np, a2a.coords().attn_tp_rank).count + 1;
+    const Bridge::ScatteredIn wrong(impl::row_slice(rows_of_group(0, 5).view(), 0, chunk), 4);
+    const std::string rule = "tensor_split gives member " + std::to_string(a2a.coords().attn_tp_rank);
+    CHECK_THROWS_WITH_AS(plain.run(exec, wrong, router, e), doctest::Contains(rule.c_str()), LayoutError);
   }
 }

@@ -341,7 +341,6 @@ TEST_CASE("trace::Recorder: an engine's own boundaries become records trace diff
   rec.attention_output(2, owners, v);
   rec.layer_output(2, owners, v);
   rec.bridge_failed(2, "rows lost");
-  REQUIRE(sink.records.size() == 3);
   const trace::Record& a = sink.records[0];
   CHECK(a.layer == 2);
   CHECK(a.boundary == "attention all_reduce");
@@ -364,6 +363,16 @@ TEST_CASE("trace::Recorder: an engine's own boundaries become records trace diff
   CHECK(sink.records[2].error == "rows lost");
   // The hook sees the attention output only (the layer output repeats its rows).
   CHECK(seen == std::vector<std::string>{"2 attention all_reduce 3"});
+  // Rows split over attn_tp (a scattered residual): named for the reduce_scatter, each row on one member.
+  rec.attention_output(3, owners, v, {}, true);
+  rec.bridge_input(3, owners, v, true);
+  REQUIRE(sink.records.size() == 5);
+  CHECK(sink.records[3].boundary == "attention reduce_scatter");
+  CHECK(sink.records[3].sharing == RowState::row_shard);
+  CHECK(sink.records[3].copies == 1);
+  CHECK(sink.records[4].boundary == "bridge input");
+  CHECK(sink.records[4].sharing == RowState::row_shard);
+  CHECK(sink.records[1].sharing == RowState::replicated);
 
   // Written as JSON Lines, a one-rank run with empty global_num_tokens agrees with itself.
   const fs::path dir = fresh_dir("recorder");

@@ -410,13 +410,9 @@ class DistributedModel {
     else attn_.prefill(exec_, keys_, q, kv, o, params);
     w.wo_b(exec_, o, a);  // Partial over attn_tp
     using Partials = Rows<float, Partial<AttnTp>, DpLocal, ExecSpace>;
-    if (split) {  // this member's chunk of the rows, summed
-      a = reduce_scatter(exec_, groups_, Partials(a), &traffic_).view();
-      recorder_(layer, {"attention reduce_scatter", "attn_out", RowState::row_shard, 1, GroupKind::attn_tp}, x.owners, a);
-    } else {
-      a = attn_.all_reduce(exec_, Partials(a)).view();
-      recorder_.attention_output(layer, x.owners, a);
-    }
+    // Summed: this member's chunk of the rows (split), or all of them.
+    a = split ? reduce_scatter(exec_, groups_, Partials(a), &traffic_).view() : attn_.all_reduce(exec_, Partials(a)).view();
+    recorder_.attention_output(layer, x.owners, a, {}, split);
 
     View residual("relayout::residual", m, H);
     Kokkos::deep_copy(exec_, residual, x.rows);
@@ -432,10 +428,7 @@ class DistributedModel {
         "relayout::residual_add", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(m * H)),
         KOKKOS_LAMBDA(const std::int64_t i) { residual.data()[i] += yv.data()[i]; });
     exec_.fence();
-    if (split)
-      recorder_(layer, {"layer output", "layer_out", RowState::row_shard, 1, {}, false}, y.owners, residual);
-    else
-      recorder_.layer_output(layer, y.owners, residual);
+    recorder_.layer_output(layer, y.owners, residual, split);
     return {residual, y.owners};
   }
 
@@ -443,10 +436,7 @@ class DistributedModel {
   // a: this DP group's rows, or under split_residual this member's chunk of its n rows.
   Held moe(int layer, const LayerShard<ExecSpace>& w, const View& a, const std::vector<std::int64_t>& owners,
            std::int64_t n) {
-    if (split_residual())
-      recorder_(layer, {"bridge input", "moe_in", RowState::row_shard, 1, {}, false}, owners, a);
-    else
-      recorder_.bridge_input(layer, owners, a);
+    recorder_.bridge_input(layer, owners, a, split_residual());
     DemoRouter<ExecSpace> router{{w.router, dims_.router()}, skew_routing(dims_), dims_.expert_skew > 0, routed_owners_};
     if (router.skewed && layer == 0) {  // once per forward: every layer routes these rows
       const std::vector<std::int64_t> ids = routed_owners(bridge_, groups_, counts_, row_owners_);

@@ -313,6 +313,15 @@ class MoeBridge {
     if (opts_.fault == BridgeFault::no_split)
       throw LayoutError("fault", "MoeBridge::run: fault no_split wires the split before the dispatch, which rows "
                                  "already split over attn_tp do not take");
+    // This member's chunk as tensor_split gives it (what reduce_scatter and split_rows make): the
+    // dispatch numbers the group's tokens by it, and another split would mislabel them.
+    const Range mine = tensor_split_range(x.full_rows(), pg_.attn_tp().size(), pg_.attn_tp().rank());
+    if (x.rows() != mine.count)
+      throw LayoutError("rows", "MoeBridge::run: this attn_tp member holds " + std::to_string(x.rows()) + " of the " +
+                                    std::to_string(x.full_rows()) + " rows split over attn_tp = " +
+                                    std::to_string(pg_.attn_tp().size()) + "; tensor_split gives member " +
+                                    std::to_string(pg_.attn_tp().rank()) + " " + std::to_string(mine.count) +
+                                    " (reduce_scatter or split_rows the rows)");
     Exec<R, E> run{*this, workspace(), second_ws_, exec, router, experts, opts.observer, opts.traffic, opts.owners};
     return run.go_scattered(x);
   }
@@ -411,27 +420,34 @@ class MoeBridge {
       return r;
     }
 
-    Out go(const In& x, const DpSlotsPtr& slots) {
-      const std::int64_t n = x.rows();
+    // One run around `body` (which sets the plan and takes its steps): the owner column checked
+    // against the n rows that enter, the plan checked as finished, the rows' conservation.
+    template <class F>
+    auto checked(std::int64_t n, F&& body) {
       if (owners && static_cast<std::int64_t>(owners->size()) != n)
         throw LayoutError("owners", "MoeBridge::run: " + std::to_string(owners->size()) + " owners for " +
                                         std::to_string(n) + " rows; the owner column must stay aligned with the rows");
       const std::vector<std::int64_t> in_owners = owners ? *owners : std::vector<std::int64_t>{};
-      std::optional<Out> out;
-      switch (b.path()) {
-        case BridgePath::dp_gather: {
-          if (!slots) throw LayoutError("slots", "MoeBridge::run: path dp_gather needs the step's DpSlots (MoeBridge::slots)");
-          plan = bridge_plan(BridgePath::dp_gather, slots->mode(), b.opts_.restore, b.shares_ != nullptr);
-          out.emplace(dp_gather(x, slots));
-          break;
-        }
-        case BridgePath::tp_moe: plan = bridge_plan(BridgePath::tp_moe); out.emplace(tp_moe(x)); break;
-        case BridgePath::a2a_split:
-        case BridgePath::direct: plan = bridge_plan(b.path()); out.emplace(a2a(x)); break;
-      }
+      auto out = body(in_owners);
       if (at != plan.size()) throw LayoutError("bridge", "MoeBridge: the executor stopped before the end of its plan");
-      if (owners || fault() != BridgeFault::none) conserve(n, in_owners, out->rows());
-      return std::move(*out);
+      if (owners || fault() != BridgeFault::none) conserve(n, in_owners, out.rows());
+      return out;
+    }
+
+    Out go(const In& x, const DpSlotsPtr& slots) {
+      return checked(x.rows(), [&](const std::vector<std::int64_t>&) -> Out {
+        switch (b.path()) {
+          case BridgePath::dp_gather:
+            if (!slots) throw LayoutError("slots", "MoeBridge::run: path dp_gather needs the step's DpSlots (MoeBridge::slots)");
+            plan = bridge_plan(BridgePath::dp_gather, slots->mode(), b.opts_.restore, b.shares_ != nullptr);
+            return dp_gather(x, slots);
+          case BridgePath::tp_moe: plan = bridge_plan(BridgePath::tp_moe); return tp_moe(x);
+          case BridgePath::a2a_split:
+          case BridgePath::direct: break;
+        }
+        plan = bridge_plan(b.path());
+        return a2a(x);
+      });
     }
 
     // Path A: gather every DP group's rows, this rank's experts on its moe_dp slice, restore.
@@ -520,6 +536,9 @@ class MoeBridge {
     // tp_moe on this member's chunk: the chunks gathered, the experts on every row, the partials
     // summed over attn_tp (== tp) into the chunks.
     ScatteredIn tp_moe_scattered(const ScatteredIn& x) {
+      if (pg().attn_tp().size() != pg().tp().size())  // every rank alike: before any collective
+        throw LayoutError("bridge", "MoeBridge: path tp_moe with attn_tp = " + std::to_string(pg().attn_tp().size()) +
+                                        " != tp = " + std::to_string(pg().tp().size()));
       const PlanStep& g_step = step(BridgeStep::all_gather);
       const In all = all_gather(exec, pg(), x, traffic);
       std::vector<std::int64_t> g_owners;
@@ -530,9 +549,6 @@ class MoeBridge {
       auto partial = moe_partial(all.view(), mine);
       const PlanStep& e_step = step(BridgeStep::local_experts);
       see(e_step, RowState::partial, moe_holders(), span_of(g_owners, mine.begin, mine.count), partial, mine.begin);
-      if (pg().attn_tp().size() != pg().tp().size())
-        throw LayoutError("bridge", "MoeBridge: path tp_moe with attn_tp = " + std::to_string(pg().attn_tp().size()) +
-                                        " != tp = " + std::to_string(pg().tp().size()));
       Rows<T, Partial<AttnTp>, DpLocal, Space> p(partial);
       if (fault() == BridgeFault::double_reduce)
         p = Rows<T, Partial<AttnTp>, DpLocal, Space>(
@@ -564,16 +580,10 @@ class MoeBridge {
 
     // Rows already split over attn_tp, on a path that dispatches rows: the chunk's hand-over.
     ScatteredIn go_scattered(const ScatteredIn& x) {
-      const std::int64_t n = x.rows();
-      if (owners && static_cast<std::int64_t>(owners->size()) != n)
-        throw LayoutError("owners", "MoeBridge::run: " + std::to_string(owners->size()) + " owners for " +
-                                        std::to_string(n) + " rows; the owner column must stay aligned with the rows");
-      const std::vector<std::int64_t> in_owners = owners ? *owners : std::vector<std::int64_t>{};
-      plan = bridge_plan(b.path(), PaddingMode::sum_len, b.opts_.restore, false, true);
-      ScatteredIn out = b.path() == BridgePath::tp_moe ? tp_moe_scattered(x) : a2a_chunk(x, in_owners, x.full_rows());
-      if (at != plan.size()) throw LayoutError("bridge", "MoeBridge: the executor stopped before the end of its plan");
-      if (owners || fault() != BridgeFault::none) conserve(n, in_owners, out.rows());
-      return out;
+      return checked(x.rows(), [&](const std::vector<std::int64_t>& in_owners) -> ScatteredIn {
+        plan = bridge_plan(b.path(), PaddingMode::sum_len, b.opts_.restore, false, true);
+        return b.path() == BridgePath::tp_moe ? tp_moe_scattered(x) : a2a_chunk(x, in_owners, x.full_rows());
+      });
     }
 
     // Path B and direct: split over attn_tp, dispatch this chunk, experts, combine, all-gather.

@@ -104,19 +104,22 @@ class Recorder {
 
   // An engine's own boundaries, with the state and copies trace diff compares them by: the
   // attention output after its attention-TP all-reduce (every rank of the group holds each of its
-  // rows), the rows handed to the bridge, and the layer's output.
+  // rows), the rows handed to the bridge, and the layer's output. split: the rows are split over
+  // attn_tp instead, each member holding its chunk (a residual kept scattered between layers: the
+  // attention output is a reduce_scatter's, boundary "attention reduce_scatter" by default).
   template <class V>
   void attention_output(int layer, std::span<const std::int64_t> owners, const V& values,
-                        std::string_view name = "attention all_reduce") const {
-    (*this)(layer, {name, "attn_out", RowState::replicated, attn_tp(), GroupKind::attn_tp}, owners, values);
+                        std::string_view name = {}, bool split = false) const {
+    if (name.empty()) name = split ? "attention reduce_scatter" : "attention all_reduce";
+    (*this)(layer, {name, "attn_out", sharing(split), copies(split), GroupKind::attn_tp}, owners, values);
   }
   template <class V>
-  void bridge_input(int layer, std::span<const std::int64_t> owners, const V& values) const {
-    (*this)(layer, {"bridge input", "moe_in", RowState::replicated, attn_tp(), {}, false}, owners, values);
+  void bridge_input(int layer, std::span<const std::int64_t> owners, const V& values, bool split = false) const {
+    (*this)(layer, {"bridge input", "moe_in", sharing(split), copies(split), {}, false}, owners, values);
   }
   template <class V>
-  void layer_output(int layer, std::span<const std::int64_t> owners, const V& values) const {
-    (*this)(layer, {"layer output", "layer_out", RowState::replicated, attn_tp(), {}, false}, owners, values);
+  void layer_output(int layer, std::span<const std::int64_t> owners, const V& values, bool split = false) const {
+    (*this)(layer, {"layer output", "layer_out", sharing(split), copies(split), {}, false}, owners, values);
   }
   // The bridge refused its own result (row conservation): recorded before the error propagates.
   void bridge_failed(int layer, const std::string& error) const {
@@ -140,6 +143,9 @@ class Recorder {
 
  private:
   int attn_tp() const { return groups_.layout().widths().attn_tp; }
+  // Rows of an attention-TP group: on every member, or (split) each on one.
+  static RowState sharing(bool split) { return split ? RowState::row_shard : RowState::replicated; }
+  int copies(bool split) const { return split ? 1 : attn_tp(); }
   Record base(int layer, const Point& p) const {
     const RankCoords k = groups_.coords();
     Record r;
