@@ -563,6 +563,12 @@ Rows<T, RowShard<AttnTp>, DpLocal, Space> ep_combine_finish(const Space& exec, P
   p.request.wait();
   const Dispatched<T, Space>& d = *p.d;
   p.d = nullptr;
+  // One member that sent every row to itself: the weighted sums are its rows, in their order (the
+  // send order of one destination is the row order), so they are the result as they stand.
+  if (p.ep == 1 && d.sent == d.rows) {
+    exec.fence();
+    return Rows<T, RowShard<AttnTp>, DpLocal, Space>(p.back, d.full_rows);
+  }
   auto& buf = d.workspace->buffers();
   const std::int64_t H = d.hidden;
   const auto out = buf.rows(buf.combined, "relayout::ep_combined", d.rows, H);
