@@ -55,12 +55,15 @@ void attention_prefill(const ExecSpace& exec, const Q& q, const KV& kv, const Cu
   using T = scalar_of<O>;
   using Core = impl::AttendCore<ExecSpace, T>;
   const int n_req = int(cu_seqlens.extent(0)) - 1;
+  impl::ContiguousKeys<KV, Cu> keys{kv, cu_seqlens};
+  const impl::TransposedKeys<ExecSpace, KV, Cu> kt(exec, kv, cu_seqlens, params.head_dim, heads);
+  kt.attach(keys);
   Kokkos::TeamPolicy<ExecSpace> policy(exec, int(q.extent(0)), Kokkos::AUTO);
   Kokkos::parallel_for("relayout::kernels::attention_prefill",
                        policy.set_scratch_size(0, Kokkos::PerTeam(Core::scratch_bytes(heads))),
                        impl::PrefillFunctor<ExecSpace, Q, KV, O, Cu>{
                            Core{heads, params.head_dim, impl::chunk_keys<T>(params.head_dim, heads), T(params.scale)},
-                           q, out, {kv, cu_seqlens}, n_req, params.window});
+                           q, out, keys, n_req, params.window});
 }
 
 // Causal prefill of query rows that are a subset of the kv rows (attention context parallelism:
@@ -92,12 +95,15 @@ void attention_prefill(const ExecSpace& exec, const Q& q, const KV& kv, const Cu
   using Core = impl::AttendCore<ExecSpace, T>;
   using At = impl::RowAt<Pos>;
   const int n_req = int(cu_seqlens.extent(0)) - 1;
+  impl::ContiguousKeys<KV, Cu> keys{kv, cu_seqlens};
+  const impl::TransposedKeys<ExecSpace, KV, Cu> kt(exec, kv, cu_seqlens, params.head_dim, heads);
+  kt.attach(keys);
   Kokkos::TeamPolicy<ExecSpace> policy(exec, int(q.extent(0)), Kokkos::AUTO);
   Kokkos::parallel_for("relayout::kernels::attention_prefill",
                        policy.set_scratch_size(0, Kokkos::PerTeam(Core::scratch_bytes(heads))),
                        impl::PrefillFunctor<ExecSpace, Q, KV, O, Cu, At>{
                            Core{heads, params.head_dim, impl::chunk_keys<T>(params.head_dim, heads), T(params.scale)},
-                           q, out, {kv, cu_seqlens}, n_req, params.window, At{positions}});
+                           q, out, keys, n_req, params.window, At{positions}});
 }
 
 

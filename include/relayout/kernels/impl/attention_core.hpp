@@ -64,6 +64,14 @@ struct ContiguousKeys {
     return &kv(cu(b) + p, 0);
   }
   KOKKOS_INLINE_FUNCTION std::int64_t stride() const { return std::int64_t(kv.stride(0)); }
+  // Optional: the keys again, transposed by chunks (TransposedKeys), or null.
+  const T* kt = nullptr;
+  const std::int64_t* kt_base = nullptr;  // request b's first chunk in kt
+  int kt_dim = 0;                         // head_dim
+  // The transposed chunk of request b's keys from p on (p a multiple of kChunkMax), or null.
+  KOKKOS_INLINE_FUNCTION const T* transposed(std::int64_t b, std::int64_t p) const {
+    return kt ? kt + (kt_base[b] + p / kChunkMax) * std::int64_t(kt_dim) * kChunkMax : nullptr;
+  }
 };
 
 // Keys of request slots(b) through its block table: consecutive only within a block.
@@ -80,6 +88,7 @@ struct PagedKeys {
     return &kv.pool(std::int64_t(kv.block_table(kv.slots(b), p / bs)) * bs + p % bs, 0);
   }
   KOKKOS_INLINE_FUNCTION std::int64_t stride() const { return std::int64_t(kv.pool.stride(0)); }
+  KOKKOS_INLINE_FUNCTION const T* transposed(std::int64_t, std::int64_t) const { return nullptr; }
 };
 
 // The rows of one chunk: keys 0 .. n0 from p0 on and the rest from p1 on, each part in rows ld
@@ -223,6 +232,42 @@ struct AttendCore {
     for (int a = 0; a < MH; ++a) __builtin_memcpy(s + a * kChunkMax + j, r + a * MK, MK * sizeof(T));
   }
 
+  // s[a][0 .. kChunkMax) = q_a . k_j for the keys of one chunk read from its transposed copy kt
+  // (head_dim rows of kChunkMax keys, TransposedKeys): the keys lie along the lanes, so a tile is
+  // MH heads x KB key vectors of accumulators, each d one load per key vector and one broadcast
+  // per head, and the scores come out as whole vectors with no horizontal sums. Every score is
+  // one chain of FMAs over d in order, whatever the tile: a head's scores do not depend on the
+  // heads beside it. Lanes past the chunk's keys hold scores of the zero padding.
+  template <int MH>
+  KOKKOS_FORCEINLINE_FUNCTION void score_kt(const T* const* qh, const T* kt, T* s) const {
+    constexpr int NK = kChunkMax / L;  // key vectors of a chunk
+    constexpr int KB = kt_key_vectors(MH, NK);
+    const int D = head_dim;
+    for (int kb = 0; kb < NK; kb += KB) {
+      V acc[MH][KB];
+      for (int a = 0; a < MH; ++a)
+        for (int u = 0; u < KB; ++u) acc[a][u] = V{};
+      const T* kd = kt + kb * L;
+      for (int d = 0; d < D; ++d, kd += kChunkMax) {
+        V kv[KB];
+        for (int u = 0; u < KB; ++u) kv[u] = load<V>(kd + u * L);
+        for (int a = 0; a < MH; ++a) {
+          const T qa = qh[a][d];
+          for (int u = 0; u < KB; ++u) acc[a][u] += qa * kv[u];
+        }
+      }
+      for (int a = 0; a < MH; ++a)
+        for (int u = 0; u < KB; ++u) store<V>(s + a * kChunkMax + (kb + u) * L, acc[a][u]);
+    }
+  }
+  // Key vectors per score_kt tile: half the vector registers as accumulators, a power of two that
+  // divides the chunk's nk vectors.
+  static constexpr int kt_key_vectors(int mh, int nk) {
+    int kb = 1;
+    while (kb * 2 <= nk && kb * 2 * mh <= kVectorRegs / 2) kb *= 2;
+    return kb;
+  }
+
   template <int MH, int NV>
   KOKKOS_FORCEINLINE_FUNCTION void value_tile(T* const* oh, int d, const ChunkRows<K>& k, int nb, const T* p,
                                               const T* corr, bool first) const {
@@ -231,7 +276,10 @@ struct AttendCore {
       for (int v = 0; v < NV; ++v) acc[a][v] = first ? V{} : corr[a] * load<V>(oh[a] + d + v * L);
     auto key = [&](const K* kj, int j) RELAYOUT_INLINE_LAMBDA {
       V kv[NV];
-      for (int v = 0; v < NV; ++v) kv[v] = load_key<V>(kj + v * L);
+      for (int v = 0; v < NV; ++v) {
+        kv[v] = load_key<V>(kj + v * L);
+        if constexpr (MH > 1) in_register(kv[v]);  // one load per vector, not one per head
+      }
       for (int a = 0; a < MH; ++a) {
         const T pa = p[a * kChunkMax + j];
         for (int v = 0; v < NV; ++v) acc[a][v] += pa * kv[v];
@@ -249,7 +297,7 @@ struct AttendCore {
   template <int MH>
   KOKKOS_FORCEINLINE_FUNCTION void chunk_step(const T* q, T* o, int h0, const ChunkRows<K>& k, int nb, bool first,
                                               T* m, T* l, T* s, const ChunkRows<K>* pf, int pf_rows,
-                                              bool scored = false) const {
+                                              bool scored = false, const T* kt = nullptr) const {
     const int D = head_dim;
     const T* qh[MH];
     T* oh[MH];
@@ -274,6 +322,10 @@ struct AttendCore {
     constexpr int NV = !wide || HB == 1 ? (HB == 1 ? 12 : (HB == 2 ? 6 : (HB == 3 ? 4 : 3)))
                                         : (16 / HB > 8 ? 8 : 16 / HB);
     int j = scored ? nb : 0;  // scored: the caller wrote the scores (attend_lone)
+    if (kt && !scored) {
+      score_kt<MH>(qh, kt, s);
+      j = nb;
+    }
     // (A group of one head in a several-head row goes through the tiles too, so its scores are
     // summed in the same order as in any other group.)
     for (; j + MK <= nb; j += MK) score_tile<MH, MK>(qh, k, s, j, pf, pf_rows);
@@ -336,23 +388,23 @@ struct AttendCore {
   // One chunk for head group g (heads g*kHeadGroup ..), its m, l and scores in the scratch.
   // Group 0 prefetches the next chunk (pf, pf_rows), unless it is a lone head (see chunk_step).
   KOKKOS_FORCEINLINE_FUNCTION void step(int g, const T* q, T* o, const ChunkRows<K>& k, int nb, bool first,
-                                        T* scratch, const ChunkRows<K>* pf, int pf_rows) const {
+                                        T* scratch, const ChunkRows<K>* pf, int pf_rows, const T* kt) const {
     T* m = scratch + g * group_scratch;
     T* l = m + kHeadGroup;
     T* s = l + kHeadGroup;
     const int h0 = g * kHeadGroup;
     step_heads<kHeadGroup>(heads - h0 < kHeadGroup ? heads - h0 : kHeadGroup, q, o, h0, k, nb, first, m, l, s,
-                           g == 0 ? pf : nullptr, pf_rows);
+                           g == 0 ? pf : nullptr, pf_rows, kt);
   }
 
   // chunk_step for the n <= MH heads of a group (the last group may hold fewer).
   template <int MH>
   KOKKOS_FORCEINLINE_FUNCTION void step_heads(int n, const T* q, T* o, int h0, const ChunkRows<K>& k, int nb,
                                               bool first, T* m, T* l, T* s, const ChunkRows<K>* pf,
-                                              int pf_rows) const {
+                                              int pf_rows, const T* kt) const {
     if constexpr (MH > 1)
-      if (n < MH) return step_heads<MH - 1>(n, q, o, h0, k, nb, first, m, l, s, pf, pf_rows);
-    chunk_step<MH>(q, o, h0, k, nb, first, m, l, s, pf, pf_rows);
+      if (n < MH) return step_heads<MH - 1>(n, q, o, h0, k, nb, first, m, l, s, pf, pf_rows, kt);
+    chunk_step<MH>(q, o, h0, k, nb, first, m, l, s, pf, pf_rows, false, kt);
   }
 
   // Team scratch per group: m, l (kHeadGroup each) and the scores (kHeadGroup x kChunkMax); a
@@ -411,8 +463,13 @@ struct AttendCore {
     for (std::int64_t p = begin; p < end;) {
       const int next_nb = p + nb < end ? rows_from(p + nb, next) : 0;
       const bool first = p == begin;
+      // A chunk of kChunkMax keys from a multiple of kChunkMax: its transposed copy, if the keys
+      // have one (the chunks of a window that starts elsewhere go through the row tiles).
+      const T* kt = nullptr;
+      if constexpr (std::is_same_v<K, T>)
+        if (chunk == kChunkMax && p % kChunkMax == 0) kt = keys.transposed(b, p);
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, groups), [&](const int g) {
-        step(g, q, out, cur, nb, first, scratch.data(), next_nb > 0 ? &next : nullptr, next_nb);
+        step(g, q, out, cur, nb, first, scratch.data(), next_nb > 0 ? &next : nullptr, next_nb, kt);
       });
       p += nb;
       cur = next;

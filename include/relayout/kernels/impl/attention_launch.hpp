@@ -29,6 +29,65 @@ struct RowAt {
   KOKKOS_INLINE_FUNCTION std::int64_t operator()(std::int64_t i) const { return p(i); }
 };
 
+// The keys of a prefill again, transposed by chunks for the score pass (AttendCore::score_kt):
+// request b's keys p .. p + kChunkMax (p a multiple of kChunkMax) as head_dim rows of kChunkMax
+// values, zero past the request's end, chunk base(b) + p / kChunkMax. Built only where the core
+// computes in vectors and a query row has several heads: one pass over the keys, after which every
+// chunk's scores for a group of heads are whole vectors with no horizontal sums (the row tiles
+// sum each MH x MK block of products with one transpose, about as many instructions again as
+// their FMAs at head_dim 64).
+template <class ExecSpace, class KV, class Cu>
+struct TransposedKeys {
+  using T = typename KV::non_const_value_type;
+  using Mem = typename ExecSpace::memory_space;
+  Kokkos::View<T*, Mem> kt;
+  Kokkos::View<std::int64_t*, Mem> base;
+  int head_dim = 0;
+
+  static bool wanted(int heads) { return lanes_v<ExecSpace, T> > 1 && heads > 1; }
+
+  TransposedKeys(const ExecSpace& exec, const KV& kv, const Cu& cu, int head_dim_, int heads) : head_dim(head_dim_) {
+    if (!wanted(heads) || kv.extent(0) == 0) return;
+    const auto ch = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cu);
+    const std::int64_t n_req = std::int64_t(ch.extent(0)) - 1;
+    base = Kokkos::View<std::int64_t*, Mem>(Kokkos::view_alloc(exec, "relayout::attention_kt_base",
+                                                               Kokkos::WithoutInitializing), n_req);
+    auto bh = Kokkos::create_mirror_view(base);
+    std::int64_t chunks = 0;
+    for (std::int64_t b = 0; b < n_req; ++b) {
+      bh(b) = chunks;
+      chunks += (ch(b + 1) - ch(b) + kChunkMax - 1) / kChunkMax;
+    }
+    Kokkos::deep_copy(exec, base, bh);
+    kt = Kokkos::View<T*, Mem>(Kokkos::view_alloc(exec, "relayout::attention_kt"),
+                               chunks * std::int64_t(head_dim) * kChunkMax);
+    const auto out = kt;
+    const auto bs = base;
+    const int D = head_dim;
+    const int n = int(n_req);
+    Kokkos::parallel_for(
+        "relayout::kernels::attention_transpose_keys", Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(kv.extent(0))),
+        KOKKOS_LAMBDA(const std::int64_t i) {
+          int lo = 0, hi = n;  // the request b with cu[b] <= i < cu[b+1]
+          while (hi - lo > 1) {
+            const int mid = (lo + hi) / 2;
+            if (cu(mid) <= i) lo = mid; else hi = mid;
+          }
+          const std::int64_t p = i - cu(lo);
+          T* dst = out.data() + (bs(lo) + p / kChunkMax) * std::int64_t(D) * kChunkMax + p % kChunkMax;
+          for (int d = 0; d < D; ++d) dst[std::int64_t(d) * kChunkMax] = kv(i, d);
+        });
+  }
+
+  // Points the keys at the transposed copy (none: left without one).
+  void attach(ContiguousKeys<KV, Cu>& keys) const {
+    if (kt.extent(0) == 0) return;
+    keys.kt = kt.data();
+    keys.kt_base = base.data();
+    keys.kt_dim = head_dim;
+  }
+};
+
 template <class ExecSpace, class Q, class KV, class O, class Cu, class Pos = SameRow>
 struct PrefillFunctor {
   using T = typename O::non_const_value_type;
