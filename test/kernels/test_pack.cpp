@@ -11,9 +11,10 @@ namespace {
 using namespace kt;
 namespace ri = relayout::kernels::impl;
 
+// Vectors up to the width this build computes in (wider ones would pass in memory, another ABI).
 template <class T, int R, int L>
 void check_transpose() {
-  if constexpr (L > 1) {
+  if constexpr (L > 1 && L * int(sizeof(T)) <= ri::kHostVectorBytes) {
     using V = typename ri::Vec<T, L>::type;
     V v[R];
     for (int i = 0; i < R; ++i)
