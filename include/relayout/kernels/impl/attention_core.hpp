@@ -250,7 +250,10 @@ struct AttendCore {
       const T* kd = kt + kb * L;
       for (int d = 0; d < D; ++d, kd += kChunkMax) {
         V kv[KB];
-        for (int u = 0; u < KB; ++u) kv[u] = load<V>(kd + u * L);
+        for (int u = 0; u < KB; ++u) {
+          kv[u] = load<V>(kd + u * L);
+          in_register(kv[u]);  // one load per key vector, not one per head
+        }
         for (int a = 0; a < MH; ++a) {
           const T qa = qh[a][d];
           for (int u = 0; u < KB; ++u) acc[a][u] += qa * kv[u];
