@@ -563,9 +563,13 @@ class MoeBridge {
 
     // Rows [mine) of x through route + this rank's experts (+ its shared share): Partial<tp> rows.
     view_type moe_partial(const view_type& x, Range mine) {
-      auto partial = impl::alloc_rows<T, Space>("relayout::moe_partial", static_cast<std::int64_t>(x.extent(0)),
-                                                impl::hidden_of(x.extent(1)));
-      Kokkos::deep_copy(exec, partial, T(0));
+      const std::int64_t n = static_cast<std::int64_t>(x.extent(0));
+      auto partial = impl::alloc_rows<T, Space>("relayout::moe_partial", n, impl::hidden_of(x.extent(1)));
+      // Rows [mine) are written by local_experts (zero where none of this rank's experts took a
+      // row); only the rows of the other moe_dp slices are zero-filled here.
+      if (mine.begin > 0) Kokkos::deep_copy(exec, impl::row_slice(partial, 0, mine.begin), T(0));
+      if (mine.begin + mine.count < n)
+        Kokkos::deep_copy(exec, impl::row_slice(partial, mine.begin + mine.count, n - mine.begin - mine.count), T(0));
       const view_type xs = impl::row_slice(x, mine.begin, mine.count);
       const view_type ps = impl::row_slice(partial, mine.begin, mine.count);
       const TopK<T, Space> r = route(xs);
