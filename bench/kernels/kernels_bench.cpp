@@ -122,6 +122,10 @@ void gemm_dispatch_shapes(benchmark::internal::Benchmark* b) {
   const int shapes[][2] = {{512, 512}, {1024, 2048}, {2048, 512}};  // out x in
   for (const auto& s : shapes)
     for (const int rows : {1, 8, 64, 256, 1024}) b->Args({rows, s[0], s[1]});
+  // One expert's GEMMs in the demo layer (hidden 512, intermediate 256, ~256 rows an expert):
+  // gate/up fused and down at moe_tp 1, and each rank's halves at moe_tp 2.
+  const int experts[][2] = {{512, 256}, {256, 512}, {512, 128}};
+  for (const auto& s : experts) b->Args({256, s[0], s[1]});
 }
 BENCHMARK(BM_GemmDispatch)
     ->ArgNames({"rows", "out", "in"})
