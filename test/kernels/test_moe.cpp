@@ -136,6 +136,25 @@ void run_moe_case(int tokens, int n_experts, int first_expert, int pool, int top
       for (int c = 0; c < hidden; ++c) copied = copied && bx(p, c) == x.matrix(want_b.slot_token[std::size_t(p)], c);
     CHECK(copied);
   }
+  {
+    // The same grouping by index: the reference's slot order, each batch row the index of its
+    // token's row, no rows of its own.
+    relayout::EpWorkspace<T, typename C::exec> wsi;
+    const auto gi = relayout::group_by_expert(exec, x.view, route, first_expert, n_experts, wsi, true);
+    CHECK(gi.batch.offsets == groups.batch.offsets);
+    CHECK(gi.batch.x.extent(0) == 0);
+    CHECK(int(gi.batch.x.extent(1)) == hidden);
+    if (tokens > 0) {
+      CHECK(gi.batch.indexed);
+      CHECK(gi.batch.source == x.view.data());
+      CHECK(gi.batch.source_ld == std::int64_t(x.view.stride(0)));
+      auto index = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gi.batch.index);
+      std::vector<int> got(std::size_t(gi.batch.rows()));
+      for (std::size_t p = 0; p < got.size(); ++p) got[p] = index(p);
+      CHECK(got == std::vector<int>(want_b.slot_token.begin(), want_b.slot_token.begin() + std::ptrdiff_t(got.size())));
+      CHECK_THROWS_WITH_AS(gi.batch.rows_of(0), doctest::Contains("an indexed batch holds no rows"), relayout::LayoutError);
+    }
+  }
 
   const rr::Matrix want = rr::moe(x.matrix, ids, weights.matrix, ex.w1, ex.w3, ex.w2, first_expert);
   const rr::Matrix scale = abs_moe(x.matrix, ids, weights.matrix, ex, first_expert);
@@ -172,6 +191,28 @@ void run_moe_case(int tokens, int n_experts, int first_expert, int pool, int top
   relayout::local_experts(exec, x.view, route, first_expert, n_experts, std::max(pool, first_expert + n_experts), swiglu,
                           local, ws, /*check_route=*/forced_ids == nullptr);  // forced ids hold -1
   check_close(rr::to_matrix(local), want, [&](int i, int j) { return f * scale(i, j) + 1e-300; }, "local_experts");
+
+  // SwigluExperts reads an indexed batch (the rows packed through the index); the same experts
+  // behind a wrapper that does not say so get the rows copied. Bitwise the same: the GEMM packs
+  // the same values either way.
+  struct Copied {
+    rk::SwigluExperts<T, typename C::exec> e;
+    void operator()(const typename C::exec& ex, const relayout::ExpertBatch<T, typename C::exec>& b,
+                    const relayout::RowsView<T, Mem>& out) const {
+      CHECK(!b.indexed);
+      e(ex, b, out);
+    }
+  };
+  static_assert(relayout::ReadsIndexedRows<rk::SwigluExperts<T, typename C::exec>> &&
+                !relayout::ReadsIndexedRows<Copied>);
+  Copied copied_experts{swiglu};
+  auto copied = relayout::RowsView<T, Mem>("copied", tokens, hidden);
+  relayout::local_experts(exec, x.view, route, first_expert, n_experts, std::max(pool, first_expert + n_experts),
+                          copied_experts, copied, ws, forced_ids == nullptr);
+  const rr::Matrix a = rr::to_matrix(local), b = rr::to_matrix(copied);
+  int diffs = 0;
+  for (std::size_t i = 0; i < a.data.size(); ++i) diffs += a.data[i] != b.data[i];
+  CHECK(diffs == 0);
 }
 
 TEST_CASE_TEMPLATE_DEFINE("routed experts match the token-by-token reference", C, moe_sweep) {

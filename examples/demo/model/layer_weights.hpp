@@ -60,6 +60,7 @@ struct LayerExperts {
   kernels::SwigluExperts<float, ExecSpace, float> f32;
   kernels::SwigluExperts<float, ExecSpace, relayout::bf16> b16;
   bool bf16 = false;
+  static constexpr bool reads_indexed_rows = true;  // both read an indexed batch
 
   void operator()(const ExecSpace& exec, const ExpertBatch<float, ExecSpace>& batch,
                   const RowsView<float, ExecSpace>& y) const {

@@ -104,16 +104,17 @@ struct SwiGluRows {
   }
 };
 
-// One SwiGLU pass over m contiguous rows of x, written to y rows (gu, h: T scratch; a_pack:
-// gemm_workspace_size<ExecSpace, T, W>).
+// One SwiGLU pass over m rows of x (row i at x + i * ldx, or at x + rows[i] * ldx when rows is
+// not null: the gate/up GEMM packs them through the index), written to y rows (gu, h: T scratch;
+// a_pack: gemm_workspace_size<ExecSpace, T, W>).
 template <class ExecSpace, class T, class W>
-void swiglu_rows(const ExecSpace& exec, const T* x, std::int64_t ldx, int m,
+void swiglu_rows(const ExecSpace& exec, const T* x, std::int64_t ldx, const int* rows, int m,
                  const ExpertWeights<W, ExecSpace>& w, int e, T* y, std::int64_t ldy, bool accumulate,
                  T* gu, T* h, T* a_pack) {
   if (m == 0) return;
   const int I = w.intermediate();
-  gemm_dispatch(exec, x, ldx, static_cast<const int*>(nullptr), m, w.w13, e, gu, std::int64_t(2) * I,
-                static_cast<const T*>(nullptr), false, a_pack);
+  gemm_dispatch(exec, x, ldx, rows, m, w.w13, e, gu, std::int64_t(2) * I, static_cast<const T*>(nullptr), false,
+                a_pack);
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
     Kokkos::parallel_for("relayout::kernels::swiglu", Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(m)),
                          SwiGluRows<ExecSpace, T>{gu, h, I});
@@ -156,13 +157,14 @@ void swiglu_ffn(const ExecSpace& exec, const X& x, const ExpertWeights<W, ExecSp
   const int m = int(x.extent(0));
   if (m == 0) return;
   impl::FfnWorkspace<ExecSpace, T, W> ws(m, w.hidden(), w.intermediate());
-  impl::swiglu_rows(exec, x.data(), std::int64_t(x.stride(0)), m, w, 0,
+  impl::swiglu_rows(exec, x.data(), std::int64_t(x.stride(0)), static_cast<const int*>(nullptr), m, w, 0,
                     y.data(), std::int64_t(y.stride(0)), accumulate, ws.gu.data(), ws.h.data(),
                     ws.a_pack.data());
 }
 
 // SwiGLU experts on rows already grouped by local expert (an ExpertBatch from group_by_expert,
-// ep_dispatch or the bridge): y(i) = FFN_e(x(i)) for the rows of group e, unweighted.
+// ep_dispatch or the bridge): y(i) = FFN_e(x(i)) for the rows of group e, unweighted. An indexed
+// batch is read through its index (the gate/up GEMM packs the rows from where they are).
 template <class ExecSpace, class T, class W, MutableRowMatrixView Y>
 void expert_ffn(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch, const ExpertWeights<W, ExecSpace>& w,
                 const Y& y) {
@@ -180,9 +182,19 @@ void expert_ffn(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch, c
   for (int e = 0; e < batch.experts(); ++e) max_rows = batch.count(e) > max_rows ? batch.count(e) : max_rows;
   if (max_rows == 0) return;
   impl::FfnWorkspace<ExecSpace, T, W> ws(max_rows, w.hidden(), w.intermediate());
-  const std::int64_t ldx = std::int64_t(batch.x.stride(0)), ldy = std::int64_t(y.stride(0));
+  const std::int64_t ldy = std::int64_t(y.stride(0));
+  if (batch.indexed) {
+    require(batch.source != nullptr && std::int64_t(batch.index.extent(0)) >= batch.rows(), "expert_ffn", "batch",
+            "an indexed batch needs its source rows and one index per batch row");
+    for (int e = 0; e < batch.experts(); ++e)
+      impl::swiglu_rows(exec, batch.source, batch.source_ld, batch.index.data() + batch.offset(e), int(batch.count(e)),
+                        w, e, y.data() + batch.offset(e) * ldy, ldy, false, ws.gu.data(), ws.h.data(),
+                        ws.a_pack.data());
+    return;
+  }
+  const std::int64_t ldx = std::int64_t(batch.x.stride(0));
   for (int e = 0; e < batch.experts(); ++e)
-    impl::swiglu_rows(exec, batch.x.data() + batch.offset(e) * ldx, ldx,
+    impl::swiglu_rows(exec, batch.x.data() + batch.offset(e) * ldx, ldx, static_cast<const int*>(nullptr),
                       int(batch.count(e)), w, e, y.data() + batch.offset(e) * ldy, ldy, false, ws.gu.data(),
                       ws.h.data(), ws.a_pack.data());
 }
@@ -196,6 +208,7 @@ struct SwigluExperts {
                 "relayout::kernels::SwigluExperts: the weights' scalar must be T, or bf16 for float rows");
   ExpertWeights<W, ExecSpace> routed;
   ExpertWeights<W, ExecSpace> shared_experts;
+  static constexpr bool reads_indexed_rows = true;  // expert_ffn reads an indexed batch
 
   void operator()(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch,
                   const relayout::RowsView<T, ExecSpace>& y) const {

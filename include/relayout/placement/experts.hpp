@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -42,21 +43,39 @@ struct TopK {
 // first_expert + e) gets rows [offset(e), offset(e) + count(e)) of x. A row routed to two local
 // experts appears in both groups. The outputs the engine writes are unweighted: relayout applies
 // the router weights and sums per row.
+//
+// An indexed batch (indexed true; only handed to experts that declare reads_indexed_rows, below)
+// leaves the rows where they were: batch row i is row index(i) of `source`, rows source_ld scalars
+// apart, and x has no rows (0 x hidden: its columns still say the width). This is how a fused MoE
+// kernel reads its tokens (a GEMM that packs its A rows through an index): no copy of each row
+// once per expert that takes it.
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
 struct ExpertBatch {
   RowsView<T, Space> x;
   std::vector<std::int64_t> offsets;  // on the host, experts() + 1 entries
   int first_expert = 0;
+  bool indexed = false;
+  const T* source = nullptr;
+  std::int64_t source_ld = 0;
+  Kokkos::View<const int*, typename Space::memory_space> index{};  // rows() entries when indexed
 
   int experts() const { return static_cast<int>(offsets.size()) - 1; }
   std::int64_t rows() const { return offsets.empty() ? 0 : offsets.back(); }
   std::int64_t offset(int e) const { return offsets[static_cast<std::size_t>(e)]; }
   std::int64_t count(int e) const { return offset(e + 1) - offset(e); }
-  // The rows of local expert e (a view, no copy).
+  // The rows of local expert e (a view, no copy); an indexed batch has none of its own.
   RowsView<T, Space> rows_of(int e) const {
+    if (indexed)
+      throw LayoutError("batch", "ExpertBatch::rows_of: an indexed batch holds no rows; local expert " +
+                                     std::to_string(e) + "'s are rows index(offset(e) ..) of source");
     return Kokkos::subview(x, Kokkos::make_pair(offset(e), offset(e) + count(e)), Kokkos::ALL);
   }
 };
+
+// Experts that read an indexed ExpertBatch say so with `static constexpr bool reads_indexed_rows =
+// true;`; local_experts and the bridge then group their rows by index instead of copying them.
+template <class E>
+concept ReadsIndexedRows = requires { requires std::remove_cvref_t<E>::reads_indexed_rows; };
 
 // The engine's experts: y(i, :) = expert (first_expert + e)(x(i, :)) for every row i of group e,
 // the whole expert's output or this rank's moe_tp share of it (its partials are then summed by the
@@ -94,7 +113,7 @@ struct EpBuffers {
   Kokkos::View<std::int64_t*, Mem> starts;
   typename Kokkos::View<std::int64_t*, Mem>::HostMirror host_starts;
   Index2 send_pos, slot_of;
-  Words send, recv, ll_send, ll_recv, ll_heads;
+  Words send, recv, ll_send, ll_recv, ll_heads, batch_index;
   RowsView<T, Space> batch, outputs, reduced, back, combined;
   std::int64_t allocations = 0;
 
@@ -230,11 +249,14 @@ std::string route_problem(const Space& exec, const TopK<T, Space>& route, std::i
 // here), row(i, f) its values. Returns the batch (rows gathered, in ws) and fills slot_of(i, k),
 // the batch row of (i, k), -1 where unrouted. Stable: within a group, rows keep their order. The
 // counting sort is one sequential pass over the (row, k) items (items + experts work): a scan per
-// expert costs items x experts (at 256 experts, 8192 rows top-8: 70 ms against 1.1 ms).
+// expert costs items x experts (at 256 experts, 8192 rows top-8: 70 ms against 1.1 ms). With a
+// `source` (row i of the rows at source + i * source_ld) the batch is indexed: each batch row gets
+// the index of its row instead of a copy of it.
 template <class T, class Space, class Row, class Lid>
 ExpertBatch<T, Space> group_by_expert(const Space& exec, EpBuffers<T, Space>& ws, std::int64_t n, int K,
                                       std::int64_t H, const Row& row, const Lid& lid, int experts, int first_expert,
-                                      typename EpBuffers<T, Space>::Index2& slot_of) {
+                                      typename EpBuffers<T, Space>::Index2& slot_of, const T* source = nullptr,
+                                      std::int64_t source_ld = 0) {
   slot_of = ws.rows(ws.slot_of, "relayout::slot_of", n, K);
   ws.bucket_starts(experts);
   const auto so = slot_of;
@@ -260,6 +282,21 @@ ExpertBatch<T, Space> group_by_expert(const Space& exec, EpBuffers<T, Space>& ws
   ExpertBatch<T, Space> b;
   b.first_expert = first_expert;
   b.offsets.assign(ws.host_starts.data(), ws.host_starts.data() + experts + 1);
+  if (source) {
+    b.indexed = true;
+    b.source = source;
+    b.source_ld = source_ld;
+    b.x = ws.rows(ws.batch, "relayout::expert_rows", 0, H);
+    const auto index = ws.flat(ws.batch_index, "relayout::expert_row_index", b.rows());
+    b.index = index;
+    Kokkos::parallel_for(
+        "relayout::group_by_expert.index", Kokkos::RangePolicy<Space>(exec, 0, n * K),
+        KOKKOS_LAMBDA(const std::int64_t s) {
+          const std::int64_t at = so(s / K, static_cast<int>(s % K));
+          if (at >= 0) index(at) = static_cast<std::int32_t>(s / K);
+        });
+    return b;
+  }
   b.x = ws.rows(ws.batch, "relayout::expert_rows", b.rows(), H);
   const auto bx = b.x;
   Kokkos::parallel_for(
@@ -305,10 +342,11 @@ struct ExpertGroups {
 
 // The rows of x that route sends to experts [first_expert, first_expert + local), grouped by
 // expert (ids of other experts, or -1, are skipped). The one grouping of the house: local_experts,
-// ep_dispatch's expert side and the bridge all group with it. No communication.
+// ep_dispatch's expert side and the bridge all group with it. No communication. by_index: an
+// indexed batch over x's rows (x must then stay alive and unchanged while the batch is used).
 template <class T, class Space, class X>
 ExpertGroups<T, Space> group_by_expert(const Space& exec, const X& x, const TopK<T, Space>& route, int first_expert,
-                                       int local, EpWorkspace<T, Space>& ws) {
+                                       int local, EpWorkspace<T, Space>& ws, bool by_index = false) {
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), H = static_cast<std::int64_t>(x.extent(1));
   if (local < 1 || first_expert < 0)
     throw LayoutError("local", "group_by_expert: needs local >= 1 experts from first_expert >= 0; got local = " +
@@ -322,7 +360,7 @@ ExpertGroups<T, Space> group_by_expert(const Space& exec, const X& x, const TopK
   g.batch = impl::group_by_expert<T>(
       exec, ws.buffers(), n, K, H, KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t f) { return x(i, f); },
       KOKKOS_LAMBDA(const std::int64_t i, const int k) { return ids(i, k) - first_expert; }, local, first_expert,
-      g.slot_of);
+      g.slot_of, by_index && n > 0 ? x.data() : static_cast<const T*>(nullptr), static_cast<std::int64_t>(x.stride(0)));
   return g;
 }
 
@@ -363,7 +401,7 @@ void local_experts(const Space& exec, const X& x, const TopK<T, Space>& route, i
   impl::require_experts(experts_total, 1, "local_experts");
   if (const std::string problem = impl::route_problem(exec, route, n, experts_total, check_route); !problem.empty())
     throw LayoutError("route", "local_experts: " + problem);
-  const ExpertGroups<T, Space> g = group_by_expert(exec, x, route, first_expert, local, ws);
+  const ExpertGroups<T, Space> g = group_by_expert(exec, x, route, first_expert, local, ws, ReadsIndexedRows<E>);
   const auto y = ws.expert_outputs(g.batch.rows(), H);
   experts(exec, g.batch, y);
   combine_experts(exec, g, route, y, out);
