@@ -142,6 +142,78 @@ TEST_CASE("ep_dispatch/ep_combine: each row once per destination rank, complete 
   }
 }
 
+// Expert e: y = (e + 1) x, reading an indexed batch (the rows where they arrived, through the index).
+struct ScaleIndexedExperts {
+  static constexpr bool reads_indexed_rows = true;
+  void operator()(const Space& exec, const ExpertBatch<double, Space>& b, const RowsView<double, Space>& y) const {
+    REQUIRE(b.indexed);
+    auto ih = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b.index);
+    auto yh = Kokkos::create_mirror_view(y);
+    for (int e = 0; e < b.experts(); ++e)
+      for (std::int64_t r = b.offset(e); r < b.offset(e) + b.count(e); ++r)
+        for (int f = 0; f < kHidden; ++f) yh(r, f) = double(b.first_expert + e + 1) * b.source[ih(r) * b.source_ld + f];
+    Kokkos::deep_copy(exec, y, yh);
+    exec.fence();
+  }
+};
+
+TEST_CASE("ep_dispatch with indexed_batch: the experts read the received rows through an index, same result") {
+  const int np = world().size(), s = world().rank();
+  const ProcessGroups pg(direct_layout(np), world());
+  const Space exec;
+  for (int K : {1, 2, 4}) {
+    CAPTURE(K);
+    const std::int64_t m = 5 + 2 * s;
+    const Rows<double, RowShard<AttnTp>, DpLocal, Space> x(rows_of(s, m), m);
+    const TopK<double, Space> route = route_of(s, m, K);
+    EpWorkspace<double, Space> ws_copy, ws_index;
+    const Dispatched<double, Space> dc = ep_dispatch(exec, pg, x, route, kExperts, ws_copy);
+    const Dispatched<double, Space> di = ep_dispatch(exec, pg, x, route, kExperts, ws_index, EpOptions{.indexed_batch = true});
+    CHECK(!dc.batch.indexed);
+    CHECK(di.batch.indexed == (di.received > 0));
+    CHECK(di.batch.offsets == dc.batch.offsets);
+    CHECK(di.batch.x.extent(0) == 0);
+    if (di.batch.indexed) {
+      // Batch row r of the copy is the received row the index names.
+      auto xc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dc.batch.x);
+      auto ih = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), di.batch.index);
+      int wrong = 0;
+      for (std::int64_t r = 0; r < di.batch.rows(); ++r)
+        for (int f = 0; f < kHidden; ++f) wrong += xc(r, f) != di.batch.source[ih(r) * di.batch.source_ld + f];
+      CHECK(wrong == 0);
+    }
+    ScaleExperts copied_experts;
+    const ScaleIndexedExperts indexed_experts;
+    RowsView<double, Space> yc("yc", std::size_t(dc.batch.rows()), kHidden), yi("yi", std::size_t(di.batch.rows()), kHidden);
+    copied_experts(exec, dc.batch, yc);
+    if (di.batch.indexed) indexed_experts(exec, di.batch, yi);
+    else Kokkos::deep_copy(yi, yc);  // nothing received: both empty
+    auto oc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ep_combine(exec, pg, dc, yc).view());
+    auto oi = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ep_combine(exec, pg, di, yi).view());
+    int diffs = 0;
+    double err = 0;
+    for (std::int64_t i = 0; i < m; ++i)
+      for (int f = 0; f < kHidden; ++f) {
+        diffs += oc(i, f) != oi(i, f);
+        double want = 0;
+        for (int k = 0; k < K; ++k) want += weight_of(k) * double(expert_of(s, i, k, K) + 1) * value(s, i, f);
+        err = std::max(err, std::abs(oi(i, f) - want));
+      }
+    CHECK(diffs == 0);
+    CHECK(err < 1e-12);
+  }
+  // Rows travelling as another type (bf16) arrive converted: the batch is copied, whatever the option.
+  const std::int64_t m = 4;
+  const Rows<float, RowShard<AttnTp>, DpLocal, Space> xf(RowsView<float, Space>("xf", std::size_t(m), kHidden), m);
+  TopK<float, Space> rf(m, 1);
+  Kokkos::deep_copy(rf.ids, s * (kExperts / np));
+  Kokkos::deep_copy(rf.weights, 1.0f);
+  EpWorkspace<float, Space> wsf;
+  const Dispatched<float, Space> db = ep_dispatch<bf16>(exec, pg, xf, rf, kExperts, wsf, EpOptions{.indexed_batch = true});
+  CHECK(!db.batch.indexed);
+  CHECK(db.batch.x.extent(0) == std::size_t(db.batch.rows()));
+}
+
 TEST_CASE("ep_dispatch: top-4 moves at most twice the bytes of top-1 at ep 2 (once per destination rank)") {
   if (world().size() != 2) return;
   const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = 2, .dp = 2, .enable_dp_attention = true,

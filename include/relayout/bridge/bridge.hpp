@@ -706,7 +706,8 @@ class MoeBridge {
     void begin_dispatch(Micro& u, std::int64_t group_rows, std::int64_t full_rows, bool accumulate_load) {
       const TopK<T, Space> r = to_physical_ids(route_rows(u.x), group_rows, u.range.begin, accumulate_load);
       const Rows<T, RowShard<AttnTp>, DpLocal, Space> rows(u.x, full_rows);
-      u.pd.emplace(dispatch_start(rows, r, *u.ws, EpOptions{traffic, owners ? &u.owners : nullptr, b.opts_.check_route}));
+      u.pd.emplace(dispatch_start(rows, r, *u.ws,
+                                  EpOptions{traffic, owners ? &u.owners : nullptr, b.opts_.check_route, ReadsIndexedRows<E>}));
     }
     // Wait for the rows, run the experts on them; `other`: the micro-batch whose exchange is in
     // flight meanwhile (polled between expert chunks).
@@ -724,7 +725,15 @@ class MoeBridge {
         const int e0 = c * groups / n, e1 = (c + 1) * groups / n;
         const std::int64_t r0 = batch.offset(e0), r1 = batch.offset(e1);
         ExpertBatch<T, Space> part;
-        part.x = impl::row_slice(batch.x, r0, r1 - r0);
+        if (batch.indexed) {
+          part.x = batch.x;  // no rows; the index's slice says which
+          part.indexed = true;
+          part.source = batch.source;
+          part.source_ld = batch.source_ld;
+          part.index = Kokkos::subview(batch.index, Kokkos::make_pair(r0, r1));
+        } else {
+          part.x = impl::row_slice(batch.x, r0, r1 - r0);
+        }
         part.first_expert = batch.first_expert + e0;
         for (int e = e0; e <= e1; ++e) part.offsets.push_back(batch.offset(e) - r0);
         experts(exec, part, impl::row_slice(u.y, r0, r1 - r0));

@@ -41,6 +41,11 @@ struct EpOptions {
   // fence). Off: a bad id writes out of bounds and a NaN spreads into the rows, so only for a
   // router already validated.
   bool check_route = true;
+  // The experts' batch indexed into the received messages (ExpertBatch::indexed) instead of
+  // copied out of them, where the rows travel as T (no dispatch payload type): for experts that
+  // read an indexed batch (ReadsIndexedRows). The messages stay in the workspace until its next
+  // dispatch.
+  bool indexed_batch = false;
 };
 
 // What ep_dispatch returns: the batch for the experts and what ep_combine needs to send the
@@ -269,13 +274,21 @@ namespace impl {
 
 // The received messages grouped by local expert into the experts' batch, decoded from payload P.
 template <class P, class T, class Space>
-void group_received(const Space& exec, Dispatched<T, Space>& d) {
+void group_received(const Space& exec, Dispatched<T, Space>& d, bool indexed) {
   constexpr bool fp8 = is_fp8_payload_v<P>;
   auto& buf = d.workspace->buffers();
   const EpMessage msg = d.message;
   const std::int64_t W = msg.words(), H = d.hidden;
   const int per_rank = d.per_rank;
   const auto recv = d.received_messages;
+  // Indexed: the rows are read where they arrived, message i's row at source + i * ld.
+  const T* source = nullptr;
+  std::int64_t ld = 0;
+  if constexpr (!fp8 && std::is_same_v<P, T>)
+    if (indexed && d.received > 0 && msg.bytes % std::int64_t(sizeof(T)) == 0 && msg.row % std::int64_t(sizeof(T)) == 0) {
+      source = reinterpret_cast<const T*>(reinterpret_cast<const char*>(recv.data()) + msg.row);
+      ld = msg.bytes / std::int64_t(sizeof(T));
+    }
   d.batch = group_by_expert<T>(
       exec, buf, d.received, d.k, H,
       KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t f) {
@@ -290,7 +303,7 @@ void group_received(const Space& exec, Dispatched<T, Space>& d) {
       KOKKOS_LAMBDA(const std::int64_t i, const int k) {
         return reinterpret_cast<const std::int32_t*>(reinterpret_cast<const char*>(recv.data() + i * W) + msg.ids)[k];
       },
-      per_rank, d.first_expert, d.slot_of);
+      per_rank, d.first_expert, d.slot_of, source, ld);
 }
 
 }  // namespace impl
@@ -315,7 +328,8 @@ struct PendingDispatch {
   std::vector<std::int64_t> tags;
   bool has_tags = false;
   std::source_location site{};
-  void (*group)(const Space&, Dispatched<T, Space>&) = nullptr;
+  void (*group)(const Space&, Dispatched<T, Space>&, bool) = nullptr;
+  bool indexed_batch = false;
 };
 
 // Sends each of this rank's rows once to every moe_ep member that holds one of its top-k experts
@@ -378,6 +392,7 @@ PendingDispatch<T, Space> ep_dispatch_start(const Space& exec, const ProcessGrou
   using P = std::conditional_t<std::is_void_v<Payload>, T, Payload>;
   constexpr bool fp8 = impl::is_fp8_payload_v<P>;
   p.group = &impl::group_received<P, T, Space>;
+  p.indexed_batch = opts.indexed_batch;
   if constexpr (fp8) d.message = EpMessage::template of_fp8<T>(K, H);
   else d.message = EpMessage::template of<T, P>(K, H);
   const EpMessage msg = d.message;
@@ -475,7 +490,7 @@ Dispatched<T, Space> ep_dispatch_finish(const Space& exec, const ProcessGroupsOf
   // Low-latency mode sends its whole blocks, used or not.
   if (p.traffic && ep > 1) p.traffic->add(TrafficOp::dispatch, GroupKind::moe_ep, ll ? ep * B * 4 : d.sent * d.message.bytes);
   if (p.has_tags) impl::exchange_tags(exec, comm, d, p.tags, p.site);
-  p.group(exec, d);
+  p.group(exec, d, p.indexed_batch);
   p.group = nullptr;
   exec.fence();
   return d;
