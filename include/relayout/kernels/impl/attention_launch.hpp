@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "relayout/kernels/error.hpp"
 #include "relayout/kernels/impl/attention_core.hpp"
@@ -50,14 +51,19 @@ struct TransposedKeys {
     if (!wanted(heads) || kv.extent(0) == 0) return;
     const auto ch = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cu);
     const std::int64_t n_req = std::int64_t(ch.extent(0)) - 1;
+    std::vector<std::int64_t> first(static_cast<std::size_t>(n_req));
+    std::int64_t chunks = 0;
+    for (std::int64_t b = 0; b < n_req; ++b) {
+      first[static_cast<std::size_t>(b)] = chunks;
+      chunks += (ch(b + 1) - ch(b) + kChunkMax - 1) / kChunkMax;
+    }
+    // Many short requests would pad most chunks (a 1-key request takes a whole chunk), each scored
+    // by few query rows: no copy where it would take more than twice the keys' memory.
+    if (chunks * kChunkMax > 2 * std::int64_t(kv.extent(0))) return;
     base = Kokkos::View<std::int64_t*, Mem>(Kokkos::view_alloc(exec, "relayout::attention_kt_base",
                                                                Kokkos::WithoutInitializing), n_req);
     auto bh = Kokkos::create_mirror_view(base);
-    std::int64_t chunks = 0;
-    for (std::int64_t b = 0; b < n_req; ++b) {
-      bh(b) = chunks;
-      chunks += (ch(b + 1) - ch(b) + kChunkMax - 1) / kChunkMax;
-    }
+    for (std::int64_t b = 0; b < n_req; ++b) bh(b) = first[static_cast<std::size_t>(b)];
     Kokkos::deep_copy(exec, base, bh);
     kt = Kokkos::View<T*, Mem>(Kokkos::view_alloc(exec, "relayout::attention_kt"),
                                chunks * std::int64_t(head_dim) * kChunkMax);
