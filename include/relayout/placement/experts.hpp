@@ -356,11 +356,13 @@ ExpertGroups<T, Space> group_by_expert(const Space& exec, const X& x, const TopK
                                    " rows for " + std::to_string(n) + " rows of x");
   const int K = route.k();
   const auto ids = route.ids;
+  // The index holds int rows and reads each row as H contiguous scalars: other x get the copy.
+  const bool indexable = by_index && n > 0 && n <= std::int64_t(INT32_MAX) && (H <= 1 || x.stride(1) == 1);
   ExpertGroups<T, Space> g;
   g.batch = impl::group_by_expert<T>(
       exec, ws.buffers(), n, K, H, KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t f) { return x(i, f); },
       KOKKOS_LAMBDA(const std::int64_t i, const int k) { return ids(i, k) - first_expert; }, local, first_expert,
-      g.slot_of, by_index && n > 0 ? x.data() : static_cast<const T*>(nullptr), static_cast<std::int64_t>(x.stride(0)));
+      g.slot_of, indexable ? x.data() : static_cast<const T*>(nullptr), static_cast<std::int64_t>(x.stride(0)));
   return g;
 }
 
