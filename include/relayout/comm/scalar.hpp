@@ -96,6 +96,13 @@ static_assert(sizeof(bf16) == 2 && sizeof(fp16) == 2 && std::is_trivially_copyab
 template <class T>
 concept Half16 = std::same_as<T, bf16> || std::same_as<T, fp16>;
 
+// The scalar arithmetic on rows of T is done in: float for the 16-bit storage types (bf16 and
+// fp16 rows are widened as they are read and rounded once, to nearest even, when a result is
+// stored), T itself otherwise. Router weights, softmax statistics and accumulators of T rows are
+// compute_t<T>.
+template <class T>
+using compute_t = std::conditional_t<Half16<T>, float, T>;
+
 // The element types every backend can move and reduce.
 template <class T>
 concept CommScalar = std::same_as<T, float> || std::same_as<T, double> ||
