@@ -103,10 +103,11 @@ TEST_CASE("plan: a dispatched row is ep_dispatch's message") {
   // float: 2 weights and 2 ids (8 B each pair) and 64 values: 16 + 256 B.
   CHECK(p.message.bytes == 16 + 256);
   CHECK(p.message.bytes == EpMessage::of<float>(2, 64).bytes);
-  in.elem = 2;  // bf16 values: 2 x (2 + 4) + 128 = 140 B, padded to 4
+  in.elem = 2;  // bf16 values, fp32 router weights: 2 x (4 + 4) + 128 = 144 B
   CHECK(cli::plan_layer(RuntimeLayout({.tp = 2, .moe_a2a_backend = Backend::deepep}), in).message.bytes ==
-        EpMessage::of<bf16>(2, 64).bytes);
-  CHECK(EpMessage::of<bf16>(2, 64).bytes == 140);
+        EpMessage::of<float, bf16>(2, 64).bytes);
+  CHECK(EpMessage::of<float, bf16>(2, 64).bytes == 144);
+  CHECK(EpMessage::of<bf16>(2, 64).bytes == 140);  // 16-bit weights (what the planner no longer assumes)
   in.elem = 3;
   CHECK_THROWS_WITH_AS(cli::plan_layer(RuntimeLayout({.tp = 2}), in), doctest::Contains("--element-bytes must be 1, 2, 4 or 8"),
                        LayoutError);

@@ -233,11 +233,12 @@ inline void plan_routing(LayerPlan& p, const RuntimeLayout& layout, const PlanIn
   const double e = in.elem;
   // The payload is the value type (ep_dispatch<T, T>) unless the rows are dispatched as bf16
   // (ep_dispatch<T, bf16>) or fp8 (ep_dispatch<T, fp8_e4m3>: EpMessage::of_fp8); scalars are
-  // aligned to their size.
+  // aligned to their size. The router weights are compute_t<T>: fp32 for 16-bit (and 8-bit) values.
   const std::int64_t payload = rows_as == DispatchDtype::bf16 ? 2 : std::int64_t(e);
+  const std::int64_t weight = e < 4 ? 4 : std::int64_t(e);
   p.message = rows_as == DispatchDtype::fp8
-                  ? EpMessage::of_fp8(d.topk, d.hidden, std::int64_t(e), std::int64_t(e))
-                  : EpMessage::of(d.topk, d.hidden, std::int64_t(e), std::int64_t(e), payload, payload);
+                  ? EpMessage::of_fp8(d.topk, d.hidden, weight, weight)
+                  : EpMessage::of(d.topk, d.hidden, weight, weight, payload, payload);
   p.destinations_per_row = ep > 1 ? expected_destinations(d.experts, d.topk, ep) : 1.0;
   // --expert-load: the file's experts must be the layer's; each moe_ep rank's pairs (and the rows
   // it receives, at most every arriving row) scale by its load over the mean.

@@ -72,6 +72,13 @@ template <class T, class W>
 inline constexpr bool weights_fit_rows_v =
     std::is_same_v<T, W> || (std::is_same_v<W, relayout::bf16> && std::is_same_v<T, float>);
 
+// The scalar of the output rows of linear on rows of T with weights of W: T, or fp32 for bf16 rows
+// and bf16 weights (the fp32 sums unrounded: router logits, or an fp32 residual stream).
+template <class T, class W, class Y>
+inline constexpr bool output_fits_rows_v =
+    std::is_same_v<Y, T> ||
+    (std::is_same_v<T, relayout::bf16> && std::is_same_v<W, relayout::bf16> && std::is_same_v<Y, float>);
+
 namespace impl {
 
 // The dispatch rule, per execution space, scalar and weight shape (the row count is not known when
@@ -222,17 +229,19 @@ std::int64_t gemm_workspace_size(std::int64_t m, std::int64_t k) {
 // The one GEMM entry point of the kernels: C[m x n] (+)= rows of A . W_e^T (+ bias), n =
 // w.out_features, k = w.in_features, A rows read through `rows` when non-null. Runs the GEMM the
 // weights were packed for; workspace holds gemm_workspace_size<ExecSpace, T, W>(m, k) scalars.
-// A, C and bias are T; W is T, or bf16 for fp32 rows (weights_fit_rows_v).
-template <class ExecSpace, class T, class W>
+// A is T; W is T, or bf16 for fp32 rows (weights_fit_rows_v); C and bias are TC: T, or fp32 for
+// bf16 rows (output_fits_rows_v).
+template <class ExecSpace, class T, class W, class TC = T>
 void gemm_dispatch(const ExecSpace& exec, const T* a, std::int64_t lda, const int* rows, int m,
-                   const PackedWeights<W, ExecSpace>& w, int e, T* c, std::int64_t ldc, const T* bias,
+                   const PackedWeights<W, ExecSpace>& w, int e, TC* c, std::int64_t ldc, const TC* bias,
                    bool accumulate, T* workspace) {
   static_assert(weights_fit_rows_v<T, W>, "relayout::kernels: weights of this scalar do not multiply these rows");
+  static_assert(output_fits_rows_v<T, W, TC>, "relayout::kernels: these rows and weights do not give outputs of this scalar");
   const int k = w.in_features, n = w.out_features;
   if constexpr (std::is_same_v<W, relayout::bf16>) {  // fp32 accumulation, AVX512-BF16 where the CPU has it
     gemm_packed_bf16(exec, a, lda, rows, m, k, w.matrix(e), n, c, ldc, bias, accumulate, workspace,
                      bf16_kernel<ExecSpace>(), w.round_rows);
-  } else {
+  } else if constexpr (std::is_same_v<TC, T>) {
 #if defined(RELAYOUT_HAVE_KOKKOS_KERNELS)
     if constexpr (vendor_gemm_available_v<T>) {
       if (w.vendor()) return gemm_vendor(exec, a, lda, rows, m, k, w.matrix(e), n, c, ldc, bias, accumulate, workspace);
@@ -261,14 +270,17 @@ void check_linear(const X& x, const PackedWeights<T, ExecSpace>& w, const Y& y, 
 
 // y = x . W^T + bias (bias may be an empty view); accumulate: y += x . W^T + bias.
 // x: rows x in_features, y: rows x out_features, both LayoutRight. y must not alias x. x, y and bias
-// share one scalar T; the weights' W is T, or bf16 for fp32 x (weights_fit_rows_v).
+// share one scalar T; the weights' W is T, or bf16 for fp32 x (weights_fit_rows_v). bf16 x and
+// weights may write fp32 y and bias instead (output_fits_rows_v: the fp32 sums, unrounded).
 template <class ExecSpace, RowMatrixView X, MutableRowMatrixView Y, class W,
-          VectorView B = Kokkos::View<const scalar_of<X>*, typename ExecSpace::memory_space>>
+          VectorView B = Kokkos::View<const scalar_of<Y>*, typename ExecSpace::memory_space>>
 void linear(const ExecSpace& exec, const X& x, const PackedWeights<W, ExecSpace>& w, const Y& y,
             const B& bias = B(), bool accumulate = false) {
   using T = scalar_of<X>;
-  static_assert(std::is_same_v<scalar_of<Y>, T> && std::is_same_v<scalar_of<B>, T>,
-                "relayout::kernels::linear: x, y and bias must have the same scalar type");
+  using TC = scalar_of<Y>;
+  static_assert(output_fits_rows_v<T, W, TC> && std::is_same_v<scalar_of<B>, TC>,
+                "relayout::kernels::linear: x, y and bias must have the same scalar type (or, for bf16 x and "
+                "weights, fp32 y and bias)");
   static_assert(weights_fit_rows_v<T, W>,
                 "relayout::kernels::linear: the weights' scalar must be x's, or bf16 for float x");
   static_assert(accessible_from<ExecSpace, X> && accessible_from<ExecSpace, Y>,
@@ -280,13 +292,13 @@ void linear(const ExecSpace& exec, const X& x, const PackedWeights<W, ExecSpace>
       impl::gemm_workspace_size<ExecSpace, T, W>(m, w.in_features));
   impl::gemm_dispatch(exec, x.data(), std::int64_t(x.stride(0)), static_cast<const int*>(nullptr), m, w, 0,
                       y.data(), std::int64_t(y.stride(0)),
-                      bias.extent(0) ? bias.data() : static_cast<const T*>(nullptr),
+                      bias.extent(0) ? bias.data() : static_cast<const TC*>(nullptr),
                       accumulate, workspace.data());
 }
 
 // Convenience: packs W (out_features x in_features) for this call only. Prefer packing once.
 template <class ExecSpace, RowMatrixView X, MatrixView W, MutableRowMatrixView Y,
-          VectorView B = Kokkos::View<const scalar_of<X>*, typename ExecSpace::memory_space>>
+          VectorView B = Kokkos::View<const scalar_of<Y>*, typename ExecSpace::memory_space>>
 void linear(const ExecSpace& exec, const X& x, const W& w, const Y& y, const B& bias = B(),
             bool accumulate = false) {
   linear(exec, x, pack_weights(exec, w), y, bias, accumulate);

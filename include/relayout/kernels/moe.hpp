@@ -65,27 +65,31 @@ inline Range intermediate_shard(std::int64_t intermediate, int n, int r, std::in
 
 namespace impl {
 
-// h[i, c] = silu(gu[i, c]) * gu[i, I + c] for the rows of one expert.
+// h[i, c] = silu(gu[i, c]) * gu[i, I + c] for the rows of one expert, in compute_t<T> (bf16 and
+// fp16 rows widened as they are read, each h rounded once).
 template <class T>
 struct SwiGlu {
+  using C = compute_t<T>;
   const T* gu;
   T* h;
   int inter;
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t idx) const {
     const std::int64_t i = idx / inter;
     const int c = int(idx % inter);
-    const T g = gu[i * 2 * inter + c];
-    h[i * inter + c] = g / (T(1) + impl::exp(-g)) * gu[i * 2 * inter + inter + c];
+    const C g = C(gu[i * 2 * inter + c]);
+    h[i * inter + c] = T(g / (C(1) + impl::exp(-g)) * C(gu[i * 2 * inter + inter + c]));
   }
 };
 
 // ... a row per work item, in vectors of the execution space's lanes with a polynomial exp (vexp)
-// where the scalar is float or double on a host with SIMD: the scalar form calls libm's exp per
-// element, 8% of a 1024-token layer (SwiGLU 5.5%, expf 2.6%).
+// where compute_t<T> is float or double on a host with SIMD: the scalar form calls libm's exp per
+// element, 8% of a 1024-token layer (SwiGLU 5.5%, expf 2.6%). bf16 and fp16 rows pass through L
+// floats at a time (widened in, rounded out).
 template <class ExecSpace, class T>
 struct SwiGluRows {
-  static constexpr int L = lanes_v<ExecSpace, T>;
-  using V = typename Vec<T, L>::type;
+  using C = compute_t<T>;
+  static constexpr int L = lanes_v<ExecSpace, C>;
+  using V = typename Vec<C, L>::type;
   const T* gu;
   T* h;
   int inter;
@@ -96,11 +100,25 @@ struct SwiGluRows {
     int c = 0;
     if constexpr (L > 1) {
       for (; c + L <= inter; c += L) {
-        const V gv = load<V>(g + c);
-        store<V>(o + c, gv / (T(1) + vexp<L>(-gv)) * load<V>(u + c));
+        if constexpr (std::is_same_v<T, C>) {
+          const V gv = load<V>(g + c);
+          store<V>(o + c, gv / (C(1) + vexp<L>(-gv)) * load<V>(u + c));
+        } else {
+          C gw[L], uw[L], ow[L];
+          for (int l = 0; l < L; ++l) {
+            gw[l] = C(g[c + l]);
+            uw[l] = C(u[c + l]);
+          }
+          const V gv = load<V>(gw);
+          store<V>(ow, gv / (C(1) + vexp<L>(-gv)) * load<V>(uw));
+          for (int l = 0; l < L; ++l) o[c + l] = T(ow[l]);
+        }
       }
     }
-    for (; c < inter; ++c) o[c] = g[c] / (T(1) + impl::exp(-g[c])) * u[c];
+    for (; c < inter; ++c) {
+      const C gc = C(g[c]);
+      o[c] = T(gc / (C(1) + impl::exp(-gc)) * C(u[c]));
+    }
   }
 };
 
@@ -115,7 +133,7 @@ void swiglu_rows(const ExecSpace& exec, const T* x, std::int64_t ldx, const int*
   const int I = w.intermediate();
   gemm_dispatch(exec, x, ldx, rows, m, w.w13, e, gu, std::int64_t(2) * I, static_cast<const T*>(nullptr), false,
                 a_pack);
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+  if constexpr (std::is_same_v<compute_t<T>, float> || std::is_same_v<compute_t<T>, double>)
     Kokkos::parallel_for("relayout::kernels::swiglu", Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(m)),
                          SwiGluRows<ExecSpace, T>{gu, h, I});
   else
@@ -231,8 +249,9 @@ struct LinearTopkRouter {
   RouterConfig config;
 
   int top_k() const { return config.top_k; }
+  // bf16 rows: fp32 logits (the gate's fp32 sums, unrounded), as the TopK weights are fp32.
   void operator()(const ExecSpace& exec, const relayout::RowsView<T, ExecSpace>& x, TopK<T, ExecSpace>& out) const {
-    relayout::RowsView<T, ExecSpace> logits(
+    relayout::RowsView<compute_t<T>, ExecSpace> logits(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::router_logits")), x.extent(0),
         std::size_t(gate.out_features));
     linear(exec, x, gate, logits);

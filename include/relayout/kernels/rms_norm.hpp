@@ -4,7 +4,9 @@
 
 #include <Kokkos_Core.hpp>
 #include <string>
+#include <type_traits>
 
+#include "relayout/comm/scalar.hpp"
 #include "relayout/kernels/error.hpp"
 #include "relayout/kernels/impl/simd.hpp"
 #include "relayout/kernels/types.hpp"
@@ -18,36 +20,65 @@ KOKKOS_FORCEINLINE_FUNCTION T sum_squares(const T* x, int n) {
   return dot<lanes_v<ExecSpace, T>>(x, x, n);
 }
 
+// Rows of float or double: the arithmetic in T, the sum of squares in vectors.
+// Rows of bf16 or fp16 (compute_t<T> = float): each element widened as it is read, the arithmetic
+// in float, each stored value rounded once to nearest even.
 template <class ExecSpace, class X, class W, class Y>
 struct RmsNorm {
   using T = typename Y::non_const_value_type;
+  using C = compute_t<T>;
   X x;
   W weight;
   Y y;
-  T eps;
+  C eps;
   int n;
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t row) const {
-    const T* xr = &x(row, 0);
-    const T inv = T(1) / impl::sqrt(sum_squares<ExecSpace>(xr, n) / T(n) + eps);
-    for (int j = 0; j < n; ++j) y(row, j) = xr[j] * inv * weight(j);
+    const auto* xr = &x(row, 0);
+    if constexpr (std::is_same_v<C, T>) {
+      const T inv = T(1) / impl::sqrt(sum_squares<ExecSpace>(xr, n) / T(n) + eps);
+      for (int j = 0; j < n; ++j) y(row, j) = xr[j] * inv * T(weight(j));
+    } else {
+      C ss = 0;
+      for (int j = 0; j < n; ++j) ss += C(xr[j]) * C(xr[j]);
+      const C inv = C(1) / impl::sqrt(ss / C(n) + eps);
+      for (int j = 0; j < n; ++j) y(row, j) = T(C(xr[j]) * inv * C(weight(j)));
+    }
   }
 };
 
+// residual += x, then x = rms_norm(residual): for bf16 or fp16 rows the sum is rounded once into
+// the residual and the norm is that of the stored residual, so add_rms_norm is rms_norm of what
+// the residual holds afterwards.
 template <class ExecSpace, class X, class R, class W>
 struct AddRmsNorm {
   using T = typename X::non_const_value_type;
+  using C = compute_t<T>;
   X x;
   R residual;
   W weight;
-  T eps;
+  C eps;
   int n;
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t row) const {
     T* r = &residual(row, 0);
-    for (int j = 0; j < n; ++j) r[j] += x(row, j);
-    const T inv = T(1) / impl::sqrt(sum_squares<ExecSpace>(r, n) / T(n) + eps);
-    for (int j = 0; j < n; ++j) x(row, j) = r[j] * inv * weight(j);
+    if constexpr (std::is_same_v<C, T>) {
+      for (int j = 0; j < n; ++j) r[j] += x(row, j);
+      const T inv = T(1) / impl::sqrt(sum_squares<ExecSpace>(r, n) / T(n) + eps);
+      for (int j = 0; j < n; ++j) x(row, j) = r[j] * inv * T(weight(j));
+    } else {
+      C ss = 0;
+      for (int j = 0; j < n; ++j) {
+        r[j] = T(C(r[j]) + C(x(row, j)));
+        ss += C(r[j]) * C(r[j]);
+      }
+      const C inv = C(1) / impl::sqrt(ss / C(n) + eps);
+      for (int j = 0; j < n; ++j) x(row, j) = T(C(r[j]) * inv * C(weight(j)));
+    }
   }
 };
+
+// The norm's weight: the rows' scalar, or compute_t of it (fp32 weights on bf16 rows).
+template <class W, class T>
+inline constexpr bool norm_weight_fits_v = std::is_same_v<W, T> || std::is_same_v<W, compute_t<T>>;
 
 template <class X, class W, class Y>
 void check_norm(const char* fn, const X& x, const W& weight, const Y& y, const char* yname, double eps) {
@@ -63,27 +94,30 @@ void check_norm(const char* fn, const X& x, const W& weight, const Y& y, const c
 }  // namespace impl
 
 // y = x / sqrt(mean(x^2) + eps) * weight, row by row. y may be x itself.
+// x and y share one scalar T; weight is T or compute_t<T> (float weights for bf16 rows).
 template <class ExecSpace, RowMatrixView X, VectorView W, MutableRowMatrixView Y>
 void rms_norm(const ExecSpace& exec, const X& x, const W& weight, double eps, const Y& y) {
-  static_assert(std::is_same_v<scalar_of<X>, scalar_of<Y>> && std::is_same_v<scalar_of<W>, scalar_of<Y>>,
-                "relayout::kernels::rms_norm: x, weight and y must have the same scalar type");
+  static_assert(std::is_same_v<scalar_of<X>, scalar_of<Y>> && impl::norm_weight_fits_v<scalar_of<W>, scalar_of<Y>>,
+                "relayout::kernels::rms_norm: x and y must have the same scalar type T, weight T or compute_t<T>");
   impl::check_norm("rms_norm", x, weight, y, "y", eps);
-  using T = scalar_of<Y>;
+  using C = compute_t<scalar_of<Y>>;
   Kokkos::parallel_for("relayout::kernels::rms_norm",
                        Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(x.extent(0))),
-                       impl::RmsNorm<ExecSpace, X, W, Y>{x, weight, y, T(eps), int(x.extent(1))});
+                       impl::RmsNorm<ExecSpace, X, W, Y>{x, weight, y, C(eps), int(x.extent(1))});
 }
 
 // Fused residual add + RMS norm, in place: residual += x; x = rms_norm(residual) * weight.
+// x and residual share one scalar T; weight is T or compute_t<T>.
 template <class ExecSpace, MutableRowMatrixView X, MutableRowMatrixView R, VectorView W>
 void add_rms_norm(const ExecSpace& exec, const X& x, const R& residual, const W& weight, double eps) {
-  static_assert(std::is_same_v<scalar_of<X>, scalar_of<R>> && std::is_same_v<scalar_of<W>, scalar_of<R>>,
-                "relayout::kernels::add_rms_norm: x, residual and weight must have the same scalar type");
+  static_assert(std::is_same_v<scalar_of<X>, scalar_of<R>> && impl::norm_weight_fits_v<scalar_of<W>, scalar_of<R>>,
+                "relayout::kernels::add_rms_norm: x and residual must have the same scalar type T, weight T or "
+                "compute_t<T>");
   impl::check_norm("add_rms_norm", x, weight, residual, "residual", eps);
-  using T = scalar_of<X>;
+  using C = compute_t<scalar_of<X>>;
   Kokkos::parallel_for("relayout::kernels::add_rms_norm",
                        Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(x.extent(0))),
-                       impl::AddRmsNorm<ExecSpace, X, R, W>{x, residual, weight, T(eps), int(x.extent(1))});
+                       impl::AddRmsNorm<ExecSpace, X, R, W>{x, residual, weight, C(eps), int(x.extent(1))});
 }
 
 }  // namespace relayout::kernels

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "relayout/comm/scalar.hpp"
 #include "relayout/kernels/error.hpp"
 #include "relayout/kernels/impl/simd.hpp"
 #include "relayout/kernels/types.hpp"
@@ -49,18 +50,18 @@ struct Route {
 
   // Score of expert e for token t; for softmax, mx and inv_sum are the row's max and 1/sum.
   KOKKOS_INLINE_FUNCTION T score(std::int64_t t, int e, T mx, T inv_sum) const {
-    const T x = logits(t, e);
+    const T x = T(logits(t, e));
     return sigmoid ? T(1) / (T(1) + impl::exp(-x)) : impl::exp(x - mx) * inv_sum;
   }
   KOKKOS_INLINE_FUNCTION T choice(std::int64_t t, int e, T mx, T inv_sum) const {
     const T s = score(t, e, mx, inv_sum);
-    return bias.extent(0) ? T(s + bias(e)) : s;
+    return bias.extent(0) ? T(s + T(bias(e))) : s;
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t t) const {
     T mx = T(0), inv_sum = T(1);
     if (!sigmoid) {
-      mx = logits(t, 0);
+      mx = T(logits(t, 0));
       for (int e = 1; e < n_experts; ++e) mx = impl::max(mx, T(logits(t, e)));
       T sum = T(0);
       for (int e = 0; e < n_experts; ++e) sum += impl::exp(T(logits(t, e)) - mx);
@@ -134,14 +135,17 @@ struct Route {
 
 // For each token row of `logits` (tokens x n_experts): topk_ids (tokens x top_k, int) in ranking
 // order and topk_weights (tokens x top_k). correction_bias (n_experts, may be empty) is added to
-// the scores for the choice only; the weights are the unbiased scores.
+// the scores for the choice only; the weights are the unbiased scores. The weights and the bias
+// are compute_t of the logits' scalar (fp32 for bf16 logits), and so is the arithmetic.
 template <class ExecSpace, RowMatrixView L, MutableRowMatrixView I, MutableRowMatrixView W,
           VectorView B = Kokkos::View<const scalar_of<L>*, typename ExecSpace::memory_space>>
 void route(const ExecSpace& exec, const L& logits, const RouterConfig& config, const I& topk_ids,
            const W& topk_weights, const B& correction_bias = B()) {
   static_assert(std::is_same_v<scalar_of<I>, int>, "relayout::kernels::route: topk_ids must hold int");
-  static_assert(std::is_same_v<scalar_of<L>, scalar_of<W>> && std::is_same_v<scalar_of<B>, scalar_of<W>>,
-                "relayout::kernels::route: logits, weights and bias must have the same scalar type");
+  static_assert(std::is_same_v<compute_t<scalar_of<L>>, scalar_of<W>> &&
+                    (std::is_same_v<scalar_of<B>, scalar_of<W>> || std::is_same_v<scalar_of<B>, scalar_of<L>>),
+                "relayout::kernels::route: the weights must be compute_t of the logits' scalar (the logits' own for "
+                "float and double), the bias the logits' or the weights' scalar");
   using impl::require;
   using impl::str;
   const std::int64_t tokens = logits.extent(0);

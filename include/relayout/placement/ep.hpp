@@ -393,8 +393,8 @@ PendingDispatch<T, Space> ep_dispatch_start(const Space& exec, const ProcessGrou
   constexpr bool fp8 = impl::is_fp8_payload_v<P>;
   p.group = &impl::group_received<P, T, Space>;
   p.indexed_batch = opts.indexed_batch;
-  if constexpr (fp8) d.message = EpMessage::template of_fp8<T>(K, H);
-  else d.message = EpMessage::template of<T, P>(K, H);
+  if constexpr (fp8) d.message = EpMessage::template of_fp8<compute_t<T>>(K, H);
+  else d.message = EpMessage::template of<compute_t<T>, P>(K, H);
   const EpMessage msg = d.message;
   const std::int64_t W = msg.words();
   const std::int64_t B = ll ? impl::kLlHead + ws.capacity() * W : 0;  // words of one low-latency block
@@ -422,13 +422,13 @@ PendingDispatch<T, Space> ep_dispatch_start(const Space& exec, const ProcessGrou
         if (q < 0) return;
         const std::int64_t word = ll ? r * B + impl::kLlHead + (q - starts(r)) * W : q * W;
         char* at = reinterpret_cast<char*>(send.data() + word);
-        T* w = reinterpret_cast<T*>(at + msg.weights);
+        compute_t<T>* w = reinterpret_cast<compute_t<T>*>(at + msg.weights);
         std::int32_t* lid = reinterpret_cast<std::int32_t*>(at + msg.ids);
         for (int k = 0; k < K; ++k) {
           const int e = ids(i, k);
           const bool here = e / per_rank == r;
           lid[k] = here ? e - r * per_rank : -1;
-          w[k] = here ? wv(i, k) : T(0);
+          w[k] = here ? wv(i, k) : compute_t<T>(0);
         }
         if constexpr (fp8) {
           float* scale = reinterpret_cast<float*>(at + msg.scales);
@@ -555,7 +555,8 @@ PendingCombine<T, Space> ep_combine_start(const Space& exec, const ProcessGroups
   impl::weighted_sum(
       exec, d.k,
       KOKKOS_LAMBDA(const std::int64_t i, const int k) {
-        return reinterpret_cast<const T*>(reinterpret_cast<const char*>(recv.data() + i * W) + msg.weights)[k];
+        return reinterpret_cast<const compute_t<T>*>(reinterpret_cast<const char*>(recv.data() + i * W) +
+                                                     msg.weights)[k];
       },
       d.slot_of, expert_y, reduced);
   PendingCombine<T, Space> p;
@@ -592,12 +593,22 @@ Rows<T, RowShard<AttnTp>, DpLocal, Space> ep_combine_finish(const Space& exec, P
   const int ep = p.ep;
   Kokkos::parallel_for(
       "relayout::ep_combine.sum", Kokkos::RangePolicy<Space>(exec, 0, d.rows), KOKKOS_LAMBDA(const std::int64_t i) {
-        // Return by return, each along its row; every element sums the returns in member order.
-        for (std::int64_t f = 0; f < H; ++f) out(i, f) = T(0);
-        for (int r = 0; r < ep; ++r) {
-          const std::int64_t q = pos(i, r);
-          if (q < 0) continue;
-          for (std::int64_t f = 0; f < H; ++f) out(i, f) += back(q, f);
+        using C = compute_t<T>;
+        if constexpr (!std::is_same_v<T, C>) {  // bf16 / fp16 rows: a float sum, rounded once
+          for (std::int64_t f = 0; f < H; ++f) {
+            C acc = 0;
+            for (int r = 0; r < ep; ++r)
+              if (pos(i, r) >= 0) acc += C(back(pos(i, r), f));
+            out(i, f) = T(acc);
+          }
+        } else {
+          // Return by return, each along its row; every element sums the returns in member order.
+          for (std::int64_t f = 0; f < H; ++f) out(i, f) = T(0);
+          for (int r = 0; r < ep; ++r) {
+            const std::int64_t q = pos(i, r);
+            if (q < 0) continue;
+            for (std::int64_t f = 0; f < H; ++f) out(i, f) += back(q, f);
+          }
         }
       });
   exec.fence();

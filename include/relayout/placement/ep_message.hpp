@@ -7,13 +7,14 @@
 
 namespace relayout {
 
-// One dispatched row's message (bytes): its k router weights (T), its k local expert ids (int32,
-// -1: not on this rank) and its row (stored as P: T, or a 16-bit type such as bf16), padded so the
-// next message stays aligned for T. All of a row's data travel in one all_to_allv.
+// One dispatched row's message (bytes): its k router weights (W: compute_t of the rows' scalar T,
+// so fp32 for bf16 rows, as DeepEP sends topk_weights), its k local expert ids (int32, -1: not on
+// this rank) and its row (stored as P: T, or a 16-bit type such as bf16), padded so the next
+// message stays aligned for W. All of a row's data travel in one all_to_allv.
 //
 // FP8 rows (of_fp8): after the weights and ids, ceil(hidden / 128) fp32 block scales (one per 128
 // consecutive values, 4-byte aligned), then hidden e4m3 values (1 byte each), padded as above.
-// So a row costs hidden + ceil(hidden / 128) * 4 bytes plus the same k * (sizeof(T) + 4) of
+// So a row costs hidden + ceil(hidden / 128) * 4 bytes plus the same k * (sizeof(W) + 4) of
 // weights and ids: at hidden 7168, 7392 bytes against 14336 in bf16.
 struct EpMessage {
   static constexpr std::int64_t kFp8Block = 128;  // values per fp32 scale
@@ -21,9 +22,9 @@ struct EpMessage {
   std::int64_t weights = 0, ids = 0, row = 0, bytes = 0;
   std::int64_t scales = -1;  // offset of the fp32 block scales; -1: the row is not fp8
 
-  template <class T, class P = T>
+  template <class W, class P = W>
   static EpMessage of(int k, std::int64_t hidden) {
-    return of(k, hidden, sizeof(T), alignof(T), sizeof(P), alignof(P));
+    return of(k, hidden, sizeof(W), alignof(W), sizeof(P), alignof(P));
   }
   // The same from the types' sizes and alignments (what `relayout plan` predicts from).
   static constexpr EpMessage of(int k, std::int64_t hidden, std::int64_t t_size, std::int64_t t_align,
@@ -40,9 +41,9 @@ struct EpMessage {
   static constexpr std::int64_t fp8_row_bytes(std::int64_t hidden) {
     return hidden + (hidden + kFp8Block - 1) / kFp8Block * 4;
   }
-  template <class T>
+  template <class W>
   static EpMessage of_fp8(int k, std::int64_t hidden) {
-    return of_fp8(k, hidden, sizeof(T), alignof(T));
+    return of_fp8(k, hidden, sizeof(W), alignof(W));
   }
   static constexpr EpMessage of_fp8(int k, std::int64_t hidden, std::int64_t t_size, std::int64_t t_align) {
     const std::int64_t align = t_align > 4 ? t_align : 4;

@@ -14,17 +14,20 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "relayout/comm/scalar.hpp"
 #include "relayout/mesh/error.hpp"
 #include "relayout/mesh/names.hpp"
 #include "relayout/placement/rows_view.hpp"
 
 namespace relayout {
 
-// The router's decision for each row: the top-k global expert ids and their weights.
+// The router's decision for each row: the top-k global expert ids and their weights. The weights
+// are compute_t<T>: fp32 for bf16 or fp16 rows, as a bf16 model's router keeps them.
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
 struct TopK {
+  using weight_type = compute_t<T>;
   using ids_view = Kokkos::View<int**, Kokkos::LayoutRight, typename Space::memory_space>;
-  using weights_view = Kokkos::View<T**, Kokkos::LayoutRight, typename Space::memory_space>;
+  using weights_view = Kokkos::View<weight_type**, Kokkos::LayoutRight, typename Space::memory_space>;
   ids_view ids;          // rows x k, global expert ids in [0, experts)
   weights_view weights;  // rows x k
 
@@ -232,7 +235,7 @@ std::string route_problem(const Space& exec, const TopK<T, Space>& route, std::i
       "relayout::check_topk", Kokkos::RangePolicy<Space>(exec, 0, rows * K),
       KOKKOS_LAMBDA(const std::int64_t s, std::int64_t& b) {
         const int e = ids(s / K, static_cast<int>(s % K));
-        const T d = w(s / K, static_cast<int>(s % K)) - w(s / K, static_cast<int>(s % K));  // NaN unless finite
+        const auto d = w(s / K, static_cast<int>(s % K)) - w(s / K, static_cast<int>(s % K));  // NaN unless finite
         if (e < 0 || e >= experts) b += 1;
         if (!(d == d)) b += std::int64_t(1) << 32;
       },
@@ -311,24 +314,40 @@ ExpertBatch<T, Space> group_by_expert(const Space& exec, EpBuffers<T, Space>& ws
 
 // out(i) = sum_k w(i, k) * expert_y(slot_of(i, k)) over this rank's experts of row i (accumulate:
 // added to out); rows with none are zero (or unchanged). The sum runs in k order: deterministic.
+// bf16 and fp16 rows sum in float and are rounded once per element.
 template <class Space, class W, class S, class Y, class Out>
 void weighted_sum(const Space& exec, int K, const W& w, const S& slot_of, const Y& expert_y, const Out& out,
                   bool accumulate = false) {
   const std::int64_t n = static_cast<std::int64_t>(out.extent(0)), H = static_cast<std::int64_t>(out.extent(1));
   using T = typename Out::non_const_value_type;
-  Kokkos::parallel_for(
-      "relayout::expert_weighted_sum", Kokkos::RangePolicy<Space>(exec, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
-        // Row by row of expert_y, so the inner loop runs along the row (vectorised); each element
-        // still sums its terms in k order.
-        if (!accumulate)
-          for (std::int64_t f = 0; f < H; ++f) out(i, f) = T(0);
-        for (int k = 0; k < K; ++k) {
-          const std::int64_t s = slot_of(i, k);
-          if (s < 0) continue;
-          const T wk = w(i, k);
-          for (std::int64_t f = 0; f < H; ++f) out(i, f) += wk * expert_y(s, f);
-        }
-      });
+  using C = compute_t<T>;
+  if constexpr (!std::is_same_v<T, C>) {
+    Kokkos::parallel_for(
+        "relayout::expert_weighted_sum", Kokkos::RangePolicy<Space>(exec, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
+          for (std::int64_t f = 0; f < H; ++f) {
+            C acc = accumulate ? C(out(i, f)) : C(0);
+            for (int k = 0; k < K; ++k) {
+              const std::int64_t s = slot_of(i, k);
+              if (s >= 0) acc += C(w(i, k)) * C(expert_y(s, f));
+            }
+            out(i, f) = T(acc);
+          }
+        });
+  } else {
+    Kokkos::parallel_for(
+        "relayout::expert_weighted_sum", Kokkos::RangePolicy<Space>(exec, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
+          // Row by row of expert_y, so the inner loop runs along the row (vectorised); each element
+          // still sums its terms in k order.
+          if (!accumulate)
+            for (std::int64_t f = 0; f < H; ++f) out(i, f) = T(0);
+          for (int k = 0; k < K; ++k) {
+            const std::int64_t s = slot_of(i, k);
+            if (s < 0) continue;
+            const T wk = w(i, k);
+            for (std::int64_t f = 0; f < H; ++f) out(i, f) += wk * expert_y(s, f);
+          }
+        });
+  }
 }
 
 }  // namespace impl

@@ -409,9 +409,9 @@ std::int64_t gemm_a_pack_size_bf16(std::int64_t m, std::int64_t k) {
 }
 
 // The widening kernel with MR rows per tile: packs A, then one work item per MR x NR tile.
-template <int MR, class ExecSpace, class TA>
+template <int MR, class ExecSpace, class TA, class TC>
 void gemm_bf16_wide(const ExecSpace& exec, const TA* a, std::int64_t lda, const int* rows, int m, int k,
-                    const std::uint32_t* b, int n, TA* c, std::int64_t ldc, const TA* bias, bool accumulate,
+                    const std::uint32_t* b, int n, TC* c, std::int64_t ldc, const TC* bias, bool accumulate,
                     float* ap, bool round) {
   using Tile = GemmTile<ExecSpace, float>;
   const int kp = k + (k & 1);
@@ -419,7 +419,7 @@ void gemm_bf16_wide(const ExecSpace& exec, const TA* a, std::int64_t lda, const 
   Kokkos::parallel_for("relayout::kernels::pack_a_bf16", Kokkos::RangePolicy<ExecSpace>(exec, 0, row_blocks * kp),
                        PackABf16Wide<ExecSpace, TA, MR>{a, lda, rows, m, k, kp, ap, round});
   Kokkos::parallel_for("relayout::kernels::gemm_bf16", Kokkos::RangePolicy<ExecSpace>(exec, 0, panels * row_blocks),
-                       GemmBf16Wide<ExecSpace, TA, MR>{ap, b, c, ldc, bias, m, n, kp, row_blocks, accumulate});
+                       GemmBf16Wide<ExecSpace, TC, MR>{ap, b, c, ldc, bias, m, n, kp, row_blocks, accumulate});
 }
 
 // Rows below which vdpbf16ps does not pay: its tile is always MR rows high, where the widening
@@ -431,18 +431,21 @@ inline constexpr int kAmxMinRows = 4;
 
 // C[m x n] (+)= rows of A . B^T (+ bias) for bf16 B (packed as k-pairs), accumulated in fp32. A, C
 // and bias are all bf16 (C rounded once per output) or all fp32 (TA = float: bf16 weights, fp32
-// activations and outputs). fp32 rows are multiplied as they are (the widening kernel: each
+// activations and outputs); bf16 A may also give fp32 C and bias (TC = float: the sums unrounded,
+// e.g. router logits of bf16 rows). fp32 rows are multiplied as they are (the widening kernel: each
 // product exact in fp32), or, with round_rows, rounded to bf16 first: then they take vdpbf16ps too
 // where the CPU has it, and the widening kernel elsewhere multiplies the same rounded values.
 // a_pack must hold gemm_a_pack_size_bf16<ExecSpace, TA>(m, k) TA slots; `kernel` picks the
 // micro-kernel for bf16 (or rounded) rows of at least kDpbf16MinRows.
-template <class ExecSpace, class TA>
+template <class ExecSpace, class TA, class TC = TA>
 void gemm_packed_bf16(const ExecSpace& exec, const TA* a, std::int64_t lda, const int* rows, int m, int k,
-                      const relayout::bf16* b_packed, int n, TA* c, std::int64_t ldc, const TA* bias,
+                      const relayout::bf16* b_packed, int n, TC* c, std::int64_t ldc, const TC* bias,
                       bool accumulate, TA* a_pack, Bf16Kernel kernel = bf16_kernel<ExecSpace>(),
                       bool round_rows = false) {
   static_assert(std::is_same_v<TA, relayout::bf16> || std::is_same_v<TA, float>,
                 "relayout::kernels: the bf16 GEMM takes bf16 or fp32 rows");
+  static_assert(std::is_same_v<TC, TA> || (std::is_same_v<TA, relayout::bf16> && std::is_same_v<TC, float>),
+                "relayout::kernels: the bf16 GEMM writes C of A's scalar, or fp32 C for bf16 A");
   using Tile = GemmTile<ExecSpace, float>;
   if (m == 0 || n == 0) return;
   const auto* b = reinterpret_cast<const std::uint32_t*>(b_packed);
@@ -460,11 +463,11 @@ void gemm_packed_bf16(const ExecSpace& exec, const TA* a, std::int64_t lda, cons
                            PackABf16Amx<ExecSpace, TA>{a, lda, rows, m, k, kpad, ap});
       if (m <= 16)
         Kokkos::parallel_for("relayout::kernels::gemm_bf16", Kokkos::RangePolicy<ExecSpace>(exec, 0, panels),
-                             GemmBf16Amx<ExecSpace, TA, 1>{ap, b, c, ldc, bias, m, n, kp, kpad, 1, accumulate});
+                             GemmBf16Amx<ExecSpace, TC, 1>{ap, b, c, ldc, bias, m, n, kp, kpad, 1, accumulate});
       else
         Kokkos::parallel_for("relayout::kernels::gemm_bf16",
                              Kokkos::RangePolicy<ExecSpace>(exec, 0, panels * row_blocks),
-                             GemmBf16Amx<ExecSpace, TA, 2>{ap, b, c, ldc, bias, m, n, kp, kpad, row_blocks, accumulate});
+                             GemmBf16Amx<ExecSpace, TC, 2>{ap, b, c, ldc, bias, m, n, kp, kpad, row_blocks, accumulate});
       return;
     }
 #endif
@@ -477,7 +480,7 @@ void gemm_packed_bf16(const ExecSpace& exec, const TA* a, std::int64_t lda, cons
                            Kokkos::RangePolicy<ExecSpace>(exec, 0, row_blocks * (kp / 2)),
                            PackABf16Pairs<ExecSpace, TA>{a, lda, rows, m, k, kp, ap});
       Kokkos::parallel_for("relayout::kernels::gemm_bf16", Kokkos::RangePolicy<ExecSpace>(exec, 0, panels * row_blocks),
-                           GemmBf16Dp<ExecSpace, TA>{ap, b, c, ldc, bias, m, n, kp, row_blocks, accumulate});
+                           GemmBf16Dp<ExecSpace, TC>{ap, b, c, ldc, bias, m, n, kp, row_blocks, accumulate});
       return;
     }
   }
