@@ -41,7 +41,7 @@ struct Options {
   model::ModelDims dims;
   std::string padding = "auto", restore = "reduce", inject = "none", format = "text";
   std::string dispatch_dtype = "fp32";
-  std::string dtype = "fp32";  // --dtype: the weights' element type
+  std::string dtype = "fp32";  // --dtype: the element type of the weights and the activations
   std::string expert_load_out;  // --expert-load-out: the measured load per logical expert (JSON)
   std::string deepep_mode = "normal";  // --deepep-mode: the decode steps' EP dispatch
   std::string trace;  // directory for the per-rank row-ownership trace (empty: no trace)
@@ -262,17 +262,17 @@ std::string member_load_text(const char* what, const ExpertLoad& l) {
   return line;
 }
 
-// --dtype: the weights' element type, and the --check tolerance it and --dispatch-dtype allow
+// --dtype: the element type of the weights and activations, and the --check tolerance it and --dispatch-dtype allow
 // (model::check_tolerance: bf16 weights and fp8 dispatched rows need a looser one than fp32,
 // derived from their rounding). Throws LayoutError naming the flag for a dtype other than
 // fp32/bf16 and for a --tolerance tighter than the rule allows.
 void apply_dtype(Options& o) {
   if (o.dtype != "fp32" && o.dtype != "bf16")
-    throw LayoutError("--dtype", "--dtype must be fp32 or bf16 (the weights' element type), got '" + o.dtype + "'");
+    throw LayoutError("--dtype", "--dtype must be fp32 or bf16 (the element type of the weights and the activations), got '" + o.dtype + "'");
   o.dims.weights = o.dtype == "bf16" ? model::WeightDtype::bf16 : model::WeightDtype::fp32;
   const bool bf16 = o.dims.weights == model::WeightDtype::bf16, fp8 = o.fp8_dispatch();
   if (!bf16 && !fp8) return;
-  const double floor = model::check_tolerance(o.dims, fp8);
+  const double floor = model::check_tolerance(o.dims, fp8, o.layout.config.tp);
   if (!o.tolerance_given) {
     o.tolerance = floor;
   } else if (o.tolerance < floor) {
@@ -960,13 +960,14 @@ int main(int argc, char** argv) {
                    "rounded rows, so --check needs a looser --tolerance: bf16 about 1e-2, fp8 takes the bound "
                    "2^-4 sqrt(layers) + 1e-4 by default (docs/bridge.md#fp8-dispatch)");
     app.add_option("--dtype", o.dtype,
-                   "the weights' element type: fp32 (default) or bf16. bf16: the attention projections (wq_a, wq_b, "
-                   "wkv, wo_b) and the routed and shared experts' w1, w3, w2 are stored as bf16 and multiplied through "
-                   "the bf16 GEMM with fp32 accumulation, the rows entering them rounded to bf16 (AMX-BF16 tiles, "
-                   "vdpbf16ps or bf16 widened to fp32 FMAs, chosen at run time; RELAYOUT_BF16_KERNEL overrides); the "
-                   "router's gate, the norms, the activations between kernels and the dispatched rows (see "
-                   "--dispatch-dtype) stay fp32; the decode "
-                   "steps' KV cache holds bf16 (the fp32 kv rows rounded as they are cached, docs/kv_cache.md)");
+                   "the element type of the weights and the activations: fp32 (default) or bf16. bf16: the attention "
+                   "projections (wq_a, wq_b, wkv, wo_b) and the routed and shared experts' w1, w3, w2 are stored as "
+                   "bf16 and multiplied through the bf16 GEMM with fp32 accumulation (AMX-BF16 tiles, vdpbf16ps or "
+                   "bf16 widened to fp32 FMAs, chosen at run time; RELAYOUT_BF16_KERNEL overrides); every activation "
+                   "inside a layer is bf16 (norms, projections, attention, the attention-TP sums, the rows the bridge "
+                   "moves, the experts and the combine: fp32 arithmetic, one rounding per stored value); the residual "
+                   "stream between layers and the router's gate stay fp32; the KV cache holds bf16 "
+                   "(docs/kv_cache.md)");
     app.add_option("--expert-load-out", o.expert_load_out,
                    "paths a2a_split and direct: write the prefill's measured load per logical expert (last layer) as "
                    "{\"experts\": E, \"loads\": [...]}, the file relayout plan --expert-load reads (with or "

@@ -54,8 +54,10 @@ class DistributedModel {
       relayout::BridgeOptions decode = opts_;
       decode.ep_mode = EpMode::low_latency;
       decode.ep_capacity = opts_.decode_ep_capacity;
-      decode_bridge_.emplace(groups_, dims_.experts, decode);
+      if (bf16_rows()) decode_bridge16_.emplace(groups_, dims_.experts, decode);
+      else decode_bridge_.emplace(groups_, dims_.experts, decode);
     }
+    if (bf16_rows()) bridge16_.emplace(groups_, dims_.experts, opts_);
     for (int layer = 0; layer < dims_.layers; ++layer)
       shards_.push_back(LayerShard<ExecSpace>::make(exec_, dims_, layer, shard_spec()));
   }
@@ -285,7 +287,7 @@ class DistributedModel {
 
   const TrafficLog& traffic() const { return traffic_; }
   // With redundant experts: this rank's (token, expert) pairs per physical expert, last layer run.
-  const ExpertLoad& expert_load() const { return bridge_.last_expert_load(); }
+  const ExpertLoad& expert_load() const { return bridge16_ ? bridge16_->last_expert_load() : bridge_.last_expert_load(); }
   void clear_traffic() { traffic_.clear(); }
   const std::vector<Boundary>& boundaries() const { return boundaries_; }
   const std::vector<std::int64_t>& global_num_tokens() const { return counts_; }
@@ -367,31 +369,75 @@ class DistributedModel {
 
   // One layer on x (n_rows: the rows of this DP group or CP share, which x holds all or, split, a
   // chunk of). decode: the rows of step_ (decode_step, extend) attend the cache; else a prefill (keys_).
+  // The residual stream (x, the rows between layers) is fp32; inside the layer the activations are
+  // fp32, or bf16 with bf16 weights (bf16_rows): every kernel reads and writes bf16 rows (fp32
+  // arithmetic), the collectives and the EP dispatch move bf16, and the layer's two outputs (the
+  // attention's and the MoE's) are added to the fp32 residual.
   Held layer_forward(int layer, const Held& x, std::int64_t n_rows, bool decode) {
+    if (bf16_rows()) return layer_forward_as<relayout::bf16>(layer, x, n_rows, decode);
+    return layer_forward_as<float>(layer, x, n_rows, decode);
+  }
+
+  // Whether the layer's activations are bf16 (ModelDims::weights bf16).
+  bool bf16_rows() const { return dims_.weights == WeightDtype::bf16; }
+
+  // fp32 rows as rows of A: the view itself, or rounded to bf16 (nearest even) on exec_.
+  template <class A>
+  RowsView<A, ExecSpace> rows_as(const View& v) const {
+    if constexpr (std::is_same_v<A, float>) {
+      return v;
+    } else {
+      RowsView<A, ExecSpace> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::rows_bf16")),
+                                 v.extent(0), v.extent(1));
+      const std::int64_t cols = std::int64_t(v.extent(1));
+      Kokkos::parallel_for(
+          "relayout::round_rows", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(v.extent(0)) * cols),
+          KOKKOS_LAMBDA(const std::int64_t i) { out.data()[i] = A(v.data()[i]); });
+      return out;
+    }
+  }
+  // residual += y, elementwise in fp32.
+  template <class Y>
+  void add_into(const View& residual, const Y& y) const {
+    const std::int64_t count = std::int64_t(residual.span());
+    Kokkos::parallel_for(
+        "relayout::residual_add", Kokkos::RangePolicy<ExecSpace>(exec_, 0, count),
+        KOKKOS_LAMBDA(const std::int64_t i) { residual.data()[i] += float(y.data()[i]); });
+  }
+  template <class A>
+  auto& attention_for() {
+    if constexpr (std::is_same_v<A, float>) return attn_;
+    else return attn16_;
+  }
+
+  template <class A>
+  Held layer_forward_as(int layer, const Held& x, std::int64_t n_rows, bool decode) {
+    using VA = RowsView<A, ExecSpace>;
     const LayerShard<ExecSpace>& w = shards_[std::size_t(layer)];
     const bool split = split_residual();
     const std::size_t n = std::size_t(n_rows), m = x.rows.extent(0), H = std::size_t(dims_.hidden),
                       Q = std::size_t(dims_.q_lora), D = std::size_t(dims_.head_dim), HD = std::size_t(w.spec.heads) * D;
-    View q("relayout::q", n, HD), o("relayout::o", n, HD), a("relayout::attn_out", n, H);
+    VA q("relayout::q", n, HD), o("relayout::o", n, HD), a("relayout::attn_out", n, H);
     // The low-rank query and the shared KV row (wq_a, wkv and their norms) are the same on every
     // attention-TP member. With LayerOptions::attn_tp_input_scattered each member computes them
     // for its chunk of the rows (split_rows) and the members all-gather them; otherwise each
     // computes them for every row.
     const bool scattered = opts_.attn_tp_input_scattered && groups_.layout().widths().attn_tp > 1;
-    View qn, kv;
+    VA qn, kv;
     {
       using Replica = Rows<float, Replicated<AttnTp>, DpLocal, ExecSpace>;
       const View xr = scattered && !split ? split_rows(groups_, Replica(x.rows)).view() : x.rows;
       const std::size_t mr = xr.extent(0);
-      View xn("relayout::xn", mr, H), qa("relayout::qa", mr, Q), qr("relayout::qn", mr, Q),
-          kvr("relayout::kv_raw", mr, D), kvn("relayout::kv", mr, D);
-      kernels::rms_norm(exec_, xr, w.attn_norm, dims_.rms_eps, xn);
+      View xn32("relayout::xn", mr, H);
+      VA qa("relayout::qa", mr, Q), qr("relayout::qn", mr, Q), kvr("relayout::kv_raw", mr, D), kvn("relayout::kv", mr, D);
+      kernels::rms_norm(exec_, xr, w.attn_norm, dims_.rms_eps, xn32);  // the norm reads the fp32 residual
+      const VA xn = rows_as<A>(xn32);
       w.wq_a(exec_, xn, qa);
       kernels::rms_norm(exec_, qa, w.q_norm, dims_.rms_eps, qr);
       w.wkv(exec_, xn, kvr);
       kernels::rms_norm(exec_, kvr, w.kv_norm, dims_.rms_eps, kvn);
       if (scattered) {
-        using Shard = Rows<float, RowShard<AttnTp>, DpLocal, ExecSpace>;
+        using Shard = Rows<A, RowShard<AttnTp>, DpLocal, ExecSpace>;
         qn = all_gather(exec_, groups_, Shard(qr, std::int64_t(n)), &traffic_).view();
         kv = all_gather(exec_, groups_, Shard(kvn, std::int64_t(n)), &traffic_).view();
       } else {
@@ -404,38 +450,57 @@ class DistributedModel {
     params.head_dim = dims_.head_dim;
     params.scale = kernels::default_softmax_scale(dims_.head_dim);
     params.window = dims_.window;
-    if (has_cache())  // into a bf16 cache the fp32 rows are rounded to nearest even
-      with_cache([&](auto& cache) { append_extend(exec_, cache, layer, step_, kv); });
-    if (decode) with_cache([&](const auto& cache) { attn_.extend(exec_, step_, rows_, q, o, cache, layer, params); });
-    else attn_.prefill(exec_, keys_, q, kv, o, params);
+    auto& attn = attention_for<A>();
+    // The cache is bf16 exactly when the rows may be (both follow the weights); the other pairing
+    // is not compiled.
+    if (has_cache())  // into a bf16 cache fp32 rows are rounded to nearest even
+      with_cache([&](auto& cache) {
+        if constexpr (kernels::decode_scalars_v<A, typename std::decay_t<decltype(cache)>::value_type, A>)
+          append_extend(exec_, cache, layer, step_, kv);
+      });
+    if (decode)
+      with_cache([&](const auto& cache) {
+        if constexpr (kernels::decode_scalars_v<A, typename std::decay_t<decltype(cache)>::value_type, A>)
+          attn.extend(exec_, step_, rows_, q, o, cache, layer, params);
+      });
+    else attn.prefill(exec_, keys_, q, kv, o, params);
     w.wo_b(exec_, o, a);  // Partial over attn_tp
-    using Partials = Rows<float, Partial<AttnTp>, DpLocal, ExecSpace>;
+    using Partials = Rows<A, Partial<AttnTp>, DpLocal, ExecSpace>;
     // Summed: this member's chunk of the rows (split), or all of them.
-    a = split ? reduce_scatter(exec_, groups_, Partials(a), &traffic_).view() : attn_.all_reduce(exec_, Partials(a)).view();
+    a = split ? reduce_scatter(exec_, groups_, Partials(a), &traffic_).view() : attn.all_reduce(exec_, Partials(a)).view();
     recorder_.attention_output(layer, x.owners, a, {}, split);
 
     View residual("relayout::residual", m, H);
     Kokkos::deep_copy(exec_, residual, x.rows);
-    kernels::add_rms_norm(exec_, a, residual, w.ffn_norm, dims_.rms_eps);  // residual = x + attn
+    VA moe_in = a;
+    if constexpr (std::is_same_v<A, float>) {
+      kernels::add_rms_norm(exec_, a, residual, w.ffn_norm, dims_.rms_eps);  // residual = x + attn
+    } else {  // residual = x + attn in fp32; the MoE input is its norm, rounded to bf16
+      add_into(residual, a);
+      View normed("relayout::moe_in", m, H);
+      kernels::rms_norm(exec_, residual, w.ffn_norm, dims_.rms_eps, normed);
+      moe_in = rows_as<A>(normed);
+    }
     exec_.fence();
-    const Held y = moe(layer, w, a, x.owners, n_rows);
-    if (y.rows.extent(0) != m)
+    const auto y = moe<A>(layer, w, moe_in, x.owners, n_rows);
+    if (y.first.extent(0) != m)
       throw LayoutError("bridge", "layer " + std::to_string(layer) + ": the bridge returned " +
-                                      std::to_string(y.rows.extent(0)) + " rows for " + std::to_string(m) +
+                                      std::to_string(y.first.extent(0)) + " rows for " + std::to_string(m) +
                                       " (rows lost or duplicated)");
-    const View yv = y.rows;
-    Kokkos::parallel_for(
-        "relayout::residual_add", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(m * H)),
-        KOKKOS_LAMBDA(const std::int64_t i) { residual.data()[i] += yv.data()[i]; });
+    add_into(residual, y.first);
     exec_.fence();
-    recorder_.layer_output(layer, y.owners, residual, split);
-    return {residual, y.owners};
+    recorder_.layer_output(layer, y.second, residual, split);
+    return {residual, y.second};
   }
 
-  // The hand-over through the library's bridge, with this model's router and SwiGLU experts.
+  // The hand-over through the library's bridge, with this model's router and SwiGLU experts, on
+  // rows of A (fp32, or bf16: MoeBridge<C, bf16> moves and sums bf16 rows).
   // a: this DP group's rows, or under split_residual this member's chunk of its n rows.
-  Held moe(int layer, const LayerShard<ExecSpace>& w, const View& a, const std::vector<std::int64_t>& owners,
-           std::int64_t n) {
+  template <class A>
+  std::pair<RowsView<A, ExecSpace>, std::vector<std::int64_t>> moe(int layer, const LayerShard<ExecSpace>& w,
+                                                                   const RowsView<A, ExecSpace>& a,
+                                                                   const std::vector<std::int64_t>& owners,
+                                                                   std::int64_t n) {
     recorder_.bridge_input(layer, owners, a, split_residual());
     DemoRouter<ExecSpace> router{{w.router, dims_.router()}, skew_routing(dims_), dims_.expert_skew > 0, routed_owners_};
     if (router.skewed && layer == 0) {  // once per forward: every layer routes these rows
@@ -447,22 +512,29 @@ class DistributedModel {
     const auto& experts = w.experts();  // fp32 or bf16 weights (ModelDims::weights)
     std::vector<std::int64_t> out_owners = owners;
     try {
-      auto& bridge = decoding_ && decode_bridge_ ? *decode_bridge_ : bridge_;
-      const typename relayout::MoeBridge<C, float, ExecSpace>::RunOptions run{
+      auto& bridge = bridge_for<A>();
+      const typename relayout::MoeBridge<C, A, ExecSpace>::RunOptions run{
           .global_num_tokens = counts_,
           .owners = opts_.track_owners ? &out_owners : nullptr,
           .observer = recorder_.observer(layer),
           .traffic = &traffic_};
       if (split_residual()) {
-        using Shard = Rows<float, RowShard<AttnTp>, DpLocal, ExecSpace>;
+        using Shard = Rows<A, RowShard<AttnTp>, DpLocal, ExecSpace>;
         return {bridge.run(exec_, Shard(a, n), router, experts, run).view(), std::move(out_owners)};
       }
-      return {bridge.run(exec_, Typed(a), router, experts, run).view(), std::move(out_owners)};
+      return {bridge.run(exec_, Rows<A, Replicated<AttnTp>, DpLocal, ExecSpace>(a), router, experts, run).view(),
+              std::move(out_owners)};
     } catch (const LayoutError& e) {
       if (e.input() == "bridge")
         recorder_.bridge_failed(layer, e.what());
       throw LayoutError(e.input(), "layer " + std::to_string(layer) + ": " + e.what());
     }
+  }
+  // The bridge of rows of A this step runs (the decode bridge while decoding, when there is one).
+  template <class A>
+  auto& bridge_for() {
+    if constexpr (std::is_same_v<A, float>) return decoding_ && decode_bridge_ ? *decode_bridge_ : bridge_;
+    else return decoding_ && decode_bridge16_ ? *decode_bridge16_ : *bridge16_;
   }
 
   const ProcessGroupsOf<C>& groups_;
@@ -471,6 +543,7 @@ class DistributedModel {
   ExecSpace exec_;
   relayout::MoeBridge<C, float, ExecSpace> bridge_{groups_, dims_.experts, opts_};
   std::optional<relayout::MoeBridge<C, float, ExecSpace>> decode_bridge_;  // LayerOptions::decode_ep_mode low_latency
+  std::optional<relayout::MoeBridge<C, relayout::bf16, ExecSpace>> bridge16_, decode_bridge16_;  // bf16_rows()
   bool decoding_ = false;
   std::vector<LayerShard<ExecSpace>> shards_;
   TrafficLog traffic_;
@@ -495,6 +568,7 @@ class DistributedModel {
     return cache16_ ? f(std::as_const(*cache16_)) : f(std::as_const(*cache_));
   }
   CpAttention<C, float, ExecSpace> attn_{groups_, &traffic_};
+  CpAttention<C, relayout::bf16, ExecSpace> attn16_{groups_, &traffic_};  // bf16_rows()
   CpKvLedger ledger_{0, 1, 0};                       // the positions of each slot cached here (reserve_kv)
   PrefillKeys<typename ExecSpace::memory_space> keys_;  // this prefill's keys
   ExtendPlan step_;                                   // this forward's new rows (the prefill's: to cache)

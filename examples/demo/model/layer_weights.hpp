@@ -35,7 +35,8 @@ struct ShardSpec {
   int shared_begin = 0, shared = 0;       // shared expert intermediate held (0: none here)
 };
 
-// One projection of the layer: packed fp32 or bf16 weights (the other one empty), fp32 rows.
+// One projection of the layer: packed fp32 or bf16 weights (the other one empty); fp32 rows, or
+// bf16 rows with bf16 weights.
 template <class ExecSpace>
 struct Projection {
   kernels::PackedWeights<float, ExecSpace> f32;
@@ -46,21 +47,36 @@ struct Projection {
   // y = x . W^T, fp32 accumulation either way.
   template <class X, class Y>
   void operator()(const ExecSpace& exec, const X& x, const Y& y) const {
-    if (is_bf16())
+    if constexpr (std::is_same_v<typename X::non_const_value_type, relayout::bf16>) {
+      if (!is_bf16()) throw LayoutError("weights", "bf16 rows need the layer's bf16 weights");
       kernels::linear(exec, x, b16, y);
-    else
+    } else if (is_bf16()) {
+      kernels::linear(exec, x, b16, y);
+    } else {
       kernels::linear(exec, x, f32, y);
+    }
   }
 };
 
-// The layer's SwiGLU experts (the library's SwigluExperts, ExpertsFor<float>) with fp32 or bf16
-// weights: one of the two holds them.
+// The layer's SwiGLU experts (the library's SwigluExperts, ExpertsFor<float> and ExpertsFor<bf16>)
+// with fp32 or bf16 weights: one of the two holds them. bf16 rows take the bf16 weights (b16_rows
+// shares b16's packed weights).
 template <class ExecSpace>
 struct LayerExperts {
   kernels::SwigluExperts<float, ExecSpace, float> f32;
   kernels::SwigluExperts<float, ExecSpace, relayout::bf16> b16;
+  kernels::SwigluExperts<relayout::bf16, ExecSpace, relayout::bf16> b16_rows;
   bool bf16 = false;
-  static constexpr bool reads_indexed_rows = true;  // both read an indexed batch
+  static constexpr bool reads_indexed_rows = true;  // all read an indexed batch
+
+  void operator()(const ExecSpace& exec, const ExpertBatch<relayout::bf16, ExecSpace>& batch,
+                  const RowsView<relayout::bf16, ExecSpace>& y) const {
+    b16_rows(exec, batch, y);
+  }
+  void shared(const ExecSpace& exec, const RowsView<relayout::bf16, ExecSpace>& x,
+              const RowsView<relayout::bf16, ExecSpace>& y) const {
+    b16_rows.shared(exec, x, y);
+  }
 
   void operator()(const ExecSpace& exec, const ExpertBatch<float, ExecSpace>& batch,
                   const RowsView<float, ExecSpace>& y) const {
@@ -155,10 +171,12 @@ struct LayerShard {
             s.shared_begin, s.shared, {});
     };
     w.ffn.bf16 = bf16;
-    if (bf16)
+    if (bf16) {
       experts(w.ffn.b16);
-    else
+      w.ffn.b16_rows = {w.ffn.b16.routed, w.ffn.b16.shared_experts};
+    } else {
       experts(w.ffn.f32);
+    }
     return w;
   }
 

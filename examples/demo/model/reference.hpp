@@ -71,27 +71,39 @@ inline void router_exposure(std::vector<double>& exposure, const std::vector<dou
 // A layer output collects the errors of every bf16 GEMM on its path, G of them: wq_a, wq_b, wkv,
 // wo_b, the experts' w13 and w2, the shared expert's w13 and w2 (G = 8; 6 without one); rms_norm
 // and the softmax pass relative errors on with gain <= 1, the combine's weights sum to
-// routed_scaling. Over L layers, 2 G L independent errors of spread <= u / 3 each add in
-// quadrature: sigma(out) <= (u / 3) sqrt(2 G L). --check takes the largest error over N <= 2^20
-// outputs; z = 6 spreads (a normal tail of 2e-9 per output) covers that maximum, so
-//   tol(bf16) = 6 (u / 3) sqrt(2 G L) + 1e-4 = 2^-7 sqrt(2 G L) + 1e-4,
-// 0.0443 for the default demo (G 8, L 2), 0.0314 for one layer. Decode step s reads next_input of
-// step s - 1's output (rms-normalised, gain <= 1) and the cached kv of the prompt, so its rows hold
-// (s + 1) 2 G L such errors: the decode check of S steps takes tol sqrt(1 + S).
+// routed_scaling.
+// The activations between the kernels are bf16 as well (the residual stream between layers stays
+// fp32): each stored activation a^ = a (1 + e), an error of spread <= (u / sqrt(3)) |a| per value,
+// 3 (u / 3)^2 in variance for values of rms <= 1. Besides the GEMM inputs above, a layer rounds R
+// of them: the outputs of wq_a, wkv and kv_norm (the attended kv), wq_b (q), wo_b, the experts'
+// gate/up sums, their outputs and the weighted combine (8), the shared expert's gate/up sums and
+// its sum into the MoE output (2 more), and the sums over ranks: each bf16 sum of partials over a
+// group of P ranks (the attention all-reduce, the MoE's reduction or the EP combine) rounds at most
+// P - 1 partial sums, two such per layer, so 2 (ranks - 1) with ranks the TP domain's size.
+// Over L layers the 2 G L + 3 R L variances add: sigma(out) <= (u / 3) sqrt((2 G + 3 R) L).
+// --check takes the largest error over N <= 2^20 outputs; z = 6 spreads (a normal tail of 2e-9
+// per output) covers that maximum, so
+//   tol(bf16) = 6 (u / 3) sqrt((2 G + 3 R) L) + 1e-4 = 2^-7 sqrt((2 G + 3 R) L) + 1e-4,
+// 0.0750 for the default demo on one rank (G 8, R 10, L 2), 0.0798 on two. Decode step s reads
+// next_input of step s - 1's output (rms-normalised, gain <= 1) and the cached kv of the prompt, so
+// its rows hold (s + 1) times those errors: the decode check of S steps takes tol sqrt(1 + S).
 // Outside every rounding bound: a row whose k-th and (k+1)-th router scores lie closer than its
 // router input's error may pick another expert than the reference (the gate stays fp32, its input
 // does not); its error is then that of a different expert, of order 1, and carries on into the
 // request's later decode steps.
 inline constexpr const char* kCheckToleranceRule =
     "bf16 weights and the rows entering their GEMMs round by up to 2^-8 relative; each rounding adds a dot-product "
-    "error of spread <= 2^-8 / 3 for rows of rms 1, a layer has G = 8 such GEMMs (6 without a shared expert), so the "
-    "bound is 2^-7 sqrt(2 G layers) + 1e-4";
+    "error of spread <= 2^-8 / 3 for rows of rms 1, a layer has G = 8 such GEMMs (6 without a shared expert); its "
+    "other bf16 activations (R = 10, 8 without a shared expert, plus 2 (ranks - 1) sums over ranks) add spread "
+    "2^-8 / sqrt(3) each, so the bound is 2^-7 sqrt((2 G + 3 R) layers) + 1e-4";
 
-// The prefill's tolerance for the weights of `d`, and that of the rows of `decode_steps` steps.
-inline double check_tolerance(const ModelDims& d) {
+// The prefill's tolerance for the weights of `d` (and with them the activations), on a TP domain of
+// `ranks` ranks.
+inline double check_tolerance(const ModelDims& d, int ranks = 1) {
   if (d.weights == WeightDtype::fp32) return 1e-4;
-  const int gemms = d.shared_inter > 0 ? 8 : 6;
-  return std::ldexp(1.0, -7) * std::sqrt(2.0 * gemms * d.layers) + 1e-4;
+  const bool shared = d.shared_inter > 0;
+  const int gemms = shared ? 8 : 6, roundings = (shared ? 10 : 8) + 2 * (std::max(ranks, 1) - 1);
+  return std::ldexp(1.0, -7) * std::sqrt(double(2 * gemms + 3 * roundings) * d.layers) + 1e-4;
 }
 
 // Rows dispatched as fp8 (e4m3, one fp32 scale per 128 values): each value comes back within
@@ -111,8 +123,8 @@ inline constexpr const char* kFp8DispatchToleranceRule =
     "rounded once per layer and passed on with gain <= 1, so the bound is 2^-4 sqrt(layers) + the weights' tolerance";
 inline double fp8_dispatch_tolerance(const ModelDims& d) { return std::ldexp(1.0, -4) * std::sqrt(double(d.layers)); }
 // The prefill's tolerance for the weights of `d` and rows dispatched as fp8 (fp8_dispatch) or not.
-inline double check_tolerance(const ModelDims& d, bool fp8_dispatch) {
-  return check_tolerance(d) + (fp8_dispatch ? fp8_dispatch_tolerance(d) : 0.0);
+inline double check_tolerance(const ModelDims& d, bool fp8_dispatch, int ranks = 1) {
+  return check_tolerance(d, ranks) + (fp8_dispatch ? fp8_dispatch_tolerance(d) : 0.0);
 }
 // The router margin below which a checked row counts as near a tie (ReferenceRows::router_margin):
 // a row's router input errs by at most the check's tolerance `tol` per element (6 spreads of its

@@ -43,6 +43,17 @@ struct DemoRouter {
   std::shared_ptr<std::size_t> taken = std::make_shared<std::size_t>(0);
 
   int top_k() const { return gate.top_k(); }
+  // bf16 rows: the gate stays fp32 and reads them widened (exactly), as the reference does.
+  void operator()(const ExecSpace& exec, const RowsView<relayout::bf16, ExecSpace>& x, TopK<relayout::bf16, ExecSpace>& out) const {
+    RowsView<float, ExecSpace> wide(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::router_rows")),
+                                    x.extent(0), x.extent(1));
+    const std::int64_t count = std::int64_t(x.span());
+    Kokkos::parallel_for(
+        "relayout::router_widen", Kokkos::RangePolicy<ExecSpace>(exec, 0, count),
+        KOKKOS_LAMBDA(const std::int64_t i) { wide.data()[i] = float(x.data()[i]); });
+    TopK<float, ExecSpace> f(out.ids, out.weights);
+    (*this)(exec, wide, f);
+  }
   void operator()(const ExecSpace& exec, const RowsView<float, ExecSpace>& x, TopK<float, ExecSpace>& out) const {
     if (!skewed) return gate(exec, x, out);
     const std::size_t first = *taken, n = x.extent(0);

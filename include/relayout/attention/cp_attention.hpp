@@ -56,6 +56,7 @@ template <Communicator C, class T, class ExecSpace = Kokkos::DefaultExecutionSpa
 class CpAttention {
  public:
   using View = RowsView<T, ExecSpace>;
+  using LseView = RowsView<compute_t<T>, ExecSpace>;  // per-head log-sum-exps: fp32 for bf16 rows
   using memory_space = typename ExecSpace::memory_space;
   using Site = std::source_location;
 
@@ -130,12 +131,13 @@ class CpAttention {
               const View& out, int head_dim, const Kernel& kernel, Site site = Site::current()) {
     check_extend(plan, rows, q, out, head_dim);
     const std::size_t HD = q.extent(1), n = q.extent(0);
-    if (plan.cp == 1) return kernel(exec, q, rows, out, View());
+    if (plan.cp == 1) return kernel(exec, q, rows, out, LseView());
     const std::size_t heads = HD / std::size_t(head_dim), N = std::size_t(rows.rows());
     // Every buffer is written whole (the collectives, the kernel) before it is read.
     const View all_q = buffer("relayout::q_cp", N, HD), part = buffer("relayout::attn_partial", N, HD),
-               lse = buffer("relayout::attn_lse", N, heads), parts = buffer("relayout::attn_parts", std::size_t(plan.cp) * n, HD),
-               lses = buffer("relayout::attn_lses", std::size_t(plan.cp) * n, heads);
+               parts = buffer("relayout::attn_parts", std::size_t(plan.cp) * n, HD);
+    const LseView lse = buffer<LseView>("relayout::attn_lse", N, heads),
+                  lses = buffer<LseView>("relayout::attn_lses", std::size_t(plan.cp) * n, heads);
     std::vector<int> q_counts, o_recv, l_send, l_recv;
     for (int c : plan.counts) {
       q_counts.push_back(c * int(HD));
@@ -150,7 +152,7 @@ class CpAttention {
     kernels::attention_merge(exec, parts, lses, out);
   }
   // With our kernel on a paged cache of T, or of bf16 under float rows (PagedAttention): the
-  // partials, the lse and the merge stay T.
+  // partials stay T, the lse compute_t<T>.
   template <class KvT>
   void extend(const ExecSpace& exec, const ExtendPlan& plan, const ExtendRows<memory_space>& rows, const View& q,
               const View& out, const kernels::PagedKvCache<KvT, memory_space>& cache, int layer,
@@ -171,8 +173,9 @@ class CpAttention {
 
  private:
   // A buffer left uninitialised (no fill on a default instance): its users write it whole.
-  static View buffer(const char* label, std::size_t n, std::size_t cols) {
-    return View(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n, cols);
+  template <class V = View>
+  static V buffer(const char* label, std::size_t n, std::size_t cols) {
+    return V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n, cols);
   }
   void check_extend(const ExtendPlan& plan, const ExtendRows<memory_space>& rows, const View& q, const View& out,
                     int head_dim) const {
@@ -194,14 +197,18 @@ class CpAttention {
   template <class S, class R>
   void gatherv(const ExecSpace& exec, const S& send, const R& recv, const std::vector<int>& counts, Site site) {
     const auto& comm = pg_.comm(GroupKind::attn_cp);
-    if (log_) log_->add(TrafficOp::all_gatherv, GroupKind::attn_cp, std::int64_t(recv.size() * sizeof(T)));
+    if (log_)
+      log_->add(TrafficOp::all_gatherv, GroupKind::attn_cp,
+                std::int64_t(recv.size() * sizeof(typename R::non_const_value_type)));
     relayout::all_gatherv(exec, comm, send, recv, counts, site);
   }
   template <class S, class R>
   void to_allv(const ExecSpace& exec, const S& send, const std::vector<int>& sc, const R& recv, const std::vector<int>& rc,
                Site site) {
     const auto& comm = pg_.comm(GroupKind::attn_cp);
-    if (log_) log_->add(TrafficOp::all_to_allv, GroupKind::attn_cp, std::int64_t(send.size() * sizeof(T)));
+    if (log_)
+      log_->add(TrafficOp::all_to_allv, GroupKind::attn_cp,
+                std::int64_t(send.size() * sizeof(typename S::non_const_value_type)));
     relayout::all_to_allv(exec, comm, send, sc, recv, rc, site);
   }
 

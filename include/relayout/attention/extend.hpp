@@ -53,11 +53,12 @@ ExtendRows<typename Exec::memory_space> extend_rows(const Exec& exec, const Exte
 
 // A kernel CpAttention can run: out(b) = softmax(q(b) K^T) K over the keys rows describes (K = V,
 // one shared KV head), normalised, and per head the log-sum-exp of the scaled scores in lse
-// (rows x heads; -inf for a row with no key). With rows.whole lse may be left unwritten.
+// (rows x heads, compute_t<T>: fp32 for bf16 rows; -inf for a row with no key). With rows.whole
+// lse may be left unwritten.
 template <class K, class T, class Exec>
 concept ExtendKernel = requires(const K& k, const Exec& exec, const RowsView<T, Exec>& q,
                                 const ExtendRows<typename Exec::memory_space>& rows, const RowsView<T, Exec>& out,
-                                const RowsView<T, Exec>& lse) {
+                                const RowsView<compute_t<T>, Exec>& lse) {
   { k(exec, q, rows, out, lse) };
 };
 
@@ -76,7 +77,7 @@ struct PagedAttention {
 
   template <class Exec>
   void operator()(const Exec& exec, const RowsView<T, Exec>& q, const ExtendRows<MemSpace>& rows,
-                  const RowsView<T, Exec>& out, const RowsView<T, Exec>& lse) const {
+                  const RowsView<T, Exec>& out, const RowsView<compute_t<T>, Exec>& lse) const {
     const auto kv = rows.causal ? causal_view(exec, rows) : cache->view(layer, rows.slots);
     if (rows.whole) return kernels::attention_decode(exec, q, kv, out, params);
     kernels::AttentionParams p = params;
@@ -113,7 +114,7 @@ void attention_extend(const Exec& exec, const kernels::PagedKvCache<KvT, MemSpac
                       const kernels::AttentionParams& params) {
   if (!rows.whole)
     throw LayoutError("rows", "attention_extend: the rows span several CP ranks; run them through CpAttention::extend");
-  const RowsView<T, Exec> no_lse;
+  const RowsView<compute_t<T>, Exec> no_lse;
   PagedAttention<T, MemSpace, KvT>{&cache, layer, params}(exec, q, rows, out, no_lse);
 }
 

@@ -115,6 +115,7 @@ template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space>
 class PagedKvCache {
  public:
   using memory_space = MemSpace;
+  using value_type = T;
 
   // Throws LayoutError when the shape is invalid, when shape.bytes() exceeds memory_limit (0: no
   // limit), or when the allocation fails.

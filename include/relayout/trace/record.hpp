@@ -8,6 +8,7 @@
 #include <concepts>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "relayout/placement/tags.hpp"
@@ -55,7 +56,9 @@ RowSum row_sum(const T* v, int hidden) {
   RowSum r;
   double sq = 0.0;
   for (int f = 0; f < hidden; ++f) {
-    const double x = double(v[f]);
+    double x;
+    if constexpr (std::is_arithmetic_v<T>) x = double(v[f]);
+    else x = double(float(v[f]));  // 16-bit storage types (bf16, fp16) widen through float
     r.sum += x;
     r.wsum += double(f + 1) / double(hidden) * x;
     sq += x * x;
