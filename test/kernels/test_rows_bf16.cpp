@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <relayout/kernels.hpp>
 #include <relayout/relayout.hpp>
@@ -52,6 +53,36 @@ TEST_CASE("compute_t: float for the 16-bit storage types, the type itself otherw
   static_assert(std::is_same_v<relayout::TopK<bf16, Exec>::weight_type, float>);
   CHECK(relayout::EpMessage::of<float, bf16>(8, 7168).weights == 0);
   CHECK(relayout::EpMessage::of<float, bf16>(8, 7168).ids == 32);  // 8 fp32 weights
+}
+
+// The vector forms of the conversions give the scalar rule's bits on every lane: ties to even,
+// NaN kept quiet, infinities, signed zeros, subnormals, values that round up into the next binade.
+TEST_CASE("load_bf16 and store_bf16 in vectors give the scalar conversions' bits") {
+  namespace ri = rk::impl;
+  constexpr int L = ri::lanes_v<Exec, float>;
+  using V = typename ri::Vec<float, L>::type;
+  std::vector<std::uint32_t> bits = {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, 0x7f800000u, 0xff800000u,
+                                     0x7fc00001u, 0x7f800001u, 0xff812345u, 0x80000000u, 0x00000000u, 0x00008000u,
+                                     0x00018000u, 0x807fffffu, 0x7f7fffffu, 0x3fffffffu, 0xbf7fffffu, 0x4049b6dbu};
+  std::mt19937 gen(71u);
+  while (bits.size() % std::size_t(L) != 0 || bits.size() < 64) bits.push_back(std::uint32_t(gen()));
+  int bad_store = 0, bad_load = 0;
+  for (std::size_t at = 0; at < bits.size(); at += std::size_t(L)) {
+    float in[L];
+    for (int l = 0; l < L; ++l) std::memcpy(&in[l], &bits[at + std::size_t(l)], sizeof(float));
+    bf16 out[L];
+    ri::store_bf16<L>(out, ri::load<V>(in));
+    for (int l = 0; l < L; ++l) bad_store += out[l].bits != bf16(in[l]).bits;
+    float back[L];
+    ri::store<V>(back, ri::load_bf16<V, L>(out));
+    for (int l = 0; l < L; ++l) {
+      std::uint32_t b;
+      std::memcpy(&b, &back[l], sizeof b);
+      bad_load += b != std::uint32_t(out[l].bits) << 16;
+    }
+  }
+  CHECK(bad_store == 0);
+  CHECK(bad_load == 0);
 }
 
 // y = x / sqrt(mean(x^2) + eps) * w, every value rounded once: |y - ref| <= u |ref| plus the fp32

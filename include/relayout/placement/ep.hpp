@@ -595,11 +595,16 @@ Rows<T, RowShard<AttnTp>, DpLocal, Space> ep_combine_finish(const Space& exec, P
       "relayout::ep_combine.sum", Kokkos::RangePolicy<Space>(exec, 0, d.rows), KOKKOS_LAMBDA(const std::int64_t i) {
         using C = compute_t<T>;
         if constexpr (!std::is_same_v<T, C>) {  // bf16 / fp16 rows: a float sum, rounded once
-          for (std::int64_t f = 0; f < H; ++f) {
-            C acc = 0;
-            for (int r = 0; r < ep; ++r)
-              if (pos(i, r) >= 0) acc += C(back(pos(i, r), f));
-            out(i, f) = T(acc);
+          constexpr std::int64_t kChunk = 32;  // a chunk of the row in fp32 accumulators
+          for (std::int64_t f0 = 0; f0 < H; f0 += kChunk) {
+            const std::int64_t width = H - f0 < kChunk ? H - f0 : kChunk;
+            C acc[kChunk] = {};
+            for (int r = 0; r < ep; ++r) {
+              const std::int64_t q = pos(i, r);
+              if (q < 0) continue;
+              for (std::int64_t j = 0; j < width; ++j) acc[j] += C(back(q, f0 + j));
+            }
+            for (std::int64_t j = 0; j < width; ++j) out(i, f0 + j) = T(acc[j]);
           }
         } else {
           // Return by return, each along its row; every element sums the returns in member order.

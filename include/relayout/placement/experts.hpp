@@ -324,13 +324,19 @@ void weighted_sum(const Space& exec, int K, const W& w, const S& slot_of, const 
   if constexpr (!std::is_same_v<T, C>) {
     Kokkos::parallel_for(
         "relayout::expert_weighted_sum", Kokkos::RangePolicy<Space>(exec, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
-          for (std::int64_t f = 0; f < H; ++f) {
-            C acc = accumulate ? C(out(i, f)) : C(0);
+          // A chunk of the row at a time in fp32 accumulators, each term added in k order.
+          constexpr std::int64_t kChunk = 32;
+          for (std::int64_t f0 = 0; f0 < H; f0 += kChunk) {
+            const std::int64_t width = H - f0 < kChunk ? H - f0 : kChunk;
+            C acc[kChunk];
+            for (std::int64_t j = 0; j < width; ++j) acc[j] = accumulate ? C(out(i, f0 + j)) : C(0);
             for (int k = 0; k < K; ++k) {
               const std::int64_t s = slot_of(i, k);
-              if (s >= 0) acc += C(w(i, k)) * C(expert_y(s, f));
+              if (s < 0) continue;
+              const C wk = C(w(i, k));
+              for (std::int64_t j = 0; j < width; ++j) acc[j] += wk * C(expert_y(s, f0 + j));
             }
-            out(i, f) = T(acc);
+            for (std::int64_t j = 0; j < width; ++j) out(i, f0 + j) = T(acc[j]);
           }
         });
   } else {

@@ -12,6 +12,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "relayout/comm/scalar.hpp"
+
 #if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
     !defined(__SYCL_DEVICE_ONLY__) && !defined(__NVCOMPILER)
 #define RELAYOUT_KERNELS_HOST_SIMD 1
@@ -81,6 +83,36 @@ KOKKOS_FORCEINLINE_FUNCTION void store(T* p, V v) {
     __builtin_memcpy(p, &v, sizeof(V));
   }
 }
+// L bf16 values at p widened to float lanes (exact: the bits shifted into the high half), and L
+// float lanes rounded to bf16 at p by the scalar rule (nearest even, a NaN kept quiet), in vectors
+// of 32-bit lanes; V is Vec<float, L>::type.
+template <class V, int L>
+KOKKOS_FORCEINLINE_FUNCTION V load_bf16(const relayout::bf16* p) {
+  if constexpr (L == 1) {
+    return V(float(*p));
+  } else {
+    using U = typename Vec<std::uint32_t, L>::type;
+    U u;
+    for (int l = 0; l < L; ++l) u[l] = std::uint32_t(p[l].bits) << 16;
+    V v;
+    __builtin_memcpy(&v, &u, sizeof v);
+    return v;
+  }
+}
+template <int L, class V>
+KOKKOS_FORCEINLINE_FUNCTION void store_bf16(relayout::bf16* p, V v) {
+  if constexpr (L == 1) {
+    *p = relayout::bf16(float(v));
+  } else {
+    using U = typename Vec<std::uint32_t, L>::type;
+    U u;
+    __builtin_memcpy(&u, &v, sizeof u);
+    const U even = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+    const U out = (u & 0x7fffffffu) > 0x7f800000u ? quiet : even;
+    for (int l = 0; l < L; ++l) p[l] = relayout::bf16::from_bits(std::uint16_t(out[l]));
+  }
+}
+
 template <int L, class V>
 KOKKOS_FORCEINLINE_FUNCTION auto lane(const V& v, int l) {
   if constexpr (L == 1) {
