@@ -467,6 +467,113 @@ TEST_CASE("MoeBridge dispatch_dtype bf16/fp16: the rows travel in 2 bytes per va
   }
 }
 
+namespace {
+// bf16 rows: row r of DP group g holds its key g * 16 + r (an integer, exact in bf16) in column 0
+// and key + 0.01 f after it (rounded to bf16). The router reads the key, so every member routes a
+// row alike whichever subset of the rows the bridge hands it; expert e gives (e + 1) x, rounded to
+// T. T = float runs the same rows widened, for the byte count of its bf16 dispatch.
+template <class T>
+struct KeyRouterOf {
+  int K = 2;
+  int top_k() const { return K; }
+  void operator()(const Space& exec, const RowsView<T, Space>& x, TopK<T, Space>& out) const {
+    static_assert(std::is_same_v<typename TopK<T, Space>::weight_type, float>);
+    auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+    auto ih = Kokkos::create_mirror_view(out.ids);
+    auto wh = Kokkos::create_mirror_view(out.weights);
+    for (std::size_t i = 0; i < x.extent(0); ++i)
+      for (int k = 0; k < K; ++k) {
+        ih(i, k) = expert_of(0, std::int64_t(float(xh(i, 0))), k, K);
+        wh(i, k) = float(weight_of(k));  // 1/2, 1/3: the second is no bf16 value
+      }
+    Kokkos::deep_copy(exec, out.ids, ih);
+    Kokkos::deep_copy(exec, out.weights, wh);
+    exec.fence();
+  }
+};
+template <class T>
+struct KeyExpertsOf {
+  int moe_tp = 1;  // each moe_tp member gives its share, (e + 1) x / moe_tp (exact: a power of 2)
+  void operator()(const Space& exec, const ExpertBatch<T, Space>& b, const RowsView<T, Space>& y) const {
+    auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b.x);
+    auto yh = Kokkos::create_mirror_view(y);
+    for (int e = 0; e < b.experts(); ++e)
+      for (std::int64_t r = b.offset(e); r < b.offset(e) + b.count(e); ++r)
+        for (std::size_t f = 0; f < xh.extent(1); ++f)
+          yh(r, f) = T(float(b.first_expert + e + 1) * float(xh(r, f)) / float(moe_tp));
+    Kokkos::deep_copy(exec, y, yh);
+    exec.fence();
+  }
+};
+}  // namespace
+
+// Every bf16 value the bridge stores is one rounding of an fp32 sum of positive terms, each at most
+// the row's total: the per-rank weighted sum, then at most np - 1 sums over ranks (the MoE's
+// reduction, or the EP combine's one sum). So |y - want| <= np 2^-8 |want| (+ fp32 slack), want the
+// weighted sum of the experts' rounded outputs (a moe_tp share is that output over a power of 2:
+// the same rounding).
+TEST_CASE("MoeBridge<bf16>: bf16 rows on every path, fp32 router weights in the message, within the rounding bound") {
+  const int np = world().size();
+  const int K = 2;
+  std::vector<LayoutConfig> layouts = {LayoutConfig{.tp = np}};
+  if (np > 1) {
+    layouts.push_back(LayoutConfig{.tp = np, .moe_a2a_backend = Backend::deepep});
+    layouts.push_back(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true});
+    layouts.push_back(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true, .moe_a2a_backend = Backend::deepep});
+  }
+  std::set<std::string> paths;
+  for (const LayoutConfig& cfg : layouts) {
+    const ProcessGroups pg{RuntimeLayout(cfg), world()};
+    const int g = pg.coords().attn_dp_rank;
+    const std::int64_t m = 6 + g;
+    paths.insert(std::string(to_string(pg.layout().bridge_path())));
+    CAPTURE(to_string(pg.layout().bridge_path()));
+    RowsView<bf16, Space> xv("x", std::size_t(m), kHidden);
+    auto xh = Kokkos::create_mirror_view(xv);
+    for (std::int64_t i = 0; i < m; ++i)
+      for (int f = 0; f < kHidden; ++f) xh(i, f) = bf16(float(g * 16 + i) + 0.01f * float(f));
+    Kokkos::deep_copy(xv, xh);
+    const Space exec;
+    MoeBridge<MpiCommunicator, bf16, Space> bridge(pg, kExperts, {});
+    KeyRouterOf<bf16> router{K};
+    KeyExpertsOf<bf16> experts{pg.layout().widths().moe_tp};
+    TrafficLog log;
+    const auto y = bridge.run(exec, Rows<bf16, Replicated<AttnTp>, DpLocal, Space>(xv), router, experts, {.traffic = &log});
+    REQUIRE(y.rows() == m);
+    // Where rows are dispatched, the bytes are those of float rows dispatched as bf16 (fp32 weights
+    // and ids, 2-byte values): the same rows widened, through MoeBridge<float>.
+    if (dispatches_rows(pg.layout().bridge_path())) {
+      RowsView<float, Space> wide("wide", std::size_t(m), kHidden);
+      auto wh = Kokkos::create_mirror_view(wide);
+      for (std::int64_t i = 0; i < m; ++i)
+        for (int f = 0; f < kHidden; ++f) wh(i, f) = float(xh(i, f));
+      Kokkos::deep_copy(wide, wh);
+      BridgeOptions o;
+      o.dispatch_dtype = DispatchDtype::bf16;
+      MoeBridge<MpiCommunicator, float, Space> fbridge(pg, kExperts, o);
+      KeyRouterOf<float> frouter{K};
+      KeyExpertsOf<float> fexperts{pg.layout().widths().moe_tp};
+      TrafficLog flog;
+      (void)fbridge.run(exec, Rows<float, Replicated<AttnTp>, DpLocal, Space>(wide), frouter, fexperts, {.traffic = &flog});
+      CHECK(log.bytes_of(TrafficOp::dispatch, GroupKind::moe_ep) == flog.bytes_of(TrafficOp::dispatch, GroupKind::moe_ep));
+      CHECK(relayout::EpMessage::of<float, bf16>(K, kHidden).bytes == K * 8 + (kHidden * 2 + 3) / 4 * 4);
+    }
+    auto yh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y.view());
+    int bad = 0;
+    for (std::int64_t i = 0; i < m; ++i)
+      for (int f = 0; f < kHidden; ++f) {
+        double want = 0;
+        for (int k = 0; k < K; ++k) {
+          const int e = expert_of(0, g * 16 + i, k, K);
+          want += double(float(weight_of(k))) * double(float(bf16(float(e + 1) * float(xh(i, f)))));
+        }
+        bad += std::abs(double(float(yh(i, f))) - want) > (np * std::ldexp(1.0, -8) + 1e-6) * std::abs(want);
+      }
+    CHECK(bad == 0);
+  }
+  if (np > 1) CHECK(paths.size() == 4);
+}
+
 TEST_CASE("MoeBridge dispatch_dtype fp8: e4m3 rows with a scale per 128 values, within amax / 28 of the fp32 dispatch") {
   const int np = world().size(), s = world().rank();
   const ProcessGroups pg(direct_layout(np), world());
