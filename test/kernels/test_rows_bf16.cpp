@@ -57,7 +57,7 @@ TEST_CASE("compute_t: float for the 16-bit storage types, the type itself otherw
 
 // The vector forms of the conversions give the scalar rule's bits on every lane: ties to even,
 // NaN kept quiet, infinities, signed zeros, subnormals, values that round up into the next binade.
-TEST_CASE("load_bf16 and store_bf16 in vectors give the scalar conversions' bits") {
+TEST_CASE("load_key and store_bf16 in vectors give the scalar conversions' bits") {
   namespace ri = rk::impl;
   constexpr int L = ri::lanes_v<Exec, float>;
   using V = typename ri::Vec<float, L>::type;
@@ -74,7 +74,7 @@ TEST_CASE("load_bf16 and store_bf16 in vectors give the scalar conversions' bits
     ri::store_bf16<L>(out, ri::load<V>(in));
     for (int l = 0; l < L; ++l) bad_store += out[l].bits != bf16(in[l]).bits;
     float back[L];
-    ri::store<V>(back, ri::load_bf16<V, L>(out));
+    ri::store<V>(back, ri::load_key<V>(out));
     for (int l = 0; l < L; ++l) {
       std::uint32_t b;
       std::memcpy(&b, &back[l], sizeof b);

@@ -54,31 +54,30 @@ Fp32Rows<ExecSpace> fp32_scratch(const ExecSpace& exec, std::size_t rows, std::s
                              rows, cols);
 }
 
-// An fp32 copy of bf16 rows (widening is exact), made by one parallel_for on exec.
+// An fp32 copy of bf16 rows (widening is exact), made by one parallel_for on exec, a row per work
+// item (in vectors where the host has them).
 template <class ExecSpace, class V>
 Fp32Rows<ExecSpace> widen_rows(const ExecSpace& exec, const V& v) {
   static_assert(bf16_rows_v<V>, "relayout::kernels::impl::widen_rows: bf16 rows only");
   const Fp32Rows<ExecSpace> w = fp32_scratch(exec, v.extent(0), v.extent(1));
-  const std::int64_t cols = std::int64_t(v.extent(1));
+  const int cols = int(v.extent(1));
+  if (cols == 0) return w;
   Kokkos::parallel_for(
-      "relayout::kernels::attention_widen_rows",
-      Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(v.extent(0)) * cols), KOKKOS_LAMBDA(const std::int64_t i) {
-        w(i / cols, i % cols) = float(v(i / cols, i % cols));
-      });
+      "relayout::kernels::attention_widen_rows", Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(v.extent(0))),
+      KOKKOS_LAMBDA(const std::int64_t r) { widen_bf16_row<ExecSpace>(&v(r, 0), &w(r, 0), cols); });
   return w;
 }
 
-// dst = src rounded to bf16 (nearest even), element by element: one parallel_for on exec.
+// dst = src rounded to bf16 (nearest even): one parallel_for on exec, a row per work item.
 template <class ExecSpace, class S, class D>
 void round_rows_into(const ExecSpace& exec, const S& src, const D& dst) {
   static_assert(std::is_same_v<scalar_of<S>, float> && bf16_rows_v<D>,
                 "relayout::kernels::impl::round_rows_into: fp32 rows into bf16 rows only");
-  const std::int64_t cols = std::int64_t(dst.extent(1));
+  const int cols = int(dst.extent(1));
+  if (cols == 0) return;
   Kokkos::parallel_for(
-      "relayout::kernels::attention_round_rows",
-      Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(dst.extent(0)) * cols), KOKKOS_LAMBDA(const std::int64_t i) {
-        dst(i / cols, i % cols) = relayout::bf16(src(i / cols, i % cols));
-      });
+      "relayout::kernels::attention_round_rows", Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(dst.extent(0))),
+      KOKKOS_LAMBDA(const std::int64_t r) { round_bf16_row<ExecSpace>(&src(r, 0), &dst(r, 0), cols); });
 }
 
 // Rows the fp32 core reads: bf16 rows widened into scratch, any other rows as they are.

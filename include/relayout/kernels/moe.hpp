@@ -104,8 +104,8 @@ struct SwiGluRows {
           const V gv = load<V>(g + c);
           store<V>(o + c, gv / (C(1) + vexp<L>(-gv)) * load<V>(u + c));
         } else if constexpr (std::is_same_v<T, relayout::bf16>) {
-          const V gv = load_bf16<V, L>(g + c);
-          store_bf16<L>(o + c, gv / (C(1) + vexp<L>(-gv)) * load_bf16<V, L>(u + c));
+          const V gv = load_key<V>(g + c);
+          store_bf16<L>(o + c, gv / (C(1) + vexp<L>(-gv)) * load_key<V>(u + c));
         } else {
           C gw[L], uw[L], ow[L];
           for (int l = 0; l < L; ++l) {

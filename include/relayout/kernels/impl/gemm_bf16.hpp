@@ -180,11 +180,26 @@ struct PackABf16Pairs {
 };
 
 // Writes an MR x NR fp32 tile into C (+ bias, + C when accumulating): bf16 C rounds once, fp32 C
-// takes the sums as they are.
-template <class TC>
+// takes the sums as they are. L > 1: the full rows of a bf16 C in vectors of L lanes (the same
+// sums in the same order, rounded by store_bf16).
+template <int L = 1, class TC>
 KOKKOS_INLINE_FUNCTION void store_bf16_tile(const float* acc, int MR, int NR, TC* c0, std::int64_t ldc,
                                             const TC* bias, int col0, int m_valid, int n_valid,
                                             bool accumulate) {
+  if constexpr (L > 1 && std::is_same_v<TC, relayout::bf16>) {
+    if (n_valid >= NR && NR % L == 0) {
+      using V = typename Vec<float, L>::type;
+      for (int i = 0; i < m_valid && i < MR; ++i)
+        for (int j = 0; j < NR; j += L) {
+          V r = load<V>(acc + i * NR + j);
+          if (bias) r += load_key<V>(bias + col0 + j);
+          TC* dst = c0 + i * ldc + j;
+          if (accumulate) r += load_key<V>(dst);
+          store_bf16<L>(dst, r);
+        }
+      return;
+    }
+  }
   for (int i = 0; i < m_valid && i < MR; ++i)
     for (int j = 0; j < n_valid && j < NR; ++j) {
       float r = acc[i * NR + j];
@@ -238,8 +253,8 @@ struct GemmBf16Wide {
       for (int v = 0; v < NV; ++v)
         for (int l = 0; l < L; ++l) tile[i * NR + v * L + l] = lane<L>(acc[i][v], l);
     const std::int64_t row0 = block * MR, col0 = panel * NR;
-    store_bf16_tile(tile, MR, NR, c + row0 * ldc + col0, ldc, bias, int(col0), int(m - row0), int(n - col0),
-                    accumulate);
+    store_bf16_tile<Tile::lanes>(tile, MR, NR, c + row0 * ldc + col0, ldc, bias, int(col0), int(m - row0),
+                                 int(n - col0), accumulate);
   }
 };
 
@@ -284,8 +299,8 @@ struct GemmBf16Dp {
     float tile[MR * NR];
     dpbf16_tile<MR, NR>(a_packed + block * pairs * MR, b_packed + panel * pairs * NR, pairs, tile);
     const std::int64_t row0 = block * MR, col0 = panel * NR;
-    store_bf16_tile(tile, MR, NR, c + row0 * ldc + col0, ldc, bias, int(col0), int(m - row0), int(n - col0),
-                    accumulate);
+    store_bf16_tile<Tile::lanes>(tile, MR, NR, c + row0 * ldc + col0, ldc, bias, int(col0), int(m - row0),
+                                 int(n - col0), accumulate);
   }
 };
 #endif
@@ -385,8 +400,8 @@ struct GemmBf16Amx {
     alignas(64) float tile[MR * NR];
     amx_tile<MT, NZ>(a_packed + block * MR * kpad, kpad, b_packed + panel * pairs * NR, pairs, tile);
     const std::int64_t row0 = block * MR, col0 = panel * NR;
-    store_bf16_tile(tile, MR, NR, c + row0 * ldc + col0, ldc, bias, int(col0), int(m - row0), int(n - col0),
-                    accumulate);
+    store_bf16_tile<Tile::lanes>(tile, MR, NR, c + row0 * ldc + col0, ldc, bias, int(col0), int(m - row0),
+                                 int(n - col0), accumulate);
   }
 };
 #endif
@@ -439,8 +454,9 @@ inline constexpr int kAmxMinRows = 4;
 // micro-kernel for bf16 (or rounded) rows of at least kDpbf16MinRows.
 template <class ExecSpace, class TA, class TC = TA>
 void gemm_packed_bf16(const ExecSpace& exec, const TA* a, std::int64_t lda, const int* rows, int m, int k,
-                      const relayout::bf16* b_packed, int n, TC* c, std::int64_t ldc, const TC* bias,
-                      bool accumulate, TA* a_pack, Bf16Kernel kernel = bf16_kernel<ExecSpace>(),
+                      const relayout::bf16* b_packed, int n, TC* c, std::int64_t ldc,
+                      const std::type_identity_t<TC>* bias, bool accumulate, TA* a_pack,
+                      Bf16Kernel kernel = bf16_kernel<ExecSpace>(),
                       bool round_rows = false) {
   static_assert(std::is_same_v<TA, relayout::bf16> || std::is_same_v<TA, float>,
                 "relayout::kernels: the bf16 GEMM takes bf16 or fp32 rows");

@@ -19,6 +19,10 @@
 #define RELAYOUT_KERNELS_HOST_SIMD 1
 #endif
 
+#if defined(RELAYOUT_KERNELS_HOST_SIMD) && (defined(__AVX2__) || defined(__AVX512F__))
+#include <immintrin.h>
+#endif
+
 // A lambda inside a register tile that must be inlined: out of line, its accumulators live in
 // memory (g++ 12 left the p . V tile's per-key lambda out of line for 4 heads, not for 8: every
 // key then did 16 loads and stores, and prefill attention with 4 heads of 64 ran at 0.6x the
@@ -83,34 +87,130 @@ KOKKOS_FORCEINLINE_FUNCTION void store(T* p, V v) {
     __builtin_memcpy(p, &v, sizeof(V));
   }
 }
-// L bf16 values at p widened to float lanes (exact: the bits shifted into the high half), and L
-// float lanes rounded to bf16 at p by the scalar rule (nearest even, a NaN kept quiet), in vectors
-// of 32-bit lanes; V is Vec<float, L>::type.
-template <class V, int L>
-KOKKOS_FORCEINLINE_FUNCTION V load_bf16(const relayout::bf16* p) {
-  if constexpr (L == 1) {
-    return V(float(*p));
+#if defined(RELAYOUT_KERNELS_HOST_SIMD)
+// L bf16 bit patterns widened to the bits of L floats (zero-extend each 16-bit lane to 32 bits,
+// shift left by 16), and L 32-bit lanes narrowed to their low 16 bits. Spelled out per width: g++
+// 12 rejects __builtin_convertvector of a vector type that depends on a template parameter.
+namespace widen {
+// (Only the widths the host's vectors hold: a wider one changes the ABI.)
+template <int L> struct Half;
+typedef std::uint16_t H4 __attribute__((vector_size(8)));
+typedef std::uint32_t W4 __attribute__((vector_size(16)));
+KOKKOS_FORCEINLINE_FUNCTION W4 bits(H4 h) { return __builtin_convertvector(h, W4) << 16; }
+KOKKOS_FORCEINLINE_FUNCTION H4 low_halves(W4 w) { return __builtin_convertvector(w, H4); }
+template <> struct Half<4> { using type = H4; };
+#if defined(__AVX__) || defined(__AVX512F__)
+typedef std::uint16_t H8 __attribute__((vector_size(16)));
+typedef std::uint32_t W8 __attribute__((vector_size(32)));
+KOKKOS_FORCEINLINE_FUNCTION W8 bits(H8 h) { return __builtin_convertvector(h, W8) << 16; }
+KOKKOS_FORCEINLINE_FUNCTION H8 low_halves(W8 w) { return __builtin_convertvector(w, H8); }
+template <> struct Half<8> { using type = H8; };
+#endif
+#if defined(__AVX512F__)
+typedef std::uint16_t H16 __attribute__((vector_size(32)));
+typedef std::uint32_t W16 __attribute__((vector_size(64)));
+KOKKOS_FORCEINLINE_FUNCTION W16 bits(H16 h) { return __builtin_convertvector(h, W16) << 16; }
+KOKKOS_FORCEINLINE_FUNCTION H16 low_halves(W16 w) { return __builtin_convertvector(w, H16); }
+template <> struct Half<16> { using type = H16; };
+#endif
+}  // namespace widen
+#endif
+
+// The lanes of V (L floats, or one float) from the keys at p: a plain load of float keys; bf16
+// keys widened in registers: vpmovzxwd from memory and vpslld on AVX-512 (16 lanes) and AVX2 (8),
+// the vector extension's zero-extending convert and shift elsewhere (pmovzxwd and pslld on
+// SSE4.1), one key shifted on a device.
+template <class V, class K>
+KOKKOS_FORCEINLINE_FUNCTION V load_key(const K* p) {
+  if constexpr (!std::is_same_v<K, relayout::bf16>) {
+    return load<V>(p);
+  } else if constexpr (std::is_same_v<V, float>) {
+    return relayout::impl::bf16_bits_to_float(p->bits);
   } else {
-    using U = typename Vec<std::uint32_t, L>::type;
-    U u;
-    for (int l = 0; l < L; ++l) u[l] = std::uint32_t(p[l].bits) << 16;
-    V v;
-    __builtin_memcpy(&v, &u, sizeof v);
-    return v;
+#if defined(RELAYOUT_KERNELS_HOST_SIMD)
+    constexpr int L = int(sizeof(V) / sizeof(float));
+#if defined(__AVX512F__)
+    // Spelled with intrinsics: g++ 12 tuned for Zen 4 (256-bit preferred) splits the generic form
+    // into two 8-lane converts and an insert (measured 16 heads of 128: the score and p . V loops
+    // spent more on those than on the FMAs). The zero-masked forms: g++ 12 warns of the undefined
+    // source the unmasked ones pass.
+    if constexpr (L == 16) {
+      const __mmask16 all = __mmask16(0xffff);
+      const __m512i w = _mm512_maskz_cvtepu16_epi32(all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      return (V)_mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, w, 16));
+    }
+#endif
+#if defined(__AVX2__)
+    if constexpr (L == 8) {
+      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      return (V)_mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    }
+#endif
+    typename widen::Half<L>::type h;
+    __builtin_memcpy(&h, p, sizeof(h));
+    return (V)widen::bits(h);
+#else
+    return V{};  // not reached: without the vector extension V is one float
+#endif
   }
 }
+
+// L float lanes rounded to bf16 at p by the scalar rule (nearest even, a NaN kept quiet): the
+// rounding arithmetic on 32-bit lanes and one narrowing store (vpmovdw on AVX-512, spelled with
+// the intrinsic for the reason load_key gives). V is Vec<float, L>::type, or one float.
 template <int L, class V>
 KOKKOS_FORCEINLINE_FUNCTION void store_bf16(relayout::bf16* p, V v) {
   if constexpr (L == 1) {
     *p = relayout::bf16(float(v));
   } else {
+#if defined(RELAYOUT_KERNELS_HOST_SIMD)
     using U = typename Vec<std::uint32_t, L>::type;
     U u;
     __builtin_memcpy(&u, &v, sizeof u);
     const U even = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
     const U out = (u & 0x7fffffffu) > 0x7f800000u ? quiet : even;
-    for (int l = 0; l < L; ++l) p[l] = relayout::bf16::from_bits(std::uint16_t(out[l]));
+#if defined(__AVX512F__)
+    if constexpr (L == 16) {
+      // The zero-masked form, as in load_key: g++ 12 warns of the undefined source of the other.
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_maskz_cvtepi32_epi16(__mmask16(0xffff), (__m512i)out));
+      return;
+    }
+#endif
+#if defined(__AVX2__)
+    if constexpr (L == 8) {  // every lane < 2^16: the unsigned saturating pack keeps it
+      const __m256i w = (__m256i)out;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                       _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+      return;
+    }
+#endif
+    const auto h = widen::low_halves(out);
+    __builtin_memcpy(static_cast<void*>(p), &h, sizeof h);
+#endif
   }
+}
+
+// n contiguous bf16 values widened into floats, and n floats rounded into bf16, in vectors of
+// ExecSpace's float lanes (the scalar conversion on the rest, and on a device).
+template <class ExecSpace>
+KOKKOS_INLINE_FUNCTION void widen_bf16_row(const relayout::bf16* src, float* dst, int n) {
+  constexpr int L = lanes_v<ExecSpace, float>;
+  int j = 0;
+  if constexpr (L > 1) {
+    using V = typename Vec<float, L>::type;
+    for (; j + L <= n; j += L) store<V>(dst + j, load_key<V>(src + j));
+  }
+  for (; j < n; ++j) dst[j] = float(src[j]);
+}
+template <class ExecSpace>
+KOKKOS_INLINE_FUNCTION void round_bf16_row(const float* src, relayout::bf16* dst, int n) {
+  constexpr int L = lanes_v<ExecSpace, float>;
+  int j = 0;
+  if constexpr (L > 1) {
+    using V = typename Vec<float, L>::type;
+    for (; j + L <= n; j += L) store_bf16<L>(dst + j, load<V>(src + j));
+  }
+  for (; j < n; ++j) dst[j] = relayout::bf16(src[j]);
 }
 
 template <int L, class V>
