@@ -66,31 +66,27 @@ rr::Matrix widened(const V& v) {
   return m;
 }
 
-// Elements of got (bf16) whose bits are not those of bf16(x(i, j)), x float of the same shape.
-template <class G, class X>
-int rounding_diffs(const G& got, const X& x) {
-  REQUIRE(got.extent(0) == x.extent(0));
-  REQUIRE(got.extent(1) == x.extent(1));
-  auto hg = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got);
-  auto hx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
-  int diffs = 0;
-  for (std::size_t i = 0; i < hg.extent(0); ++i)
-    for (std::size_t j = 0; j < hg.extent(1); ++j) diffs += hg(i, j).bits != bf16(hx(i, j)).bits;
-  return diffs;
-}
-
-// Elements of two views of one scalar type whose bits differ.
-template <class A, class B>
-int bit_diffs(const A& a, const B& b) {
+// Elements (i, j) of two views of one shape where differ(a(i, j), b(i, j)).
+template <class A, class B, class Differ>
+int count_differing(const A& a, const B& b, Differ differ) {
   REQUIRE(a.extent(0) == b.extent(0));
   REQUIRE(a.extent(1) == b.extent(1));
   auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
   auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
   int diffs = 0;
   for (std::size_t i = 0; i < ha.extent(0); ++i)
-    for (std::size_t j = 0; j < ha.extent(1); ++j)
-      diffs += std::memcmp(&ha(i, j), &hb(i, j), sizeof(ha(i, j))) != 0;
+    for (std::size_t j = 0; j < ha.extent(1); ++j) diffs += differ(ha(i, j), hb(i, j));
   return diffs;
+}
+// Elements of got (bf16) whose bits are not those of bf16(x(i, j)), x float of the same shape.
+template <class G, class X>
+int rounding_diffs(const G& got, const X& x) {
+  return count_differing(got, x, [](bf16 g, float v) { return g.bits != bf16(v).bits; });
+}
+// Elements of two views of one scalar type whose bits differ.
+template <class A, class B>
+int bit_diffs(const A& a, const B& b) {
+  return count_differing(a, b, [](const auto& p, const auto& q) { return std::memcmp(&p, &q, sizeof p) != 0; });
 }
 
 // Nonzero elements: a kernel that left out untouched (zero-initialised) would pass the bitwise

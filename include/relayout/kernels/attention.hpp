@@ -92,6 +92,8 @@ auto compute_rows(const ExecSpace& exec, const V& v) {
 // element). The arguments must have been checked: the scratch takes the views' shapes.
 template <class ExecSpace, class Q, class O, class F>
 void with_compute_rows(const ExecSpace& exec, const Q& q, const O& out, F&& f) {
+  static_assert(!std::is_same_v<scalar_of<O>, relayout::fp16> && !std::is_same_v<scalar_of<Q>, relayout::fp16>,
+                "relayout::kernels: attention takes rows of float, double or bf16; fp16 rows are not supported");
   if constexpr (bf16_rows_v<O>) {
     const auto q32 = compute_rows(exec, q);
     const Fp32Rows<ExecSpace> out32 = fp32_scratch(exec, out.extent(0), out.extent(1));

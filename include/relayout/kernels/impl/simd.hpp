@@ -94,25 +94,20 @@ KOKKOS_FORCEINLINE_FUNCTION void store(T* p, V v) {
 namespace widen {
 // (Only the widths the host's vectors hold: a wider one changes the ABI.)
 template <int L> struct Half;
-typedef std::uint16_t H4 __attribute__((vector_size(8)));
-typedef std::uint32_t W4 __attribute__((vector_size(16)));
-KOKKOS_FORCEINLINE_FUNCTION W4 bits(H4 h) { return __builtin_convertvector(h, W4) << 16; }
-KOKKOS_FORCEINLINE_FUNCTION H4 low_halves(W4 w) { return __builtin_convertvector(w, H4); }
-template <> struct Half<4> { using type = H4; };
+#define RELAYOUT_WIDEN_WIDTH(L)                                                                              \
+  typedef std::uint16_t H##L __attribute__((vector_size(2 * L)));                                           \
+  typedef std::uint32_t W##L __attribute__((vector_size(4 * L)));                                           \
+  KOKKOS_FORCEINLINE_FUNCTION W##L bits(H##L h) { return __builtin_convertvector(h, W##L) << 16; }          \
+  KOKKOS_FORCEINLINE_FUNCTION H##L low_halves(W##L w) { return __builtin_convertvector(w, H##L); }          \
+  template <> struct Half<L> { using type = H##L; };
+RELAYOUT_WIDEN_WIDTH(4)
 #if defined(__AVX__) || defined(__AVX512F__)
-typedef std::uint16_t H8 __attribute__((vector_size(16)));
-typedef std::uint32_t W8 __attribute__((vector_size(32)));
-KOKKOS_FORCEINLINE_FUNCTION W8 bits(H8 h) { return __builtin_convertvector(h, W8) << 16; }
-KOKKOS_FORCEINLINE_FUNCTION H8 low_halves(W8 w) { return __builtin_convertvector(w, H8); }
-template <> struct Half<8> { using type = H8; };
+RELAYOUT_WIDEN_WIDTH(8)
 #endif
 #if defined(__AVX512F__)
-typedef std::uint16_t H16 __attribute__((vector_size(32)));
-typedef std::uint32_t W16 __attribute__((vector_size(64)));
-KOKKOS_FORCEINLINE_FUNCTION W16 bits(H16 h) { return __builtin_convertvector(h, W16) << 16; }
-KOKKOS_FORCEINLINE_FUNCTION H16 low_halves(W16 w) { return __builtin_convertvector(w, H16); }
-template <> struct Half<16> { using type = H16; };
+RELAYOUT_WIDEN_WIDTH(16)
 #endif
+#undef RELAYOUT_WIDEN_WIDTH
 }  // namespace widen
 #endif
 
