@@ -4,6 +4,7 @@
 #pragma once
 
 #include "relayout/kernels/attention.hpp"
+#include "relayout/kernels/convert.hpp"
 #include "relayout/kernels/error.hpp"
 #include "relayout/kernels/kv_cache.hpp"
 #include "relayout/kernels/linear.hpp"

@@ -124,6 +124,116 @@ TEST_CASE("rms_norm on bf16 rows, with bf16 and with fp32 weights, matches the d
   }
 }
 
+// fp32 rows normed straight into bf16 rows: one pass, and bitwise the bf16 rounding of the fp32
+// norm (with bf16 or fp32 weights).
+TEST_CASE("rms_norm of fp32 rows into bf16 rows is the fp32 norm rounded once") {
+  Exec exec;
+  for (const int n : {7, 64, 160}) {
+    CAPTURE(n);
+    RowsF x("x", 5, std::size_t(n));
+    std::mt19937 gen(31u + unsigned(n));
+    std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+    for (int i = 0; i < 5; ++i)
+      for (int j = 0; j < n; ++j) x(i, j) = dist(gen);
+    const auto w16 = random_rows(1, n, 32u + n, 0.5f, 1.5f);
+    Kokkos::View<bf16*, Mem> wb("wb", std::size_t(n));
+    Kokkos::View<float*, Mem> wf("wf", std::size_t(n));
+    for (int j = 0; j < n; ++j) {
+      wb(j) = w16(0, j);
+      wf(j) = float(w16(0, j));
+    }
+    Rows16 yb("yb", 5, std::size_t(n)), yf16("yf16", 5, std::size_t(n));
+    RowsF y32("y32", 5, std::size_t(n));
+    rk::rms_norm(exec, x, wb, 1e-6, yb);
+    rk::rms_norm(exec, x, wf, 1e-6, yf16);
+    rk::rms_norm(exec, x, wf, 1e-6, y32);
+    exec.fence();
+    int differ = 0, unrounded = 0;
+    for (int i = 0; i < 5; ++i)
+      for (int j = 0; j < n; ++j) {
+        differ += yb(i, j).bits != bf16(y32(i, j)).bits;
+        differ += yf16(i, j).bits != bf16(y32(i, j)).bits;
+        unrounded += float(yb(i, j)) != y32(i, j);
+      }
+    CHECK(differ == 0);
+    CHECK(unrounded > 0);  // the outputs really are rounded values, not the fp32 ones
+  }
+}
+
+// convert_rows: widening exact, float -> bf16 / fp16 rounded once to nearest even (the scalar rule,
+// on the vector path and on the element path of a strided view alike), double <-> float the C++
+// conversion, a shape mismatch refused naming dst.
+TEST_CASE("convert_rows: exact widening, one rounding to nearest even, strides honoured") {
+  Exec exec;
+  const int rows = 6, cols = 37;  // not a multiple of any vector width: the tails run too
+  RowsF f("f", rows, cols);
+  std::mt19937 gen(5u);
+  std::uniform_real_distribution<float> dist(-100.0f, 100.0f);
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) f(i, j) = dist(gen);
+  // Ties and specials on the first row: the rounding rule, not just "close".
+  const std::uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x7f800000u, 0x7fc00001u, 0x80000000u, 0x00018000u, 0x7f7fffffu};
+  for (int j = 0; j < 7; ++j) std::memcpy(&f(0, j), &special[j], sizeof(float));
+
+  Rows16 b("b", rows, cols);
+  rk::convert_rows(exec, f, b);
+  RowsF back("back", rows, cols);
+  rk::convert_rows(exec, b, back);
+  relayout::RowsView<relayout::fp16, Exec> h("h", rows, cols);
+  rk::convert_rows(exec, f, h);
+  relayout::RowsView<double, Exec> dd("dd", rows, cols);
+  rk::convert_rows(exec, b, dd);
+  RowsF f2("f2", rows, cols);
+  rk::convert_rows(exec, dd, f2);
+  exec.fence();
+  int bad_round = 0, bad_widen = 0, bad_half = 0, bad_double = 0;
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) {
+      bad_round += b(i, j).bits != bf16(f(i, j)).bits;
+      std::uint32_t w;
+      std::memcpy(&w, &back(i, j), sizeof w);
+      bad_widen += w != std::uint32_t(b(i, j).bits) << 16;
+      bad_half += h(i, j).bits != relayout::fp16(f(i, j)).bits;
+      if (!std::isnan(back(i, j))) bad_double += dd(i, j) != double(back(i, j)) || f2(i, j) != back(i, j);
+    }
+  CHECK(bad_round == 0);
+  CHECK(bad_widen == 0);
+  CHECK(bad_half == 0);
+  CHECK(bad_double == 0);
+  CHECK(b(0, 0).bits == 0x3f80);  // a tie goes to the even neighbour: down here ...
+  CHECK(b(0, 1).bits == 0x3f82);  // ... and up here
+
+  // A column subview (stride(1) == 1, stride(0) == 37) and a transposed one (stride(1) != 1):
+  // each element lands where its own indices say, the rest of dst untouched.
+  const auto cols_in = Kokkos::subview(f, Kokkos::ALL, Kokkos::make_pair(3, 20));
+  Rows16 part("part", rows, cols);
+  const bf16 marker = bf16(-7.0f);
+  Kokkos::deep_copy(part, marker);
+  const auto cols_out = Kokkos::subview(part, Kokkos::ALL, Kokkos::make_pair(10, 27));
+  rk::convert_rows(exec, cols_in, cols_out);
+  Kokkos::View<float**, Kokkos::LayoutLeft, Mem> left("left", rows, cols);  // column-major
+  Kokkos::deep_copy(left, f);
+  Rows16 from_left("from_left", rows, cols);
+  rk::convert_rows(exec, left, from_left);
+  exec.fence();
+  int misplaced = 0, touched = 0, bad_left = 0;
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) {
+      if (j >= 10 && j < 27) misplaced += part(i, j).bits != bf16(f(i, j - 7)).bits;
+      else touched += part(i, j).bits != marker.bits;
+      bad_left += from_left(i, j).bits != b(i, j).bits;
+    }
+  CHECK(misplaced == 0);
+  CHECK(touched == 0);
+  CHECK(bad_left == 0);
+
+  Rows16 wrong("wrong", rows, cols - 1);
+  CHECK_THROWS_WITH_AS(rk::convert_rows(exec, f, wrong), doctest::Contains("dst: must have src's shape 6 x 37"),
+                       rk::KernelError);
+  static_assert(rk::convertible_rows_v<float, bf16> && rk::convertible_rows_v<bf16, double>);
+  static_assert(!rk::convertible_rows_v<double, bf16>);  // would round twice
+}
+
 // residual += x is rounded once into the residual; x becomes rms_norm of the stored residual, so it
 // is bitwise rms_norm applied to what the residual holds afterwards.
 TEST_CASE("add_rms_norm on bf16 rows: the residual is the rounded sum, x the norm of the stored residual") {

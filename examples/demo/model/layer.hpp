@@ -381,28 +381,20 @@ class DistributedModel {
   // Whether the layer's activations are bf16 (ModelDims::weights bf16).
   bool bf16_rows() const { return dims_.weights == WeightDtype::bf16; }
 
-  // fp32 rows as rows of A: the view itself, or rounded to bf16 (nearest even) on exec_.
-  template <class A>
-  RowsView<A, ExecSpace> rows_as(const View& v) const {
-    if constexpr (std::is_same_v<A, float>) {
-      return v;
-    } else {
-      RowsView<A, ExecSpace> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::rows_bf16")),
-                                 v.extent(0), v.extent(1));
-      const std::int64_t cols = std::int64_t(v.extent(1));
-      Kokkos::parallel_for(
-          "relayout::round_rows", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(v.extent(0)) * cols),
-          KOKKOS_LAMBDA(const std::int64_t i) { out.data()[i] = A(v.data()[i]); });
-      return out;
-    }
+  // rows x cols of V, not initialised: every buffer below is written whole before it is read.
+  template <class V>
+  static V fresh(const char* label, std::size_t rows, std::size_t cols) {
+    return V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows, cols);
   }
-  // residual += y, elementwise in fp32.
+  // residual += y, elementwise in fp32 (y: rows of fp32 or bf16), row by row.
   template <class Y>
   void add_into(const View& residual, const Y& y) const {
-    const std::int64_t count = std::int64_t(residual.span());
+    const int cols = int(residual.extent(1));
     Kokkos::parallel_for(
-        "relayout::residual_add", Kokkos::RangePolicy<ExecSpace>(exec_, 0, count),
-        KOKKOS_LAMBDA(const std::int64_t i) { residual.data()[i] += float(y.data()[i]); });
+        "relayout::residual_add", Kokkos::RangePolicy<ExecSpace>(exec_, 0, std::int64_t(residual.extent(0))),
+        KOKKOS_LAMBDA(const std::int64_t i) {
+          for (int j = 0; j < cols; ++j) residual(i, j) += float(y(i, j));
+        });
   }
   template <class A>
   auto& attention_for() {
@@ -417,7 +409,7 @@ class DistributedModel {
     const bool split = split_residual();
     const std::size_t n = std::size_t(n_rows), m = x.rows.extent(0), H = std::size_t(dims_.hidden),
                       Q = std::size_t(dims_.q_lora), D = std::size_t(dims_.head_dim), HD = std::size_t(w.spec.heads) * D;
-    VA q("relayout::q", n, HD), o("relayout::o", n, HD), a("relayout::attn_out", n, H);
+    VA q = fresh<VA>("relayout::q", n, HD), o = fresh<VA>("relayout::o", n, HD), a = fresh<VA>("relayout::attn_out", n, H);
     // The low-rank query and the shared KV row (wq_a, wkv and their norms) are the same on every
     // attention-TP member. With LayerOptions::attn_tp_input_scattered each member computes them
     // for its chunk of the rows (split_rows) and the members all-gather them; otherwise each
@@ -428,10 +420,10 @@ class DistributedModel {
       using Replica = Rows<float, Replicated<AttnTp>, DpLocal, ExecSpace>;
       const View xr = scattered && !split ? split_rows(groups_, Replica(x.rows)).view() : x.rows;
       const std::size_t mr = xr.extent(0);
-      View xn32("relayout::xn", mr, H);
-      VA qa("relayout::qa", mr, Q), qr("relayout::qn", mr, Q), kvr("relayout::kv_raw", mr, D), kvn("relayout::kv", mr, D);
-      kernels::rms_norm(exec_, xr, w.attn_norm, dims_.rms_eps, xn32);  // the norm reads the fp32 residual
-      const VA xn = rows_as<A>(xn32);
+      const VA xn = fresh<VA>("relayout::xn", mr, H), qa = fresh<VA>("relayout::qa", mr, Q),
+               qr = fresh<VA>("relayout::qn", mr, Q), kvr = fresh<VA>("relayout::kv_raw", mr, D),
+               kvn = fresh<VA>("relayout::kv", mr, D);
+      kernels::rms_norm(exec_, xr, w.attn_norm, dims_.rms_eps, xn);  // reads the fp32 residual; bf16: rounded once
       w.wq_a(exec_, xn, qa);
       kernels::rms_norm(exec_, qa, w.q_norm, dims_.rms_eps, qr);
       w.wkv(exec_, xn, kvr);
@@ -470,16 +462,15 @@ class DistributedModel {
     a = split ? reduce_scatter(exec_, groups_, Partials(a), &traffic_).view() : attn.all_reduce(exec_, Partials(a)).view();
     recorder_.attention_output(layer, x.owners, a, {}, split);
 
-    View residual("relayout::residual", m, H);
+    const View residual = fresh<View>("relayout::residual", m, H);
     Kokkos::deep_copy(exec_, residual, x.rows);
     VA moe_in = a;
     if constexpr (std::is_same_v<A, float>) {
       kernels::add_rms_norm(exec_, a, residual, w.ffn_norm, dims_.rms_eps);  // residual = x + attn
-    } else {  // residual = x + attn in fp32; the MoE input is its norm, rounded to bf16
+    } else {  // residual = x + attn in fp32; the MoE input is its norm, rounded once to bf16
       add_into(residual, a);
-      View normed("relayout::moe_in", m, H);
-      kernels::rms_norm(exec_, residual, w.ffn_norm, dims_.rms_eps, normed);
-      moe_in = rows_as<A>(normed);
+      moe_in = fresh<VA>("relayout::moe_in", m, H);
+      kernels::rms_norm(exec_, residual, w.ffn_norm, dims_.rms_eps, moe_in);
     }
     exec_.fence();
     const auto y = moe<A>(layer, w, moe_in, x.owners, n_rows);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "relayout/bridge.hpp"
+#include "relayout/kernels/convert.hpp"
 #include "relayout/kernels/moe.hpp"
 #include "relayout/kernels/reference.hpp"
 #include "relayout/placement/zipf_routing.hpp"
@@ -47,10 +48,7 @@ struct DemoRouter {
   void operator()(const ExecSpace& exec, const RowsView<relayout::bf16, ExecSpace>& x, TopK<relayout::bf16, ExecSpace>& out) const {
     RowsView<float, ExecSpace> wide(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::router_rows")),
                                     x.extent(0), x.extent(1));
-    const std::int64_t count = std::int64_t(x.span());
-    Kokkos::parallel_for(
-        "relayout::router_widen", Kokkos::RangePolicy<ExecSpace>(exec, 0, count),
-        KOKKOS_LAMBDA(const std::int64_t i) { wide.data()[i] = float(x.data()[i]); });
+    kernels::convert_rows(exec, x, wide);
     TopK<float, ExecSpace> f(out.ids, out.weights);
     (*this)(exec, wide, f);
   }

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "relayout/comm/scalar.hpp"
+#include "relayout/kernels/convert.hpp"
 #include "relayout/kernels/error.hpp"
 #include "relayout/kernels/impl/attention_launch.hpp"
 #include "relayout/kernels/kv_cache.hpp"
@@ -54,30 +55,12 @@ Fp32Rows<ExecSpace> fp32_scratch(const ExecSpace& exec, std::size_t rows, std::s
                              rows, cols);
 }
 
-// An fp32 copy of bf16 rows (widening is exact), made by one parallel_for on exec, a row per work
-// item (in vectors where the host has them).
+// An fp32 copy of bf16 rows (exact), on exec.
 template <class ExecSpace, class V>
 Fp32Rows<ExecSpace> widen_rows(const ExecSpace& exec, const V& v) {
-  static_assert(bf16_rows_v<V>, "relayout::kernels::impl::widen_rows: bf16 rows only");
   const Fp32Rows<ExecSpace> w = fp32_scratch(exec, v.extent(0), v.extent(1));
-  const int cols = int(v.extent(1));
-  if (cols == 0) return w;
-  Kokkos::parallel_for(
-      "relayout::kernels::attention_widen_rows", Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(v.extent(0))),
-      KOKKOS_LAMBDA(const std::int64_t r) { widen_bf16_row<ExecSpace>(&v(r, 0), &w(r, 0), cols); });
+  convert_rows(exec, v, w);
   return w;
-}
-
-// dst = src rounded to bf16 (nearest even): one parallel_for on exec, a row per work item.
-template <class ExecSpace, class S, class D>
-void round_rows_into(const ExecSpace& exec, const S& src, const D& dst) {
-  static_assert(std::is_same_v<scalar_of<S>, float> && bf16_rows_v<D>,
-                "relayout::kernels::impl::round_rows_into: fp32 rows into bf16 rows only");
-  const int cols = int(dst.extent(1));
-  if (cols == 0) return;
-  Kokkos::parallel_for(
-      "relayout::kernels::attention_round_rows", Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(dst.extent(0))),
-      KOKKOS_LAMBDA(const std::int64_t r) { round_bf16_row<ExecSpace>(&src(r, 0), &dst(r, 0), cols); });
 }
 
 // Rows the fp32 core reads: bf16 rows widened into scratch, any other rows as they are.
@@ -98,7 +81,7 @@ void with_compute_rows(const ExecSpace& exec, const Q& q, const O& out, F&& f) {
     const auto q32 = compute_rows(exec, q);
     const Fp32Rows<ExecSpace> out32 = fp32_scratch(exec, out.extent(0), out.extent(1));
     f(q32, out32);
-    round_rows_into(exec, out32, out);
+    convert_rows(exec, out32, out);  // rounded once, to nearest even
   } else {
     f(q, out);
   }

@@ -20,9 +20,11 @@ KOKKOS_FORCEINLINE_FUNCTION T sum_squares(const T* x, int n) {
   return dot<lanes_v<ExecSpace, T>>(x, x, n);
 }
 
-// Rows of float or double: the arithmetic in T, the sum of squares in vectors.
-// Rows of bf16 or fp16 (compute_t<T> = float): each element widened as it is read, the arithmetic
-// in float, each stored value rounded once to nearest even.
+// Input rows of float or double (compute_t of the output's scalar): the arithmetic in that type,
+// the sum of squares in vectors; into bf16 or fp16 rows each stored value is rounded once, so the
+// result is bitwise the rounding of the float norm.
+// Input rows of bf16 or fp16 (compute_t<T> = float): each element widened as it is read, the
+// arithmetic in float, each stored value rounded once to nearest even.
 template <class ExecSpace, class X, class W, class Y>
 struct RmsNorm {
   using T = typename Y::non_const_value_type;
@@ -34,9 +36,9 @@ struct RmsNorm {
   int n;
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t row) const {
     const auto* xr = &x(row, 0);
-    if constexpr (std::is_same_v<C, T>) {
-      const T inv = T(1) / impl::sqrt(sum_squares<ExecSpace>(xr, n) / T(n) + eps);
-      for (int j = 0; j < n; ++j) y(row, j) = xr[j] * inv * T(weight(j));
+    if constexpr (std::is_same_v<C, typename X::non_const_value_type>) {
+      const C inv = C(1) / impl::sqrt(sum_squares<ExecSpace>(xr, n) / C(n) + eps);
+      for (int j = 0; j < n; ++j) y(row, j) = T(xr[j] * inv * C(weight(j)));
     } else {
       C ss = 0;
       for (int j = 0; j < n; ++j) ss += C(xr[j]) * C(xr[j]);
@@ -94,11 +96,15 @@ void check_norm(const char* fn, const X& x, const W& weight, const Y& y, const c
 }  // namespace impl
 
 // y = x / sqrt(mean(x^2) + eps) * weight, row by row. y may be x itself.
-// x and y share one scalar T; weight is T or compute_t<T> (float weights for bf16 rows).
+// y holds rows of T; x holds rows of T, or of compute_t<T> (fp32 rows normed into bf16 rows in
+// one pass, bitwise the bf16 rounding of the fp32 norm); weight is T or compute_t<T> (float
+// weights for bf16 rows).
 template <class ExecSpace, RowMatrixView X, VectorView W, MutableRowMatrixView Y>
 void rms_norm(const ExecSpace& exec, const X& x, const W& weight, double eps, const Y& y) {
-  static_assert(std::is_same_v<scalar_of<X>, scalar_of<Y>> && impl::norm_weight_fits_v<scalar_of<W>, scalar_of<Y>>,
-                "relayout::kernels::rms_norm: x and y must have the same scalar type T, weight T or compute_t<T>");
+  static_assert((std::is_same_v<scalar_of<X>, scalar_of<Y>> || std::is_same_v<scalar_of<X>, compute_t<scalar_of<Y>>>) &&
+                    impl::norm_weight_fits_v<scalar_of<W>, scalar_of<Y>>,
+                "relayout::kernels::rms_norm: y holds rows of T, x rows of T or compute_t<T>, weight T or "
+                "compute_t<T>");
   impl::check_norm("rms_norm", x, weight, y, "y", eps);
   using C = compute_t<scalar_of<Y>>;
   Kokkos::parallel_for("relayout::kernels::rms_norm",
