@@ -408,11 +408,15 @@ struct ExplainArgs {
   LayoutFlags flags;
   std::string format = "text";
   int rank = -1;
+  bool scattered = false;  // --enable-attn-tp-input-scattered
   CLI::App* app = nullptr;
 
   void add_to(CLI::App& parent) {
     app = parent.add_subcommand("explain", "explain a layout given SGLang-style flags");
     flags.add_to(*app);
+    app->add_flag("--enable-attn-tp-input-scattered", scattered,
+                  "rows split over attn_tp between layers (SGLang applies it on path tp_moe with attn_tp > 1, "
+                  "attn_cp == 1): the shared projections on each member's chunk, then all-gathered");
     add_int(*app, "--rank", rank, "focus one rank: of the world when --pp-size or replicas make it larger than one domain");
     app->add_option("--format", format, "text, json, dot or svg")->check(CLI::IsMember({"text", "json", "dot", "svg"}));
   }
@@ -440,7 +444,7 @@ struct ExplainArgs {
              " of its TP domain, focused below\n";
     };
     if (format == "json") {
-      nlohmann::json j = explain_json(layout, focus);
+      nlohmann::json j = explain_json(layout, focus, scattered);
       if (where)
         j["focus_world"] = {{"rank", where->rank}, {"replica", where->replica}, {"pp_rank", where->pp_rank},
                             {"node", where->node}, {"domain_rank", where->domain.rank}};
@@ -448,10 +452,10 @@ struct ExplainArgs {
     } else if (format == "dot") {
       out << explain_dot(layout);
     } else if (format == "svg") {
-      out << explain_svg(layout);
+      out << explain_svg(layout, scattered);
     } else {
       if (where) out << world_line();
-      out << explain_text(layout, focus);
+      out << explain_text(layout, focus, scattered);
     }
     return 0;
   }

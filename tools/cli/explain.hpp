@@ -36,17 +36,56 @@ struct ExplainStep {
 // and the token-count gather around the bridge's own plan (relayout::bridge_plan, the steps
 // MoeBridge runs), so explain and execution cannot drift apart. Path dp_gather's restore depends
 // on the step's padding mode; both are listed.
-inline std::vector<ExplainStep> bridge_steps(const RuntimeLayout& l) {
+// Whether --enable-attn-tp-input-scattered (`flag`) applies to this layout: where SGLang applies it
+// (attn_input_scattered: path tp_moe, attn_tp > 1, attn_cp == 1).
+inline bool scattered_applies(const RuntimeLayout& l, bool flag) {
+  return flag && attn_input_scattered(l.bridge_path(), l.widths());
+}
+
+// The attention's steps that communicate, for the prefill or for decode / extend rows: those of
+// relayout::attention_plan, or with the input scattered over attn_tp (SGLang's
+// --enable-attn-tp-input-scattered) the projections' all-gather first and wo_b's partial sums
+// reduce-scattered into the members' chunks in place of the all-reduce.
+inline std::vector<ExplainStep> attention_steps(const RuntimeLayout& l, AttentionPhase phase, bool scattered) {
   const Widths& w = l.widths();
   std::vector<ExplainStep> s;
-  for (const AttentionPlanStep& p : attention_plan(AttentionPhase::prefill, w.attn_cp > 1, w.attn_tp > 1))
-    if (p.group) s.push_back({std::string(p.name), std::string(to_string(*p.group)), std::string(p.what)});
+  if (scattered)
+    s.push_back({"all_gather", "attn_tp",
+                 "the q_a and kv rows (q_lora + head_dim values a token) each member computed for its split_rows "
+                 "chunk of the rows: the projections the members share run once, not on every member"});
+  for (const AttentionPlanStep& p : attention_plan(phase, w.attn_cp > 1, w.attn_tp > 1)) {
+    if (scattered && p.step == AttentionStep::all_reduce)
+      s.push_back({"reduce_scatter", "attn_tp",
+                   "wo_b partial sums -> each member's chunk of complete rows (RowShard<attn_tp>): the residual "
+                   "stays split between layers"});
+    else s.push_back({std::string(p.name), p.group ? std::string(to_string(*p.group)) : "local", std::string(p.what)});
+  }
+  return s;
+}
+
+// Why --enable-attn-tp-input-scattered does not apply to l (empty when it does).
+inline std::string scattered_not_applied(const RuntimeLayout& l) {
+  const Widths& w = l.widths();
+  if (attn_input_scattered(l.bridge_path(), w)) return {};
+  return "--enable-attn-tp-input-scattered: not applied; SGLang applies it on path tp_moe (no DP attention, no "
+         "all-to-all backend) with attn_tp > 1 and attn_cp == 1, and this layout has path " +
+         std::string(to_string(l.bridge_path())) + ", attn_tp " + std::to_string(w.attn_tp) + ", attn_cp " +
+         std::to_string(w.attn_cp);
+}
+
+// `scattered`: --enable-attn-tp-input-scattered was given (it changes the steps where it applies).
+inline std::vector<ExplainStep> bridge_steps(const RuntimeLayout& l, bool scattered = false) {
+  const Widths& w = l.widths();
+  const bool split = scattered_applies(l, scattered);
+  std::vector<ExplainStep> s;
+  for (ExplainStep& a : attention_steps(l, AttentionPhase::prefill, split))
+    if (a.group != "local") s.push_back(std::move(a));
   if (w.attn_tp == 1) s.push_back({"none", "local", "attn_tp == 1: wo_b output is already complete"});
   const bool cp = w.attn_cp > 1;
   if (l.bridge_path() == BridgePath::dp_gather)
     s.push_back({"all_gather", "tp", cp ? "token counts of every CP rank of every attention-DP group (global_num_tokens)"
                                         : "token counts of every attention-DP group (global_num_tokens)"});
-  const auto plan = bridge_plan(l.bridge_path(), PaddingMode::sum_len, BridgeRestore::reduce, cp);
+  const auto plan = bridge_plan(l.bridge_path(), PaddingMode::sum_len, BridgeRestore::reduce, cp, split);
   for (const PlanStep& p : plan) {
     ExplainStep e{std::string(p.name), p.group ? std::string(to_string(*p.group)) : "local",
                   std::string(p.what) + (p.placement ? " -> " + to_string(*p.placement) : std::string())};
@@ -244,14 +283,14 @@ inline nlohmann::json world_json(const WorldLayout& world) {
 
 // The attention side of one layer (relayout::attention_plan, the steps CpAttention runs): for
 // the prefill and for decode / extend rows, each step with its group (null: local) and what it does.
-inline nlohmann::json attention_json(const RuntimeLayout& l) {
-  const Widths& w = l.widths();
+inline nlohmann::json attention_json(const RuntimeLayout& l, bool scattered = false) {
+  const bool split = scattered_applies(l, scattered);
   const auto steps = [&](AttentionPhase phase) {
     nlohmann::json a = nlohmann::json::array();
-    for (const AttentionPlanStep& p : attention_plan(phase, w.attn_cp > 1, w.attn_tp > 1))
-      a.push_back({{"step", std::string(p.name)},
-                   {"group", p.group ? nlohmann::json(std::string(to_string(*p.group))) : nlohmann::json(nullptr)},
-                   {"what", std::string(p.what)}});
+    for (const ExplainStep& p : attention_steps(l, phase, split))
+      a.push_back({{"step", p.op},
+                   {"group", p.group != "local" ? nlohmann::json(p.group) : nlohmann::json(nullptr)},
+                   {"what", p.what}});
     return a;
   };
   return {{"component", "relayout::CpAttention"},
@@ -259,7 +298,9 @@ inline nlohmann::json attention_json(const RuntimeLayout& l) {
           {"decode_extend", steps(AttentionPhase::extend)}};
 }
 
-inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> focus = std::nullopt) {
+// `scattered`: --enable-attn-tp-input-scattered was given.
+inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> focus = std::nullopt,
+                                   bool scattered = false) {
   using nlohmann::json;
   const LayoutConfig& c = l.config();
   const Widths& w = l.widths();
@@ -275,7 +316,7 @@ inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> fo
                  {"enable_tp_lm_head_all_to_all", c.enable_tp_lm_head_all_to_all},
                  {"moe_dense_tp_size", c.moe_dense_tp_size ? json(*c.moe_dense_tp_size) : json(nullptr)},
                  {"dcp", c.dcp}, {"ep_num_redundant_experts", c.ep_num_redundant_experts},
-                 {"pp", c.pp}, {"nnodes", c.nnodes}};
+                 {"pp", c.pp}, {"nnodes", c.nnodes}, {"enable_attn_tp_input_scattered", scattered}};
   // Every flag as SGLang resolves it.
   j["dp_attention"] = dp_attention_on(c);
   j["moe_a2a_backend"] = std::string(to_string(l.backend()));
@@ -323,11 +364,14 @@ inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> fo
     }
     j["expert_map"] = e;
   }
-  j["attention"] = attention_json(l);
+  j["attention"] = attention_json(l, scattered);
+  j["attn_tp_input_scattered"] = {{"applied", scattered_applies(l, scattered)},
+                                  {"note", scattered && !scattered_applies(l, scattered) ? json(scattered_not_applied(l))
+                                                                                          : json(nullptr)}};
   j["bridge"]["path"] = std::string(to_string(l.bridge_path()));
   j["bridge"]["reason"] = bridge_reason(l);
   j["bridge"]["steps"] = json::array();
-  for (const ExplainStep& s : bridge_steps(l))
+  for (const ExplainStep& s : bridge_steps(l, scattered))
     j["bridge"]["steps"].push_back({{"op", s.op}, {"group", s.group}, {"what", s.what}});
   j["padding"]["rule"] = forces_max_len(c.moe_a2a_backend)
                              ? "max_len always (" + std::string(to_string(c.moe_a2a_backend)) + ")"
@@ -520,14 +564,19 @@ inline void explain_groups(std::ostream& o, const RuntimeLayout& l, std::optiona
 }
 
 // The bridge's steps with their groups, the decode / extend attention plan and the padding rule.
-inline void explain_bridge(std::ostream& o, const RuntimeLayout& l, std::optional<int> focus) {
+inline void explain_bridge(std::ostream& o, const RuntimeLayout& l, std::optional<int> focus, bool scattered) {
   const LayoutConfig& c = l.config();
   const Widths& w = l.widths();
   const std::string backend(to_string(c.moe_a2a_backend));
   o << "Attention -> MoE bridge: " << to_string(l.bridge_path()) << "   (" << bridge_reason(l)
     << ")\n";
+  if (scattered_applies(l, scattered))
+    o << "  --enable-attn-tp-input-scattered: rows stay split over attn_tp between layers (each member its "
+         "split_rows chunk)\n";
+  else if (scattered)
+    o << "  " << scattered_not_applied(l) << "\n";
   int n = 1;
-  for (const ExplainStep& s : bridge_steps(l)) {
+  for (const ExplainStep& s : bridge_steps(l, scattered)) {
     o << "  " << n++ << ". " << s.op;
     if (s.group == "local") {
       o << " (local)";
@@ -539,8 +588,8 @@ inline void explain_bridge(std::ostream& o, const RuntimeLayout& l, std::optiona
     o << ": " << s.what << "\n";
   }
   o << "  decode / extend rows (relayout::CpAttention):";
-  for (const AttentionPlanStep& p : attention_plan(AttentionPhase::extend, w.attn_cp > 1, w.attn_tp > 1))
-    o << " " << p.name << (p.group ? "@" + std::string(to_string(*p.group)) : std::string());
+  for (const ExplainStep& p : attention_steps(l, AttentionPhase::extend, scattered_applies(l, scattered)))
+    o << " " << p.op << (p.group != "local" ? "@" + p.group : std::string());
   o << "\n";
   o << "  padding: "
     << (forces_max_len(c.moe_a2a_backend)
@@ -599,13 +648,14 @@ inline void explain_dspark(std::ostream& o, const RuntimeLayout& l) {
 
 }  // namespace impl
 
-inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus = std::nullopt) {
+// `scattered`: --enable-attn-tp-input-scattered was given.
+inline std::string explain_text(const RuntimeLayout& l, std::optional<int> focus = std::nullopt, bool scattered = false) {
   std::ostringstream o;
   impl::explain_header(o, l);
   impl::explain_widths(o, l);
   impl::explain_ranks(o, l, focus);
   impl::explain_groups(o, l, focus);
-  impl::explain_bridge(o, l, focus);
+  impl::explain_bridge(o, l, focus, scattered);
   impl::explain_expert_map(o, l);
   o << world_text(WorldLayout(l.config()));
   impl::explain_dspark(o, l);
@@ -695,8 +745,9 @@ inline HeldRows held_after(const RuntimeLayout& l, const PlanStep& p, int r) {
 // The layout as a picture: the ranks as a grid in attention order (dp, cp; tp across) and in MoE
 // order (moe_dp, moe_ep; moe_tp across), both coloured by attention-DP group, and the bridge's
 // steps as a strip of which rows each rank holds after each step (the first 16 ranks).
-inline std::string explain_svg(const RuntimeLayout& l) {
+inline std::string explain_svg(const RuntimeLayout& l, bool scattered = false) {
   const Widths& w = l.widths();
+  const bool split = scattered_applies(l, scattered);
   constexpr double cw = 64, ch = 24, left = 150, gap = 36;
   constexpr int kMaxGridRanks = 256, kMaxStripRanks = 16;
   svg::Doc d(800, 200);
@@ -757,7 +808,7 @@ inline std::string explain_svg(const RuntimeLayout& l) {
        [&](int i) { return (w.moe_dp > 1 ? "mdp " + std::to_string(i / w.moe_ep) + " " : std::string()) + "ep " + std::to_string(i % w.moe_ep); });
 
   // The strip: the attention all-reduce, then the bridge plan's steps.
-  const auto plan = bridge_plan(l.bridge_path(), PaddingMode::sum_len, BridgeRestore::reduce, w.attn_cp > 1);
+  const auto plan = bridge_plan(l.bridge_path(), PaddingMode::sum_len, BridgeRestore::reduce, w.attn_cp > 1, split);
   d.text(12, y - 10, "Bridge steps: rows each rank holds after each step (path " + std::string(to_string(l.bridge_path())) + ")",
          12, "start", "section", "bold");
   const double sw = 112, top = y + 28;
@@ -766,7 +817,10 @@ inline std::string explain_svg(const RuntimeLayout& l) {
     d.text(left + col * sw + sw / 2, y + 4, name, 10, "middle", "step", "bold");
     d.text(left + col * sw + sw / 2, y + 17, op, 9, "middle", "collective");
   };
-  header(0, "attention", w.attn_cp > 1 ? "all_gatherv@attn_cp (KV)" : w.attn_tp > 1 ? "all_reduce@attn_tp" : "local");
+  header(0, "attention", w.attn_cp > 1  ? "all_gatherv@attn_cp (KV)"
+                         : split        ? "reduce_scatter@attn_tp"
+                         : w.attn_tp > 1 ? "all_reduce@attn_tp"
+                                         : "local");
   for (std::size_t c = 0; c < plan.size(); ++c)
     header(int(c) + 1, std::string(plan[c].name),
            plan[c].group ? step_collective(plan[c].step) + "@" + std::string(to_string(*plan[c].group)) : "local");
@@ -774,7 +828,8 @@ inline std::string explain_svg(const RuntimeLayout& l) {
     const RankCoords k = l.coords(r);
     d.text(12, top + r * ch + 15, "r" + std::to_string(r) + " (g" + std::to_string(k.attn_dp_rank) + ")", 10, "start", "rowlabel");
     d.rect(left, top + r * ch, sw - 2, ch - 2, svg::colour(k.attn_dp_rank, w.attn_dp), "held");
-    HeldRows h = held_after(l, PlanStep{BridgeStep::all_gather, std::nullopt, "", "", Placement{RowState::replicated, GroupKind::attn_tp, RowScope::dp_local}, ""}, r);  // its own rows
+    // Its own rows (scattered: its chunk of them).
+    HeldRows h = held_after(l, PlanStep{BridgeStep::all_gather, std::nullopt, "", "", Placement{split ? RowState::row_shard : RowState::replicated, GroupKind::attn_tp, RowScope::dp_local}, ""}, r);
     d.text(left + sw / 2, top + r * ch + 15, h.text, 10, "middle");
     for (std::size_t c = 0; c < plan.size(); ++c) {
       if (plan[c].step != BridgeStep::route) h = held_after(l, plan[c], r);
