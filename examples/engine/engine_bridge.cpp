@@ -3,8 +3,10 @@
 // double-precision experts (a two-layer tanh MLP per expert, not SwiGLU, with a shared expert),
 // its own execution-space instance. For every bridge path 4 ranks allow it runs the hand-over on
 // uneven per-DP-group batches (one group idle) and compares every row with a serial computation
-// of its own. Prints one line per path with the max error and the element type; exits 1 on any
-// mismatch.
+// of its own. Then the same engine with an fp32 residual stream and a bf16 MoE: its rows converted
+// with kernels::convert_rows, MoeBridge<C, bf16> moving 2-byte rows, its experts rounding their
+// outputs to bf16, checked within a bound derived from the bf16 roundings. Prints one line per
+// path with the max error and the element type; exits 1 on any mismatch.
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
@@ -113,6 +115,61 @@ void serial_moe(const Scalar* x, Scalar* y) {
   }
 }
 
+// The same engine with bf16 rows in its MoE (an fp32 residual stream around it): the router reads
+// the rows widened (exactly) and keeps fp32 weights (TopK<bf16>::weights are compute_t<bf16>);
+// the experts compute in double from the widened rows and round each output to bf16.
+using View16 = relayout::RowsView<relayout::bf16, Exec>;
+using View32 = relayout::RowsView<float, Exec>;
+double widen(relayout::bf16 v) { return double(float(v)); }
+
+struct Router16 {
+  int top_k() const { return kTopK; }
+  void operator()(const Exec& exec, const View16& x, relayout::TopK<relayout::bf16, Exec>& out) const {
+    auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+    auto ih = Kokkos::create_mirror_view(out.ids);
+    auto wh = Kokkos::create_mirror_view(out.weights);
+    Scalar row[kHidden], w[kTopK];
+    for (std::size_t i = 0; i < x.extent(0); ++i) {
+      for (int f = 0; f < kHidden; ++f) row[f] = widen(xh(i, f));
+      Router::route_row(row, &ih(i, 0), w);
+      for (int k = 0; k < kTopK; ++k) wh(i, k) = float(w[k]);
+    }
+    Kokkos::deep_copy(exec, out.ids, ih);
+    Kokkos::deep_copy(exec, out.weights, wh);
+    exec.fence();
+  }
+};
+
+struct Experts16 {
+  Experts base;  // the moe_tp slice
+  void operator()(const Exec& exec, const relayout::ExpertBatch<relayout::bf16, Exec>& b, const View16& y) const {
+    auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b.x);
+    auto yh = Kokkos::create_mirror_view(y);
+    const auto [i0, i1] = base.slice(kInter);
+    Scalar row[kHidden];
+    for (int e = 0; e < b.experts(); ++e)
+      for (std::int64_t r = b.offset(e); r < b.offset(e) + b.count(e); ++r) {
+        for (int f = 0; f < kHidden; ++f) row[f] = widen(xh(r, f));
+        for (int f = 0; f < kHidden; ++f) yh(r, f) = relayout::bf16(float(mlp(b.first_expert + e, row, f, i0, i1, kInter)));
+      }
+    Kokkos::deep_copy(exec, y, yh);
+    exec.fence();
+  }
+  void shared(const Exec& exec, const View16& x, const View16& y) const {
+    auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+    auto yh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+    const auto [i0, i1] = base.slice(kSharedInter);
+    Scalar row[kHidden];
+    for (std::size_t r = 0; r < x.extent(0); ++r) {
+      for (int f = 0; f < kHidden; ++f) row[f] = widen(xh(r, f));
+      for (int f = 0; f < kHidden; ++f)
+        yh(r, f) = relayout::bf16(float(widen(yh(r, f)) + mlp(kExperts, row, f, i0, i1, kSharedInter)));
+    }
+    Kokkos::deep_copy(exec, y, yh);
+    exec.fence();
+  }
+};
+
 struct Case {
   const char* name;
   relayout::BridgePath path;  // the path the case is about; skipped where np does not give it
@@ -179,6 +236,66 @@ double run_case(MPI_Comm comm, const Case& c, std::string& path) {
   return err;
 }
 
+// The bf16 MoE of one layout: fp32 rows -> bf16 (convert_rows), the hand-over, bf16 -> fp32. Each
+// output element is held to bound = 8 u S + 1e-6, u = 2^-8 and S = sum_k w_k |y_k| + |shared| of
+// the serial computation on the same bf16 inputs: the experts' outputs, the shared expert's sum
+// into y, the weighted combine and at most np - 1 sums of partials over ranks each round once by
+// u relative to a value within S, under 8 roundings in all on 4 ranks. Returns the largest
+// error / bound over every rank's rows (<= 1 passes).
+double run_bf16_case(MPI_Comm comm, const Case& c, std::string& path) {
+  using namespace relayout;
+  const MpiCommunicator world = MpiCommunicator::adopt(comm);
+  const ProcessGroups pg(RuntimeLayout(c.config), world);
+  const RankCoords k = pg.coords();
+  const Widths& w = pg.layout().widths();
+  path = std::string(to_string(pg.layout().bridge_path()));
+  const auto tokens_of = [&](int g) { return g == w.attn_dp - 1 && w.attn_dp > 1 ? 0 : 5 + 3 * g; };
+  std::int64_t first = 0;
+  for (int g = 0; g < k.attn_dp_rank; ++g) first += tokens_of(g);
+  const std::int64_t n = tokens_of(k.attn_dp_rank);
+
+  Exec exec;
+  View32 residual("residual", std::size_t(n), kHidden);  // the engine's fp32 stream
+  auto rh = Kokkos::create_mirror_view(residual);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (int f = 0; f < kHidden; ++f) rh(i, f) = float(input(first + i, f));
+  Kokkos::deep_copy(exec, residual, rh);
+  View16 x("x16", std::size_t(n), kHidden);
+  kernels::convert_rows(exec, residual, x);  // rounded once, to nearest even
+  MoeBridge<MpiCommunicator, bf16, Exec> bridge(pg, kExperts, c.options);
+  const std::vector<std::int64_t> counts = gather_num_tokens(pg, n);
+  Router16 router;
+  Experts16 experts{{w.moe_tp, k.moe_tp_rank}};
+  const auto y = bridge.run(exec, Rows<bf16, Replicated<AttnTp>, DpLocal, Exec>(x), router, experts,
+                            {.global_num_tokens = counts});
+  double worst = 0.0;
+  if (y.rows() != n) worst = 1e30;
+  else {
+    View32 y32("y32", std::size_t(n), kHidden);
+    kernels::convert_rows(exec, y.view(), y32);  // widened exactly
+    exec.fence();
+    auto yh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y32);
+    auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+    Scalar row[kHidden], ref[kHidden];
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (int f = 0; f < kHidden; ++f) row[f] = widen(xh(i, f));
+      serial_moe(row, ref);
+      int ids[kTopK];
+      Scalar wt[kTopK];
+      Router::route_row(row, ids, wt);
+      for (int f = 0; f < kHidden; ++f) {
+        double sum_abs = std::abs(mlp(kExperts, row, f, 0, kSharedInter, kSharedInter));
+        for (int j = 0; j < kTopK; ++j) sum_abs += wt[j] * std::abs(mlp(ids[j], row, f, 0, kInter, kInter));
+        const double bound = 8.0 * std::ldexp(1.0, -8) * sum_abs + 1e-6;
+        const double d = std::abs(double(yh(i, f)) - ref[f]) / bound;
+        worst = std::isfinite(d) ? std::max(worst, d) : 1e30;
+      }
+    }
+  }
+  all_reduce_in_place(world, std::span<double>(&worst, 1), ReduceOp::max);
+  return worst;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -233,6 +350,23 @@ int main(int argc, char** argv) {
       } catch (const std::exception& e) {
         ++failures;
         std::fprintf(stderr, "engine: %s: rank %d: %s\n", c.name, rank, e.what());
+      }
+    }
+    // The bf16 MoE on the paths that move rows differently: gathered (A), split and dispatched (B),
+    // and tp_moe with moe_tp shards summed over ranks.
+    for (const Case& c : {cases[0], cases[3], cases[5]}) {
+      if (relayout::RuntimeLayout(c.config).bridge_path() != c.path) continue;
+      try {
+        std::string path;
+        const double ratio = run_bf16_case(engine, c, path);
+        const bool ok = ratio <= 1.0;
+        failures += ok ? 0 : 1;
+        if (rank == 0)
+          std::printf("engine: bf16 rows, %-22s path %-9s bf16    err/bound %.3g  %s\n", c.name, path.c_str(), ratio,
+                      ok ? "OK" : "MISMATCH");
+      } catch (const std::exception& e) {
+        ++failures;
+        std::fprintf(stderr, "engine: bf16 rows, %s: rank %d: %s\n", c.name, rank, e.what());
       }
     }
     MPI_Comm_free(&engine);
