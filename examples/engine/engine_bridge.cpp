@@ -177,20 +177,34 @@ struct Case {
   relayout::BridgeOptions options;
 };
 
+// One case's groups on the engine's communicator and this rank's batch: DP group g has 5 + 3g
+// tokens, except the last group, which is idle this step; this rank's tokens are [first, first + n).
+struct CaseRanks {
+  relayout::MpiCommunicator world;
+  relayout::ProcessGroups pg;  // refers to world: CaseRanks is neither copied nor moved
+  std::int64_t first = 0, n = 0;
+  CaseRanks(MPI_Comm comm, const Case& c)
+      : world(relayout::MpiCommunicator::adopt(comm)), pg(relayout::RuntimeLayout(c.config), world) {
+    const relayout::Widths& w = pg.layout().widths();
+    const auto tokens_of = [&](int g) { return g == w.attn_dp - 1 && w.attn_dp > 1 ? 0 : 5 + 3 * g; };
+    for (int g = 0; g < pg.coords().attn_dp_rank; ++g) first += tokens_of(g);
+    n = tokens_of(pg.coords().attn_dp_rank);
+  }
+  CaseRanks(const CaseRanks&) = delete;
+  CaseRanks& operator=(const CaseRanks&) = delete;
+  std::string path() const { return std::string(relayout::to_string(pg.layout().bridge_path())); }
+};
+
 // Runs one layout; returns the max error over every rank's rows (every rank gets the same value).
 double run_case(MPI_Comm comm, const Case& c, std::string& path) {
   using namespace relayout;
-  const MpiCommunicator world = MpiCommunicator::adopt(comm);
-  const ProcessGroups pg(RuntimeLayout(c.config), world);
+  const CaseRanks cr(comm, c);
+  const ProcessGroups& pg = cr.pg;
+  const MpiCommunicator& world = cr.world;
   const RankCoords k = pg.coords();
   const Widths& w = pg.layout().widths();
-  path = std::string(to_string(pg.layout().bridge_path()));
-
-  // DP group g has 5 + 3g tokens, except the last group, which is idle this step.
-  const auto tokens_of = [&](int g) { return g == w.attn_dp - 1 && w.attn_dp > 1 ? 0 : 5 + 3 * g; };
-  std::int64_t first = 0;
-  for (int g = 0; g < k.attn_dp_rank; ++g) first += tokens_of(g);
-  const std::int64_t n = tokens_of(k.attn_dp_rank);
+  path = cr.path();
+  const std::int64_t first = cr.first, n = cr.n;
 
   Exec exec;  // the engine's instance; relayout fences only this one
   View x("x", std::size_t(n), kHidden);
@@ -244,15 +258,12 @@ double run_case(MPI_Comm comm, const Case& c, std::string& path) {
 // error / bound over every rank's rows (<= 1 passes).
 double run_bf16_case(MPI_Comm comm, const Case& c, std::string& path) {
   using namespace relayout;
-  const MpiCommunicator world = MpiCommunicator::adopt(comm);
-  const ProcessGroups pg(RuntimeLayout(c.config), world);
+  const CaseRanks cr(comm, c);
+  const ProcessGroups& pg = cr.pg;
   const RankCoords k = pg.coords();
   const Widths& w = pg.layout().widths();
-  path = std::string(to_string(pg.layout().bridge_path()));
-  const auto tokens_of = [&](int g) { return g == w.attn_dp - 1 && w.attn_dp > 1 ? 0 : 5 + 3 * g; };
-  std::int64_t first = 0;
-  for (int g = 0; g < k.attn_dp_rank; ++g) first += tokens_of(g);
-  const std::int64_t n = tokens_of(k.attn_dp_rank);
+  path = cr.path();
+  const std::int64_t first = cr.first, n = cr.n;
 
   Exec exec;
   View32 residual("residual", std::size_t(n), kHidden);  // the engine's fp32 stream
@@ -292,7 +303,7 @@ double run_bf16_case(MPI_Comm comm, const Case& c, std::string& path) {
       }
     }
   }
-  all_reduce_in_place(world, std::span<double>(&worst, 1), ReduceOp::max);
+  all_reduce_in_place(cr.world, std::span<double>(&worst, 1), ReduceOp::max);
   return worst;
 }
 
