@@ -577,6 +577,7 @@ Gathered gather_report(const Net& net, const Prefill& p, const MpiCommunicator& 
 
 struct Timing {
   double best = 0.0, tokens_per_s = 0.0, decode_s = 0.0;
+  double collective = 0.0;  // of the best forward: the most any rank spent in collectives (collective_seconds)
   std::int64_t decode_rows = 0;
 };
 
@@ -592,10 +593,15 @@ Timing time_repeats(Net& net, const Options& o, const model::Workload& work, con
     for (int i = 0; i < o.repeat; ++i) {
       barrier(world);
       const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = collective_seconds();
       net.forward(work);
-      double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      all_reduce_in_place(world, std::span<double>(&dt, 1), ReduceOp::max);
-      t.best = std::min(t.best, dt);
+      double dt[2] = {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                      collective_seconds() - c0};
+      all_reduce_in_place(world, std::span<double>(dt, 2), ReduceOp::max);
+      if (dt[0] < t.best) {
+        t.best = dt[0];
+        t.collective = dt[1];
+      }
     }
   }
   t.tokens_per_s = t.best > 0 ? double(work.total_rows()) / t.best : 0.0;
@@ -685,7 +691,8 @@ void print_json(const Report& r) {
                                       {"near_router_tie", near_tie_json(balance.near)}};
   }
   if (o.repeat > 0)
-    j["timing"] = {{"repeats", o.repeat}, {"best_forward_s", r.t.best}, {"tokens_per_s", r.t.tokens_per_s}};
+    j["timing"] = {{"repeats", o.repeat}, {"best_forward_s", r.t.best}, {"tokens_per_s", r.t.tokens_per_s},
+                   {"collective_s", r.t.collective}};
   if (r.plan.steps > 0) {
     j["decode"] = {{"steps", r.plan.steps}, {"kv_cache_dtype", model::kv_cache_dtype(o.dims)},
                    {"rows_per_group", dec.counts}, {"rows_checked", dec.rows},
@@ -797,9 +804,11 @@ void text_decode(std::ostringstream& s, const Report& r) {
 
 void text_timing(std::ostringstream& s, const Report& r) {
   if (r.o.repeat > 0) {
-    char line[160];
-    std::snprintf(line, sizeof line, "\ntiming: best forward %.6f s of %d (after a warm-up), %.0f tokens/s\n", r.t.best,
-                  r.o.repeat, r.t.tokens_per_s);
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "\ntiming: best forward %.6f s of %d (after a warm-up), %.0f tokens/s; in collectives %.6f s (the "
+                  "most of any rank, waits included)\n",
+                  r.t.best, r.o.repeat, r.t.tokens_per_s, r.t.collective);
     s << line;
   }
   if (r.o.repeat > 0 && r.plan.steps > 0) {

@@ -12,6 +12,7 @@
 #include "relayout/comm/barrier.hpp"
 #include "relayout/comm/broadcast.hpp"
 #include "relayout/comm/buffer.hpp"
+#include "relayout/comm/clock.hpp"
 #include "relayout/comm/collective_kind.hpp"
 #include "relayout/comm/communicator.hpp"
 #include "relayout/comm/error.hpp"

@@ -6,7 +6,9 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstdint>
+#include <chrono>
 #include <numeric>
+#include <thread>
 #include <relayout/comm.hpp>
 #include <string>
 #include <vector>
@@ -421,4 +423,22 @@ TEST_CASE("mpi: split_shared groups the ranks of one host; making a communicator
     CHECK(msg.find("comm_split() at comm/test_collectives_mpi.cpp:") != std::string::npos);
     barrier(d);  // still usable
   }
+}
+
+// collective_seconds(): the time inside the collectives, waits for the other members included;
+// nothing while a rank computes on its own.
+TEST_CASE("mpi: collective_seconds counts the waits inside a collective and nothing outside one") {
+  const MpiCommunicator& w = world();
+  barrier(w);
+  const double before_local = collective_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // local work: not counted
+  CHECK(collective_seconds() == before_local);
+  // Rank 0 arrives 200 ms late: every other rank waits inside the barrier for most of that (the
+  // margin covers ranks leaving the first barrier late on an oversubscribed machine).
+  if (w.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const double c0 = collective_seconds();
+  barrier(w);
+  const double waited = collective_seconds() - c0;
+  if (w.rank() != 0) CHECK(waited >= 0.05);
+  CHECK(waited >= 0.0);
 }

@@ -22,6 +22,8 @@
 #include <memory>
 #include <utility>
 
+#include "relayout/comm/clock.hpp"
+
 namespace relayout {
 
 class CollectiveRequest {
@@ -60,7 +62,10 @@ class CollectiveRequest {
   // Returns when the collective is complete.
   void wait() {
     if (!pending_) return;
-    pending_->wait();
+    {
+      const impl::CollectiveTimer timer;  // collective_seconds() (clock.hpp)
+      pending_->wait();
+    }
     release();
   }
 

@@ -14,6 +14,7 @@
 
 #include "relayout/comm/agreement.hpp"
 #include "relayout/comm/buffer.hpp"
+#include "relayout/comm/clock.hpp"
 #include "relayout/comm/communicator.hpp"
 #include "relayout/comm/impl/checks.hpp"
 #include "relayout/comm/request.hpp"
@@ -71,6 +72,7 @@ template <class F, class C, class Body>
 void run_collective(const F& fence, const C& comm, CollectiveKind kind, const char* dtype,
                     std::source_location site, Body&& body) {
   fence_instance(fence);
+  const CollectiveTimer timer;  // collective_seconds() (clock.hpp): the call, not the fence
   CollectiveScope<C> scope(comm, kind, dtype, site);
   try {
     body(scope);
