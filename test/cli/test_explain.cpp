@@ -306,37 +306,33 @@ TEST_CASE("explain: --attn-dp-size 1 with --dp-size N: the replicas are the layo
 }
 
 TEST_CASE("explain: --enable-attn-tp-input-scattered on tp_moe, and where it does not apply") {
-  // tp 4, no DP attention, backend none: path tp_moe, attn_tp 4. Scattered: the projections'
-  // all-gather and wo_b's reduce-scatter over attn_tp, then the bridge's scattered tp_moe plan
-  // (the chunks gathered, route, experts, the partials reduce-scattered back into the chunks).
+  // tp 4, no DP attention, backend none: path tp_moe, attn_tp 4. Scattered, as relayout plan and
+  // the demo layer take it: the projections' all-gather over attn_tp comes first; wo_b's all-reduce
+  // and the tp_moe plan (experts, all-reduce) stay.
   const RuntimeLayout t({.tp = 4});
   std::vector<std::pair<std::string, std::string>> got;
   for (const cli::ExplainStep& s : cli::bridge_steps(t, true)) got.emplace_back(s.op, s.group);
   CHECK(got == std::vector<std::pair<std::string, std::string>>{{"all_gather", "attn_tp"},
-                                                                {"reduce_scatter", "attn_tp"},
-                                                                {"all_gather", "attn_tp"},
+                                                                {"all_reduce", "attn_tp"},
                                                                 {"route", "local"},
                                                                 {"experts", "local"},
-                                                                {"reduce_scatter", "attn_tp"}});
-  // Without the flag: the attention all-reduce and the plain tp_moe plan (experts, all-reduce).
+                                                                {"all_reduce", "tp"}});
+  // Without the flag: the same minus the all-gather.
+  CHECK(cli::bridge_steps(t).size() == got.size() - 1);
   CHECK(cli::bridge_steps(t).front().op == "all_reduce");
-  CHECK(cli::bridge_steps(t).back().op == "all_reduce");
 
   const json j = cli::explain_json(t, std::nullopt, true);
   CHECK(j["config"]["enable_attn_tp_input_scattered"] == true);
   CHECK(j["attn_tp_input_scattered"]["applied"] == true);
   CHECK(j["attn_tp_input_scattered"]["note"].is_null());
   CHECK(j["attention"]["prefill"].front()["step"] == "all_gather");
-  CHECK(j["attention"]["prefill"].back()["step"] == "reduce_scatter");
+  CHECK(j["attention"]["prefill"].back()["step"] == "all_reduce");
   CHECK(j["attention"]["decode_extend"].front()["group"] == "attn_tp");
-  CHECK(j["bridge"]["steps"].size() == 6);
+  CHECK(j["bridge"]["steps"].size() == 5);
   const std::string text = cli::explain_text(t, std::nullopt, true);
-  CHECK(text.find("rows stay split over attn_tp between layers") != std::string::npos);
+  CHECK(text.find("run on each member's split_rows chunk and are all-gathered over attn_tp") != std::string::npos);
   CHECK(text.find("  decode / extend rows (relayout::CpAttention): all_gather@attn_tp kv_append attention "
-                  "reduce_scatter@attn_tp\n") != std::string::npos);
-  const std::string svg = cli::explain_svg(t, true);
-  CHECK(svg.find("reduce_scatter@attn_tp") != std::string::npos);
-  CHECK(svg.find("g0 2/4") != std::string::npos);  // rank 1 holds its chunk from the start
+                  "all_reduce@attn_tp\n") != std::string::npos);
 
   // DP attention (path dp_gather): SGLang does not apply it; the steps are the plain ones, and the
   // text and JSON say why.

@@ -415,8 +415,8 @@ struct ExplainArgs {
     app = parent.add_subcommand("explain", "explain a layout given SGLang-style flags");
     flags.add_to(*app);
     app->add_flag("--enable-attn-tp-input-scattered", scattered,
-                  "rows split over attn_tp between layers (SGLang applies it on path tp_moe with attn_tp > 1, "
-                  "attn_cp == 1): the shared projections on each member's chunk, then all-gathered");
+                  "the projections every attention-TP member repeats run on each member's chunk of the rows, then "
+                  "are all-gathered (SGLang applies it on path tp_moe with attn_tp > 1, attn_cp == 1)");
     add_int(*app, "--rank", rank, "focus one rank: of the world when --pp-size or replicas make it larger than one domain");
     app->add_option("--format", format, "text, json, dot or svg")->check(CLI::IsMember({"text", "json", "dot", "svg"}));
   }
@@ -452,7 +452,7 @@ struct ExplainArgs {
     } else if (format == "dot") {
       out << explain_dot(layout);
     } else if (format == "svg") {
-      out << explain_svg(layout, scattered);
+      out << explain_svg(layout);
     } else {
       if (where) out << world_line();
       out << explain_text(layout, focus, scattered);

@@ -42,10 +42,10 @@ inline bool scattered_applies(const RuntimeLayout& l, bool flag) {
   return flag && attn_input_scattered(l.bridge_path(), l.widths());
 }
 
-// The attention's steps that communicate, for the prefill or for decode / extend rows: those of
-// relayout::attention_plan, or with the input scattered over attn_tp (SGLang's
-// --enable-attn-tp-input-scattered) the projections' all-gather first and wo_b's partial sums
-// reduce-scattered into the members' chunks in place of the all-reduce.
+// The attention's steps, for the prefill or for decode / extend rows: those of
+// relayout::attention_plan, after, with the input scattered over attn_tp (SGLang's
+// --enable-attn-tp-input-scattered, as relayout plan and the demo layer take it), the all-gather of
+// the projections each member ran for its chunk of the rows. wo_b's all-reduce stays.
 inline std::vector<ExplainStep> attention_steps(const RuntimeLayout& l, AttentionPhase phase, bool scattered) {
   const Widths& w = l.widths();
   std::vector<ExplainStep> s;
@@ -53,13 +53,8 @@ inline std::vector<ExplainStep> attention_steps(const RuntimeLayout& l, Attentio
     s.push_back({"all_gather", "attn_tp",
                  "the q_a and kv rows (q_lora + head_dim values a token) each member computed for its split_rows "
                  "chunk of the rows: the projections the members share run once, not on every member"});
-  for (const AttentionPlanStep& p : attention_plan(phase, w.attn_cp > 1, w.attn_tp > 1)) {
-    if (scattered && p.step == AttentionStep::all_reduce)
-      s.push_back({"reduce_scatter", "attn_tp",
-                   "wo_b partial sums -> each member's chunk of complete rows (RowShard<attn_tp>): the residual "
-                   "stays split between layers"});
-    else s.push_back({std::string(p.name), p.group ? std::string(to_string(*p.group)) : "local", std::string(p.what)});
-  }
+  for (const AttentionPlanStep& p : attention_plan(phase, w.attn_cp > 1, w.attn_tp > 1))
+    s.push_back({std::string(p.name), p.group ? std::string(to_string(*p.group)) : "local", std::string(p.what)});
   return s;
 }
 
@@ -85,7 +80,7 @@ inline std::vector<ExplainStep> bridge_steps(const RuntimeLayout& l, bool scatte
   if (l.bridge_path() == BridgePath::dp_gather)
     s.push_back({"all_gather", "tp", cp ? "token counts of every CP rank of every attention-DP group (global_num_tokens)"
                                         : "token counts of every attention-DP group (global_num_tokens)"});
-  const auto plan = bridge_plan(l.bridge_path(), PaddingMode::sum_len, BridgeRestore::reduce, cp, split);
+  const auto plan = bridge_plan(l.bridge_path(), PaddingMode::sum_len, BridgeRestore::reduce, cp);
   for (const PlanStep& p : plan) {
     ExplainStep e{std::string(p.name), p.group ? std::string(to_string(*p.group)) : "local",
                   std::string(p.what) + (p.placement ? " -> " + to_string(*p.placement) : std::string())};
@@ -571,8 +566,8 @@ inline void explain_bridge(std::ostream& o, const RuntimeLayout& l, std::optiona
   o << "Attention -> MoE bridge: " << to_string(l.bridge_path()) << "   (" << bridge_reason(l)
     << ")\n";
   if (scattered_applies(l, scattered))
-    o << "  --enable-attn-tp-input-scattered: rows stay split over attn_tp between layers (each member its "
-         "split_rows chunk)\n";
+    o << "  --enable-attn-tp-input-scattered: q_a, kv and their norms run on each member's split_rows chunk "
+         "and are all-gathered over attn_tp; the rows between layers stay replicated\n";
   else if (scattered)
     o << "  " << scattered_not_applied(l) << "\n";
   int n = 1;
@@ -745,9 +740,8 @@ inline HeldRows held_after(const RuntimeLayout& l, const PlanStep& p, int r) {
 // The layout as a picture: the ranks as a grid in attention order (dp, cp; tp across) and in MoE
 // order (moe_dp, moe_ep; moe_tp across), both coloured by attention-DP group, and the bridge's
 // steps as a strip of which rows each rank holds after each step (the first 16 ranks).
-inline std::string explain_svg(const RuntimeLayout& l, bool scattered = false) {
+inline std::string explain_svg(const RuntimeLayout& l) {
   const Widths& w = l.widths();
-  const bool split = scattered_applies(l, scattered);
   constexpr double cw = 64, ch = 24, left = 150, gap = 36;
   constexpr int kMaxGridRanks = 256, kMaxStripRanks = 16;
   svg::Doc d(800, 200);
@@ -808,7 +802,7 @@ inline std::string explain_svg(const RuntimeLayout& l, bool scattered = false) {
        [&](int i) { return (w.moe_dp > 1 ? "mdp " + std::to_string(i / w.moe_ep) + " " : std::string()) + "ep " + std::to_string(i % w.moe_ep); });
 
   // The strip: the attention all-reduce, then the bridge plan's steps.
-  const auto plan = bridge_plan(l.bridge_path(), PaddingMode::sum_len, BridgeRestore::reduce, w.attn_cp > 1, split);
+  const auto plan = bridge_plan(l.bridge_path(), PaddingMode::sum_len, BridgeRestore::reduce, w.attn_cp > 1);
   d.text(12, y - 10, "Bridge steps: rows each rank holds after each step (path " + std::string(to_string(l.bridge_path())) + ")",
          12, "start", "section", "bold");
   const double sw = 112, top = y + 28;
@@ -817,10 +811,7 @@ inline std::string explain_svg(const RuntimeLayout& l, bool scattered = false) {
     d.text(left + col * sw + sw / 2, y + 4, name, 10, "middle", "step", "bold");
     d.text(left + col * sw + sw / 2, y + 17, op, 9, "middle", "collective");
   };
-  header(0, "attention", w.attn_cp > 1  ? "all_gatherv@attn_cp (KV)"
-                         : split        ? "reduce_scatter@attn_tp"
-                         : w.attn_tp > 1 ? "all_reduce@attn_tp"
-                                         : "local");
+  header(0, "attention", w.attn_cp > 1 ? "all_gatherv@attn_cp (KV)" : w.attn_tp > 1 ? "all_reduce@attn_tp" : "local");
   for (std::size_t c = 0; c < plan.size(); ++c)
     header(int(c) + 1, std::string(plan[c].name),
            plan[c].group ? step_collective(plan[c].step) + "@" + std::string(to_string(*plan[c].group)) : "local");
@@ -828,8 +819,7 @@ inline std::string explain_svg(const RuntimeLayout& l, bool scattered = false) {
     const RankCoords k = l.coords(r);
     d.text(12, top + r * ch + 15, "r" + std::to_string(r) + " (g" + std::to_string(k.attn_dp_rank) + ")", 10, "start", "rowlabel");
     d.rect(left, top + r * ch, sw - 2, ch - 2, svg::colour(k.attn_dp_rank, w.attn_dp), "held");
-    // Its own rows (scattered: its chunk of them).
-    HeldRows h = held_after(l, PlanStep{BridgeStep::all_gather, std::nullopt, "", "", Placement{split ? RowState::row_shard : RowState::replicated, GroupKind::attn_tp, RowScope::dp_local}, ""}, r);
+    HeldRows h = held_after(l, PlanStep{BridgeStep::all_gather, std::nullopt, "", "", Placement{RowState::replicated, GroupKind::attn_tp, RowScope::dp_local}, ""}, r);  // its own rows
     d.text(left + sw / 2, top + r * ch + 15, h.text, 10, "middle");
     for (std::size_t c = 0; c < plan.size(); ++c) {
       if (plan[c].step != BridgeStep::route) h = held_after(l, plan[c], r);
