@@ -299,6 +299,53 @@ BENCHMARK(BM_GroupByExpert)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
+// ---- routing ----------------------------------------------------------------------------------
+
+// route() (softmax, top-k, renormalised) against what an engine writes by hand: the row's softmax
+// once, std::partial_sort of the expert ids by (score, lower id), renormalised. Mrows: million rows
+// a second.
+void BM_Route(benchmark::State& state) {
+  const int tokens = int(state.range(0)), experts = int(state.range(1)), top_k = int(state.range(2));
+  Exec exec;
+  relayout::RowsView<float, Mem> logits("logits", tokens, experts);
+  fill(logits, 11);
+  const relayout::TopK<float, Exec> out(tokens, top_k);
+  const rk::RouterConfig config{top_k, rk::Scoring::softmax, 1, 1, true, 1.0};
+  std::vector<int> ids(static_cast<std::size_t>(tokens) * top_k), order(static_cast<std::size_t>(experts));
+  std::vector<float> weights(static_cast<std::size_t>(tokens) * top_k), p(static_cast<std::size_t>(experts));
+  paired(
+      state, double(tokens) * 1e3, "Mrows", "partial_sort",
+      [&] {
+        rk::route(exec, logits, config, out.ids, out.weights);
+        exec.fence();
+        benchmark::DoNotOptimize(out.weights.data());
+      },
+      [&] {
+        for (int t = 0; t < tokens; ++t) {
+          float mx = logits(t, 0), sum = 0;
+          for (int e = 1; e < experts; ++e) mx = std::max(mx, logits(t, e));
+          for (int e = 0; e < experts; ++e) sum += p[std::size_t(e)] = std::exp(logits(t, e) - mx);
+          for (int e = 0; e < experts; ++e) p[std::size_t(e)] /= sum, order[std::size_t(e)] = e;
+          std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int a, int b) {
+            return p[std::size_t(a)] > p[std::size_t(b)] || (p[std::size_t(a)] == p[std::size_t(b)] && a < b);
+          });
+          float total = 0;
+          for (int j = 0; j < top_k; ++j) total += p[std::size_t(order[std::size_t(j)])];
+          for (int j = 0; j < top_k; ++j) {
+            ids[std::size_t(t) * top_k + j] = order[std::size_t(j)];
+            weights[std::size_t(t) * top_k + j] = p[std::size_t(order[std::size_t(j)])] / total;
+          }
+        }
+        benchmark::DoNotOptimize(weights.data());
+      });
+}
+BENCHMARK(BM_Route)
+    ->ArgNames({"tokens", "experts", "top_k"})
+    ->Args({1024, 16, 4})   // the demo layer's router
+    ->Args({1024, 256, 8})  // DeepSeek-V3-sized
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
 // ---- decode attention vs copy ------------------------------------------------------------------
 
 // What one core can compute, measured: independent vector FMA chains on registers (no memory), as

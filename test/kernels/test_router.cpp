@@ -71,6 +71,12 @@ TEST_CASE_TEMPLATE_DEFINE("route matches the reference", C, router_sweep) {
       {{6, S::sigmoid, 8, 3, false, 1.0}, 48, 2},
       {{3, S::sigmoid, 3, 1, true, 1.0}, 9, 0},  // top_k = the only eligible group's size
       {{5, S::softmax, 1, 1, true, 1.0}, 5, 0},  // top_k = every expert
+      // Wider than the scores' local array (512): each score is computed where it is read.
+      {{8, S::softmax, 1, 1, true, 1.0}, 640, 0},
+      {{8, S::sigmoid, 8, 2, true, 2.5}, 640, 2},
+      {{6, S::sigmoid, 1, 1, true, 1.0}, 512, 1},  // the widest row with local scores
+      {{70, S::softmax, 1, 1, true, 1.0}, 80, 0},  // top-k longer than the one-pass list (64)
+      {{66, S::sigmoid, 4, 3, true, 1.0}, 96, 2},
   };
   std::uint32_t seed = 500;
   for (const auto& rc : cases)
@@ -122,6 +128,36 @@ TEST_CASE_TEMPLATE_DEFINE("route breaks ties toward the lower expert id", C, rou
   CHECK(h2(0, 2) == 2);
 }
 TEST_CASE_TEMPLATE_APPLY(router_ties, Cases);
+
+TEST_CASE_TEMPLATE_DEFINE("route ranks a NaN score last and keeps every id in range", C, router_nan) {
+  using T = typename C::scalar;
+  using Mem = typename C::mem;
+  typename C::exec exec;
+  // Sigmoid: expert 0's logit is NaN, the others distinct; the best four of 1..7 are chosen.
+  std::vector<double> l = {std::nan(""), 0.5, -1.0, 2.0, 1.5, -0.5, 1.0, 0.25};
+  auto logits = make_tensor<C>(1, 8, l);
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> ids("ids", 1, 4);
+  relayout::RowsView<T, Mem> w("w", 1, 4);
+  rk::route(exec, logits.view, {4, rk::Scoring::sigmoid, 1, 1, true, 1.0}, ids, w);
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ids);
+  auto wh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), w);
+  CHECK(h(0, 0) == 3);
+  CHECK(h(0, 1) == 4);
+  CHECK(h(0, 2) == 6);
+  CHECK(h(0, 3) == 1);
+  for (int j = 0; j < 4; ++j) CHECK(std::isfinite(double(wh(0, j))));
+  // Top-7 must take the NaN expert last; its weight (and the renormalised ones) are NaN, which
+  // the bridge's route check refuses.
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> ids8("ids", 1, 8);
+  relayout::RowsView<T, Mem> w8("w", 1, 8);
+  rk::route(exec, logits.view, {8, rk::Scoring::sigmoid, 1, 1, true, 1.0}, ids8, w8);
+  auto h8 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ids8);
+  auto w8h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), w8);
+  CHECK(h8(0, 7) == 0);
+  CHECK(h8(0, 6) == 2);
+  CHECK(std::isnan(double(w8h(0, 7))));
+}
+TEST_CASE_TEMPLATE_APPLY(router_nan, Cases);
 
 TEST_CASE_TEMPLATE_DEFINE("route rejects bad configurations", C, router_errors) {
   using T = typename C::scalar;
