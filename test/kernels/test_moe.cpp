@@ -188,6 +188,7 @@ void run_moe_case(int tokens, int n_experts, int first_expert, int pool, int top
   // local_experts (the bridge's dp_gather and tp_moe half) runs the same pipeline in one call.
   rk::SwigluExperts<T, typename C::exec> swiglu{packed, {}};
   auto local = relayout::RowsView<T, Mem>("local", tokens, hidden);
+  Kokkos::deep_copy(local, T(7));  // rows no expert takes must come back zero
   relayout::local_experts(exec, x.view, route, first_expert, n_experts, std::max(pool, first_expert + n_experts), swiglu,
                           local, ws, /*check_route=*/forced_ids == nullptr);  // forced ids hold -1
   check_close(rr::to_matrix(local), want, [&](int i, int j) { return f * scale(i, j) + 1e-300; }, "local_experts");
@@ -202,9 +203,34 @@ void run_moe_case(int tokens, int n_experts, int first_expert, int pool, int top
       CHECK(!b.indexed);
       e(ex, b, out);
     }
+    void combine_into(const typename C::exec& ex, const relayout::ExpertBatch<T, typename C::exec>& b,
+                      const relayout::ExpertDestinations<T, typename C::exec>& dest, const relayout::RowsView<T, Mem>& out) const {
+      CHECK(!b.indexed);
+      e.combine_into(ex, b, dest, out);
+    }
   };
   static_assert(relayout::ReadsIndexedRows<rk::SwigluExperts<T, typename C::exec>> &&
                 !relayout::ReadsIndexedRows<Copied>);
+  static_assert(relayout::CombinesIntoRows<rk::SwigluExperts<T, typename C::exec>, T, typename C::exec>);
+
+  // Experts without combine_into: their unweighted outputs go through combine_experts (k order),
+  // where SwigluExperts adds each expert's weighted outputs as it finishes (expert order). Both
+  // match the reference; they differ only in the order of the sums.
+  struct Unfused {
+    rk::SwigluExperts<T, typename C::exec> e;
+    void operator()(const typename C::exec& ex, const relayout::ExpertBatch<T, typename C::exec>& b,
+                    const relayout::RowsView<T, Mem>& out) const {
+      e(ex, b, out);
+    }
+  };
+  static_assert(!relayout::CombinesIntoRows<Unfused, T, typename C::exec>);
+  Unfused unfused_experts{swiglu};
+  auto unfused = relayout::RowsView<T, Mem>("unfused", tokens, hidden);
+  Kokkos::deep_copy(unfused, T(7));  // every row is written, those no expert takes with zeros
+  relayout::local_experts(exec, x.view, route, first_expert, n_experts, std::max(pool, first_expert + n_experts),
+                          unfused_experts, unfused, ws, forced_ids == nullptr);
+  check_close(rr::to_matrix(unfused), want, [&](int i, int j) { return f * scale(i, j) + 1e-300; },
+              "local_experts through combine_experts");
   Copied copied_experts{swiglu};
   auto copied = relayout::RowsView<T, Mem>("copied", tokens, hidden);
   relayout::local_experts(exec, x.view, route, first_expert, n_experts, std::max(pool, first_expert + n_experts),
@@ -239,6 +265,13 @@ TEST_CASE_TEMPLATE_DEFINE("one expert receives every token; -1 ids are skipped",
     ids.push_back(t % 5 == 0 ? -1 : 2 + 1 + t % 2);
   }
   run_moe_case<C>(tokens, 5, 0, 5, top_k, 24, 12, 77, &ids);
+  // Rows naming one expert twice (both terms count): local_experts takes combine_experts for them.
+  std::vector<int> twice;
+  for (int t = 0; t < tokens; ++t) {
+    twice.push_back(t % 3);
+    twice.push_back(t % 4 == 0 ? t % 3 : 4);
+  }
+  run_moe_case<C>(tokens, 5, 0, 5, top_k, 24, 12, 79, &twice);
   std::vector<int> all_one(tokens, 0);  // top_k = 1, every token on expert 0 of 1
   run_moe_case<C>(tokens, 1, 0, 1, 1, 16, 8, 78, &all_one);
 }

@@ -85,6 +85,15 @@ struct LayerExperts {
     else
       f32(exec, batch, y);
   }
+  // fp32 rows on paths dp_gather and tp_moe: each expert's weighted outputs added as it finishes
+  // (CombinesIntoRows).
+  void combine_into(const ExecSpace& exec, const ExpertBatch<float, ExecSpace>& batch,
+                    const ExpertDestinations<float, ExecSpace>& dest, const RowsView<float, ExecSpace>& out) const {
+    if (bf16)
+      b16.combine_into(exec, batch, dest, out);
+    else
+      f32.combine_into(exec, batch, dest, out);
+  }
   void shared(const ExecSpace& exec, const RowsView<float, ExecSpace>& x, const RowsView<float, ExecSpace>& y) const {
     if (bf16)
       b16.shared(exec, x, y);

@@ -1,11 +1,12 @@
 // Routed experts: one SwiGLU FFN pass per expert over the rows grouped for it (an ExpertBatch from
 // relayout::group_by_expert, ep_dispatch or the bridge: gate and up projections as one GEMM, the
-// activation, the down projection); relayout::combine_experts weighs and sums them per row. The
-// expert intermediate dimension may be a moe_tp shard (a rank holds rows [begin, end) of w1/w3 and
-// the same columns of w2): outputs are then partial sums, completed by a reduction outside this
-// header. The shared expert is swiglu_ffn on all rows. The weights' scalar W is a template parameter
-// of its own: the rows' T, or bf16 for fp32 rows (weights_fit_rows_v: bf16 weights, fp32
-// activations, fp32 accumulation).
+// activation, the down projection); relayout::combine_experts weighs and sums them per row, or
+// expert_ffn_into adds each expert's weighted outputs straight into their rows (local_experts'
+// path for float and double rows). The expert intermediate dimension may be a moe_tp shard (a rank
+// holds rows [begin, end) of w1/w3 and the same columns of w2): outputs are then partial sums,
+// completed by a reduction outside this header. The shared expert is swiglu_ffn on all rows. The
+// weights' scalar W is a template parameter of its own: the rows' T, or bf16 for fp32 rows
+// (weights_fit_rows_v: bf16 weights, fp32 activations, fp32 accumulation).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -149,13 +150,40 @@ void swiglu_rows(const ExecSpace& exec, const T* x, std::int64_t ldx, const int*
 template <class ExecSpace, class T, class W = T>
 struct FfnWorkspace {
   using Mem = typename ExecSpace::memory_space;
-  Kokkos::View<T*, Mem> gu, h, a_pack;
-  FfnWorkspace(std::int64_t max_rows, int hidden, int inter)
+  Kokkos::View<T*, Mem> gu, h, a_pack, y;  // y: one expert's outputs (with_outputs)
+  FfnWorkspace(std::int64_t max_rows, int hidden, int inter, bool with_outputs = false)
       : gu(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ffn_gu")),
            max_rows * 2 * inter),
         h(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ffn_h")), max_rows * inter),
         a_pack(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ffn_a_pack")),
-               gemm_workspace_size<ExecSpace, T, W>(max_rows, hidden > inter ? hidden : inter)) {}
+               gemm_workspace_size<ExecSpace, T, W>(max_rows, hidden > inter ? hidden : inter)),
+        y(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::ffn_y")),
+          with_outputs ? max_rows * hidden : 0) {}
+};
+
+// out(row(s)) += weight(s) * y(s) for the rows s of one expert (one work item per row, in vectors
+// where T is float or double on a host with SIMD).
+template <class ExecSpace, class T, class Out>
+struct AddWeightedRows {
+  static constexpr int L = lanes_v<ExecSpace, T>;
+  using V = typename Vec<T, L>::type;
+  const T* y;
+  std::int64_t hidden;
+  Kokkos::View<const std::int64_t*, typename ExecSpace::memory_space> row;
+  Kokkos::View<const T*, typename ExecSpace::memory_space> weight;
+  std::int64_t first;  // the expert's first batch row
+  Out out;
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t s) const {
+    const T* ys = y + s * hidden;
+    T* o = &out(row(first + s), 0);
+    const T wk = weight(first + s);
+    std::int64_t f = 0;
+    if constexpr (L > 1) {
+      const V wv = V{} + wk;
+      for (; f + L <= hidden; f += L) store<V>(o + f, load<V>(o + f) + wv * load<V>(ys + f));
+    }
+    for (; f < hidden; ++f) o[f] += wk * ys[f];
+  }
 };
 
 }  // namespace impl
@@ -220,6 +248,53 @@ void expert_ffn(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch, c
                       ws.h.data(), ws.a_pack.data());
 }
 
+// The same experts, each one's outputs added to the rows they belong to while they are in cache:
+// out(dest.row(s)) += dest.weight(s) * FFN_e(x(s)) for the batch rows s of every group e, in expert
+// order (a local_experts path; CombinesIntoRows). out's rows must be contiguous (stride(1) == 1).
+// No batch row may share its destination with another row of the same expert (local_experts
+// checks it). Float and double rows.
+template <class ExecSpace, class T, class W, MutableRowMatrixView Out>
+void expert_ffn_into(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch, const ExpertWeights<W, ExecSpace>& w,
+                     const ExpertDestinations<T, ExecSpace>& dest, const Out& out) {
+  static_assert(std::is_same_v<T, compute_t<T>>,
+                "relayout::kernels::expert_ffn_into: float or double rows (bf16 rows are summed in fp32 by combine_experts)");
+  static_assert(std::is_same_v<scalar_of<Out>, T>, "relayout::kernels::expert_ffn_into: out must hold the rows' scalar");
+  static_assert(weights_fit_rows_v<T, W>,
+                "relayout::kernels::expert_ffn_into: the weights' scalar must be the rows', or bf16 for float rows");
+  using impl::require;
+  using impl::str;
+  require(w.count() == batch.experts(), "expert_ffn_into", "weights",
+          "must hold the batch's " + str(batch.experts()) + " local experts, got " + str(w.count()));
+  require(batch.rows() == 0 || int(batch.x.extent(1)) == w.hidden(), "expert_ffn_into", "batch",
+          "rows must have hidden " + str(w.hidden()) + " columns, got " + str(batch.x.extent(1)));
+  require(std::int64_t(dest.row.extent(0)) >= batch.rows() && std::int64_t(dest.weight.extent(0)) >= batch.rows(),
+          "expert_ffn_into", "dest", "must hold a row and a weight for each of the batch's " + str(batch.rows()) + " rows");
+  require(batch.rows() == 0 || (int(out.extent(1)) == w.hidden() && (out.extent(1) <= 1 || out.stride(1) == 1)),
+          "expert_ffn_into", "out", "must be rows x hidden " + str(w.hidden()) + " with contiguous rows");
+  std::int64_t max_rows = 0;
+  for (int e = 0; e < batch.experts(); ++e) max_rows = batch.count(e) > max_rows ? batch.count(e) : max_rows;
+  if (max_rows == 0) return;
+  const int H = w.hidden();
+  impl::FfnWorkspace<ExecSpace, T, W> ws(max_rows, H, w.intermediate(), true);
+  const std::int64_t ldx = batch.indexed ? 0 : std::int64_t(batch.x.stride(0));
+  if (batch.indexed)
+    require(batch.source != nullptr && std::int64_t(batch.index.extent(0)) >= batch.rows(), "expert_ffn_into", "batch",
+            "an indexed batch needs its source rows and one index per batch row");
+  for (int e = 0; e < batch.experts(); ++e) {
+    const std::int64_t m = batch.count(e), off = batch.offset(e);
+    if (m == 0) continue;
+    if (batch.indexed)
+      impl::swiglu_rows(exec, batch.source, batch.source_ld, batch.index.data() + off, int(m), w, e, ws.y.data(),
+                        std::int64_t(H), false, ws.gu.data(), ws.h.data(), ws.a_pack.data());
+    else
+      impl::swiglu_rows(exec, batch.x.data() + off * ldx, ldx, static_cast<const int*>(nullptr), int(m), w, e,
+                        ws.y.data(), std::int64_t(H), false, ws.gu.data(), ws.h.data(), ws.a_pack.data());
+    Kokkos::parallel_for("relayout::kernels::add_weighted_rows", Kokkos::RangePolicy<ExecSpace>(exec, 0, m),
+                         impl::AddWeightedRows<ExecSpace, T, Out>{ws.y.data(), std::int64_t(H), dest.row, dest.weight,
+                                                                   off, out});
+  }
+}
+
 // relayout's ready-made Experts (ExpertsFor): SwiGLU routed experts, and a shared SwiGLU expert
 // when `shared_experts` holds one (its count is 0 otherwise). Engines with other experts bring
 // their own callable. T: the rows' scalar; W: the weights' (T, or bf16 for float rows).
@@ -234,6 +309,13 @@ struct SwigluExperts {
   void operator()(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch,
                   const relayout::RowsView<T, ExecSpace>& y) const {
     expert_ffn(exec, batch, routed, y);
+  }
+  // local_experts on float and double rows: the weighted outputs added as each expert finishes.
+  void combine_into(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch,
+                    const ExpertDestinations<T, ExecSpace>& dest, const relayout::RowsView<T, ExecSpace>& out) const
+    requires std::is_same_v<T, compute_t<T>>
+  {
+    expert_ffn_into(exec, batch, routed, dest, out);
   }
   void shared(const ExecSpace& exec, const relayout::RowsView<T, ExecSpace>& x,
               const relayout::RowsView<T, ExecSpace>& y) const {
