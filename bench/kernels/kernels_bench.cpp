@@ -252,6 +252,8 @@ BENCHMARK(BM_ExpertFfn)
     ->Args({256, 8, 2, 2048, 512})    // 64 rows per expert
     ->Args({128, 8, 8, 1024, 512})    // every expert sees every token: 128 rows
     ->Args({64, 16, 2, 2048, 256})    // 8 rows per expert (decode-sized)
+    ->Args({1024, 16, 4, 512, 256})   // the demo layer at np 1: 256 rows per expert
+    ->Args({1024, 16, 4, 512, 128})   // its moe_tp 2 share
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -1,7 +1,6 @@
-// The GEMM's A packing: transpose_rows (R vectors of L lanes read back column-major) against
-// the element-by-element definition, and gemm_packed gathering A's rows through a row index
-// (full row blocks, which take the vector transpose, and partial ones, which do not) against the
-// reference product of the gathered rows.
+// The GEMM reading A's rows through a row index (out of order, some repeated; full row blocks and
+// partial ones, whose missing rows repeat the last) against the reference product of the gathered
+// rows, and bitwise against the same GEMM on the rows gathered first.
 #include <relayout/kernels/impl/gemm.hpp>
 
 #include "support.hpp"
@@ -10,42 +9,6 @@ namespace {
 
 using namespace kt;
 namespace ri = relayout::kernels::impl;
-
-// Vectors up to the width this build computes in (wider ones would pass in memory, another ABI).
-template <class T, int R, int L>
-void check_transpose() {
-  if constexpr (L > 1 && L * int(sizeof(T)) <= ri::kHostVectorBytes) {
-    using V = typename ri::Vec<T, L>::type;
-    V v[R];
-    for (int i = 0; i < R; ++i)
-      for (int c = 0; c < L; ++c) v[i][c] = T(100 * i + c);
-    ri::transpose_rows<R, L>(v);
-    T flat[R * L];
-    __builtin_memcpy(flat, v, sizeof(flat));
-    int wrong = 0;
-    for (int i = 0; i < R; ++i)
-      for (int c = 0; c < L; ++c) wrong += flat[c * R + i] != T(100 * i + c);
-    CHECK(wrong == 0);
-  }
-}
-
-TEST_CASE("transpose_rows: R rows of L lanes come back with each column's R rows contiguous") {
-#if defined(RELAYOUT_KERNELS_HOST_SIMD)
-  check_transpose<float, 2, 4>();
-  check_transpose<float, 4, 4>();
-  check_transpose<float, 2, 8>();
-  check_transpose<float, 4, 8>();
-  check_transpose<float, 8, 8>();
-  check_transpose<float, 8, 16>();
-  check_transpose<float, 16, 16>();
-  check_transpose<double, 2, 2>();
-  check_transpose<double, 4, 4>();
-  check_transpose<double, 8, 8>();
-  check_transpose<double, 8, 4>();  // more rows than lanes
-#else
-  MESSAGE("no host vector extensions in this build: transpose_rows is not used");
-#endif
-}
 
 TEST_CASE_TEMPLATE_DEFINE("gemm_packed gathers A's rows through a row index", C, gemm_rows) {
   using T = typename C::scalar;
@@ -63,13 +26,22 @@ TEST_CASE_TEMPLATE_DEFINE("gemm_packed gathers A's rows through a row index", C,
       for (int i = 0; i < m; ++i) idx[std::size_t(i)] = (7 * i + 2) % src_rows;  // out of order, some repeated
       const auto rows = make_ints<C>(idx);
       const auto packed = rk::pack_weights(exec, w.view, rk::GemmBackend::packed);
-      Kokkos::View<T*, Mem> a_pack("a_pack", std::size_t(ri::gemm_a_pack_size<typename C::exec, T>(m, k)));
       auto y = relayout::RowsView<T, Mem>("y", m, n);
       ri::gemm_packed(exec, a.view.data(), std::int64_t(a.view.stride(0)), rows.data(), m, k, packed.matrix(0), n,
-                      y.data(), std::int64_t(y.stride(0)), static_cast<const T*>(nullptr), false, a_pack.data());
+                      y.data(), std::int64_t(y.stride(0)), static_cast<const T*>(nullptr), false);
       rr::Matrix gathered(m, k);
       for (int i = 0; i < m; ++i)
         for (int j = 0; j < k; ++j) gathered(i, j) = a.matrix(idx[std::size_t(i)], j);
+      // The same rows gathered first and multiplied in order: the same products in the same order.
+      auto g = make_tensor<C>(m, k, gathered.data);
+      auto y_gathered = relayout::RowsView<T, Mem>("y_gathered", m, n);
+      ri::gemm_packed(exec, g.view.data(), std::int64_t(g.view.stride(0)), static_cast<const int*>(nullptr), m, k,
+                      packed.matrix(0), n, y_gathered.data(), std::int64_t(y_gathered.stride(0)),
+                      static_cast<const T*>(nullptr), false);
+      const rr::Matrix yi = rr::to_matrix(y), yg = rr::to_matrix(y_gathered);
+      int diffs = 0;
+      for (std::size_t i = 0; i < yi.data.size(); ++i) diffs += yi.data[i] != yg.data[i];
+      CHECK(diffs == 0);
       const rr::Matrix want = rr::linear(gathered, w.matrix);
       const rr::Matrix abs_ref = rr::linear(abs_of(gathered), abs_of(w.matrix));
       check_close(rr::to_matrix(y), want,

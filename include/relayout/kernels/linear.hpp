@@ -247,7 +247,7 @@ void gemm_dispatch(const ExecSpace& exec, const T* a, std::int64_t lda, const in
       if (w.vendor()) return gemm_vendor(exec, a, lda, rows, m, k, w.matrix(e), n, c, ldc, bias, accumulate, workspace);
     }
 #endif
-    gemm_packed(exec, a, lda, rows, m, k, w.matrix(e), n, c, ldc, bias, accumulate, workspace);
+    gemm_packed(exec, a, lda, rows, m, k, w.matrix(e), n, c, ldc, bias, accumulate);
   }
 }
 

@@ -325,43 +325,6 @@ KOKKOS_FORCEINLINE_FUNCTION V transpose_sum(const V* v) {
   }
 }
 
-#if defined(RELAYOUT_KERNELS_HOST_SIMD)
-namespace zip {
-// Lane i of the interleave of x and y: lanes x0 y0 x1 y1 .. from the low halves (hi: the high halves).
-template <int L, bool Hi>
-constexpr int index(int i) {
-  return (i % 2 ? L : 0) + (Hi ? L / 2 : 0) + i / 2;
-}
-template <int L, bool Hi, class V, int... I>
-KOKKOS_FORCEINLINE_FUNCTION V interleave(V x, V y, std::integer_sequence<int, I...>) {
-  return __builtin_shufflevector(x, y, index<L, Hi>(I)...);
-}
-}  // namespace zip
-#endif
-
-// R vectors of L lanes (R a power of two, 2 <= R): v[i] holds row i, lanes c = 0 .. L; after the
-// call v, read as R * L scalars, holds element (i, c) at c * R + i (each column's R rows
-// contiguous). log2(R) steps of R shuffles, each pairing v[j] with v[j + R/2] by interleaving:
-// every step rotates the bits of a scalar's position left by one, so log2(R) of them take
-// (row bits, column bits) to (column bits, row bits).
-template <int R, int L, class V>
-KOKKOS_FORCEINLINE_FUNCTION void transpose_rows(V* v) {
-#if defined(RELAYOUT_KERNELS_HOST_SIMD)
-  static_assert(R >= 2 && (R & (R - 1)) == 0 && L > 1, "transpose_rows: R a power of two, vectors of lanes");
-  constexpr auto lanes = std::make_integer_sequence<int, L>{};
-  V w[R];
-  for (int step = 1; step < R; step *= 2) {
-    for (int j = 0; j < R / 2; ++j) {
-      w[2 * j] = zip::interleave<L, false>(v[j], v[j + R / 2], lanes);
-      w[2 * j + 1] = zip::interleave<L, true>(v[j], v[j + R / 2], lanes);
-    }
-    for (int j = 0; j < R; ++j) v[j] = w[j];
-  }
-#else
-  (void)v;
-#endif
-}
-
 // The largest lane of v (max is exact, so any order gives the same value).
 template <int L, class V>
 KOKKOS_FORCEINLINE_FUNCTION auto hmax(V v) {
