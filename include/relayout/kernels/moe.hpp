@@ -127,7 +127,7 @@ struct SwiGluRows {
 };
 
 // One SwiGLU pass over m rows of x (row i at x + i * ldx, or at x + rows[i] * ldx when rows is
-// not null: the gate/up GEMM packs them through the index), written to y rows (gu, h: T scratch;
+// not null: the gate/up GEMM reads them through the index), written to y rows (gu, h: T scratch;
 // a_pack: gemm_workspace_size<ExecSpace, T, W>).
 template <class ExecSpace, class T, class W>
 void swiglu_rows(const ExecSpace& exec, const T* x, std::int64_t ldx, const int* rows, int m,
@@ -213,7 +213,7 @@ void swiglu_ffn(const ExecSpace& exec, const X& x, const ExpertWeights<W, ExecSp
 
 // SwiGLU experts on rows already grouped by local expert (an ExpertBatch from group_by_expert,
 // ep_dispatch or the bridge): y(i) = FFN_e(x(i)) for the rows of group e, unweighted. An indexed
-// batch is read through its index (the gate/up GEMM packs the rows from where they are).
+// batch is read through its index (the gate/up GEMM reads the rows where they are).
 template <class ExecSpace, class T, class W, MutableRowMatrixView Y>
 void expert_ffn(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch, const ExpertWeights<W, ExecSpace>& w,
                 const Y& y) {

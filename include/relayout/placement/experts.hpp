@@ -50,7 +50,7 @@ struct TopK {
 // An indexed batch (indexed true; only handed to experts that declare reads_indexed_rows, below)
 // leaves the rows where they were: batch row i is row index(i) of `source`, rows source_ld scalars
 // apart, and x has no rows (0 x hidden: its columns still say the width). This is how a fused MoE
-// kernel reads its tokens (a GEMM that packs its A rows through an index): no copy of each row
+// kernel reads its tokens (a GEMM that reads its A rows through an index): no copy of each row
 // once per expert that takes it.
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
 struct ExpertBatch {
