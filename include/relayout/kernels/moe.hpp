@@ -211,6 +211,42 @@ void swiglu_ffn(const ExecSpace& exec, const X& x, const ExpertWeights<W, ExecSp
                     ws.a_pack.data());
 }
 
+namespace impl {
+
+// The checks every pass over a batch makes (named for `who`); returns the largest group's rows.
+template <class T, class W, class ExecSpace>
+std::int64_t check_expert_batch(const ExpertBatch<T, ExecSpace>& batch, const ExpertWeights<W, ExecSpace>& w,
+                                const char* who) {
+  require(w.count() == batch.experts(), who, "weights",
+          "must hold the batch's " + str(batch.experts()) + " local experts, got " + str(w.count()));
+  require(batch.rows() == 0 || int(batch.x.extent(1)) == w.hidden(), who, "batch",
+          "rows must have hidden " + str(w.hidden()) + " columns, got " + str(batch.x.extent(1)));
+  if (batch.indexed)
+    require(batch.source != nullptr && std::int64_t(batch.index.extent(0)) >= batch.rows(), who, "batch",
+            "an indexed batch needs its source rows and one index per batch row");
+  std::int64_t max_rows = 0;
+  for (int e = 0; e < batch.experts(); ++e) max_rows = batch.count(e) > max_rows ? batch.count(e) : max_rows;
+  return max_rows;
+}
+
+// Local expert e of the batch (its rows read through the index, or where the batch holds them)
+// into rows y, ldy scalars apart.
+template <class ExecSpace, class T, class W>
+void swiglu_expert(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch, const ExpertWeights<W, ExecSpace>& w,
+                   int e, T* y, std::int64_t ldy, FfnWorkspace<ExecSpace, T, W>& ws) {
+  const std::int64_t off = batch.offset(e);
+  if (batch.indexed) {
+    swiglu_rows(exec, batch.source, batch.source_ld, batch.index.data() + off, int(batch.count(e)), w, e, y, ldy, false,
+                ws.gu.data(), ws.h.data(), ws.a_pack.data());
+  } else {
+    const std::int64_t ldx = std::int64_t(batch.x.stride(0));
+    swiglu_rows(exec, batch.x.data() + off * ldx, ldx, static_cast<const int*>(nullptr), int(batch.count(e)), w, e, y,
+                ldy, false, ws.gu.data(), ws.h.data(), ws.a_pack.data());
+  }
+}
+
+}  // namespace impl
+
 // SwiGLU experts on rows already grouped by local expert (an ExpertBatch from group_by_expert,
 // ep_dispatch or the bridge): y(i) = FFN_e(x(i)) for the rows of group e, unweighted. An indexed
 // batch is read through its index (the gate/up GEMM reads the rows where they are).
@@ -219,33 +255,14 @@ void expert_ffn(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch, c
                 const Y& y) {
   static_assert(weights_fit_rows_v<T, W>,
                 "relayout::kernels::expert_ffn: the weights' scalar must be the rows', or bf16 for float rows");
-  using impl::require;
   using impl::str;
-  require(w.count() == batch.experts(), "expert_ffn", "weights",
-          "must hold the batch's " + str(batch.experts()) + " local experts, got " + str(w.count()));
-  require(batch.rows() == 0 || int(batch.x.extent(1)) == w.hidden(), "expert_ffn", "batch",
-          "rows must have hidden " + str(w.hidden()) + " columns, got " + str(batch.x.extent(1)));
-  require(std::int64_t(y.extent(0)) == batch.rows() && (batch.rows() == 0 || int(y.extent(1)) == w.hidden()),
-          "expert_ffn", "y", "must be batch.rows() x hidden = " + str(batch.rows()) + " x " + str(w.hidden()));
-  std::int64_t max_rows = 0;
-  for (int e = 0; e < batch.experts(); ++e) max_rows = batch.count(e) > max_rows ? batch.count(e) : max_rows;
+  const std::int64_t max_rows = impl::check_expert_batch(batch, w, "expert_ffn");
+  impl::require(std::int64_t(y.extent(0)) == batch.rows() && (batch.rows() == 0 || int(y.extent(1)) == w.hidden()),
+                "expert_ffn", "y", "must be batch.rows() x hidden = " + str(batch.rows()) + " x " + str(w.hidden()));
   if (max_rows == 0) return;
   impl::FfnWorkspace<ExecSpace, T, W> ws(max_rows, w.hidden(), w.intermediate());
   const std::int64_t ldy = std::int64_t(y.stride(0));
-  if (batch.indexed) {
-    require(batch.source != nullptr && std::int64_t(batch.index.extent(0)) >= batch.rows(), "expert_ffn", "batch",
-            "an indexed batch needs its source rows and one index per batch row");
-    for (int e = 0; e < batch.experts(); ++e)
-      impl::swiglu_rows(exec, batch.source, batch.source_ld, batch.index.data() + batch.offset(e), int(batch.count(e)),
-                        w, e, y.data() + batch.offset(e) * ldy, ldy, false, ws.gu.data(), ws.h.data(),
-                        ws.a_pack.data());
-    return;
-  }
-  const std::int64_t ldx = std::int64_t(batch.x.stride(0));
-  for (int e = 0; e < batch.experts(); ++e)
-    impl::swiglu_rows(exec, batch.x.data() + batch.offset(e) * ldx, ldx, static_cast<const int*>(nullptr),
-                      int(batch.count(e)), w, e, y.data() + batch.offset(e) * ldy, ldy, false, ws.gu.data(),
-                      ws.h.data(), ws.a_pack.data());
+  for (int e = 0; e < batch.experts(); ++e) impl::swiglu_expert(exec, batch, w, e, y.data() + batch.offset(e) * ldy, ldy, ws);
 }
 
 // The same experts, each one's outputs added to the rows they belong to while they are in cache:
@@ -263,35 +280,21 @@ void expert_ffn_into(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& bat
                 "relayout::kernels::expert_ffn_into: the weights' scalar must be the rows', or bf16 for float rows");
   using impl::require;
   using impl::str;
-  require(w.count() == batch.experts(), "expert_ffn_into", "weights",
-          "must hold the batch's " + str(batch.experts()) + " local experts, got " + str(w.count()));
-  require(batch.rows() == 0 || int(batch.x.extent(1)) == w.hidden(), "expert_ffn_into", "batch",
-          "rows must have hidden " + str(w.hidden()) + " columns, got " + str(batch.x.extent(1)));
+  const std::int64_t max_rows = impl::check_expert_batch(batch, w, "expert_ffn_into");
   require(std::int64_t(dest.row.extent(0)) >= batch.rows() && std::int64_t(dest.weight.extent(0)) >= batch.rows(),
           "expert_ffn_into", "dest", "must hold a row and a weight for each of the batch's " + str(batch.rows()) + " rows");
   require(batch.rows() == 0 || (int(out.extent(1)) == w.hidden() && (out.extent(1) <= 1 || out.stride(1) == 1)),
           "expert_ffn_into", "out", "must be rows x hidden " + str(w.hidden()) + " with contiguous rows");
-  std::int64_t max_rows = 0;
-  for (int e = 0; e < batch.experts(); ++e) max_rows = batch.count(e) > max_rows ? batch.count(e) : max_rows;
   if (max_rows == 0) return;
   const int H = w.hidden();
   impl::FfnWorkspace<ExecSpace, T, W> ws(max_rows, H, w.intermediate(), true);
-  const std::int64_t ldx = batch.indexed ? 0 : std::int64_t(batch.x.stride(0));
-  if (batch.indexed)
-    require(batch.source != nullptr && std::int64_t(batch.index.extent(0)) >= batch.rows(), "expert_ffn_into", "batch",
-            "an indexed batch needs its source rows and one index per batch row");
   for (int e = 0; e < batch.experts(); ++e) {
-    const std::int64_t m = batch.count(e), off = batch.offset(e);
+    const std::int64_t m = batch.count(e);
     if (m == 0) continue;
-    if (batch.indexed)
-      impl::swiglu_rows(exec, batch.source, batch.source_ld, batch.index.data() + off, int(m), w, e, ws.y.data(),
-                        std::int64_t(H), false, ws.gu.data(), ws.h.data(), ws.a_pack.data());
-    else
-      impl::swiglu_rows(exec, batch.x.data() + off * ldx, ldx, static_cast<const int*>(nullptr), int(m), w, e,
-                        ws.y.data(), std::int64_t(H), false, ws.gu.data(), ws.h.data(), ws.a_pack.data());
+    impl::swiglu_expert(exec, batch, w, e, ws.y.data(), std::int64_t(H), ws);
     Kokkos::parallel_for("relayout::kernels::add_weighted_rows", Kokkos::RangePolicy<ExecSpace>(exec, 0, m),
                          impl::AddWeightedRows<ExecSpace, T, Out>{ws.y.data(), std::int64_t(H), dest.row, dest.weight,
-                                                                   off, out});
+                                                                   batch.offset(e), out});
   }
 }
 
