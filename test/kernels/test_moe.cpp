@@ -224,6 +224,17 @@ void run_moe_case(int tokens, int n_experts, int first_expert, int pool, int top
     }
   };
   static_assert(!relayout::CombinesIntoRows<Unfused, T, typename C::exec>);
+
+  // expert_ffn_into refuses a destination outside out before it writes anything.
+  if (tokens > 0 && groups.batch.rows() > 0) {
+    Kokkos::View<std::int64_t*, Mem> bad_row("bad_row", std::size_t(groups.batch.rows()));
+    Kokkos::View<T*, Mem> unit("unit", std::size_t(groups.batch.rows()));
+    Kokkos::deep_copy(bad_row, std::int64_t(tokens));  // one past the last row
+    auto target = relayout::RowsView<T, Mem>("target", tokens, hidden);
+    CHECK_THROWS_WITH_AS(rk::expert_ffn_into(exec, groups.batch, packed,
+                                             relayout::ExpertDestinations<T, typename C::exec>{bad_row, unit}, target),
+                         doctest::Contains("dest: rows must name rows of out"), rk::KernelError);
+  }
   Unfused unfused_experts{swiglu};
   auto unfused = relayout::RowsView<T, Mem>("unfused", tokens, hidden);
   Kokkos::deep_copy(unfused, T(7));  // every row is written, those no expert takes with zeros

@@ -286,6 +286,16 @@ void expert_ffn_into(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& bat
   require(batch.rows() == 0 || (int(out.extent(1)) == w.hidden() && (out.extent(1) <= 1 || out.stride(1) == 1)),
           "expert_ffn_into", "out", "must be rows x hidden " + str(w.hidden()) + " with contiguous rows");
   if (max_rows == 0) return;
+  // Every destination must be a row of out: the adds write there.
+  const auto rows = dest.row;
+  const std::int64_t n_out = std::int64_t(out.extent(0));
+  std::int64_t outside = 0;
+  Kokkos::parallel_reduce(
+      "relayout::kernels::check_destinations", Kokkos::RangePolicy<ExecSpace>(exec, 0, batch.rows()),
+      KOKKOS_LAMBDA(const std::int64_t s, std::int64_t& n) { n += rows(s) < 0 || rows(s) >= n_out ? 1 : 0; }, outside);
+  exec.fence();
+  require(outside == 0, "expert_ffn_into", "dest",
+          "rows must name rows of out [0, " + str(n_out) + "); " + str(outside) + " do not");
   const int H = w.hidden();
   impl::FfnWorkspace<ExecSpace, T, W> ws(max_rows, H, w.intermediate(), true);
   for (int e = 0; e < batch.experts(); ++e) {

@@ -61,33 +61,23 @@ struct Route {
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t t) const {
+    const bool kept = n_experts <= kScored;
+    T s[kScored];
     T mx = T(0), inv_sum = T(1);
-    if (n_experts <= kScored) {
-      T s[kScored];
-      if (sigmoid) {
-        for (int e = 0; e < n_experts; ++e) s[e] = T(1) / (T(1) + impl::exp(-T(logits(t, e))));
-      } else {
-        mx = T(logits(t, 0));
-        for (int e = 1; e < n_experts; ++e) mx = impl::max(mx, T(logits(t, e)));
-        T sum = T(0);
-        for (int e = 0; e < n_experts; ++e) {
-          s[e] = impl::exp(T(logits(t, e)) - mx);
-          sum += s[e];
-        }
-        inv_sum = T(1) / sum;
-        for (int e = 0; e < n_experts; ++e) s[e] *= inv_sum;
-      }
-      select(t, [&](int e) { return s[e]; });
-      return;
-    }
     if (!sigmoid) {
       mx = T(logits(t, 0));
       for (int e = 1; e < n_experts; ++e) mx = impl::max(mx, T(logits(t, e)));
       T sum = T(0);
-      for (int e = 0; e < n_experts; ++e) sum += impl::exp(T(logits(t, e)) - mx);
+      for (int e = 0; e < n_experts; ++e) {
+        const T x = impl::exp(T(logits(t, e)) - mx);
+        if (kept) s[e] = x;
+        sum += x;
+      }
       inv_sum = T(1) / sum;
     }
-    select(t, [&](int e) { return score(t, e, mx, inv_sum); });
+    if (!kept) return select(t, [&](int e) { return score(t, e, mx, inv_sum); });
+    for (int e = 0; e < n_experts; ++e) s[e] = sigmoid ? T(1) / (T(1) + impl::exp(-T(logits(t, e)))) : s[e] * inv_sum;
+    select(t, [&](int e) { return s[e]; });
   }
 
   // The eligible groups, the top-k and the weights of row t from its scores (score_of(e)).
