@@ -93,7 +93,7 @@ constexpr double tol() {
 TEST_CASE_TEMPLATE("CpAttention prefill: the KV all-gather in group order and attention by position match one rank", T,
                    float, double) {
   for (const Setup& s : setups(test::world().size()))
-    for (const CpTokenSplit split : {CpTokenSplit::contiguous, CpTokenSplit::round_robin}) {
+    for (const CpTokenSplit split : {CpTokenSplit::zigzag, CpTokenSplit::contiguous, CpTokenSplit::round_robin}) {
     CAPTURE(s.name);
     CAPTURE(int(split));
     const RuntimeLayout layout(s.config);
@@ -516,7 +516,7 @@ TEST_CASE_TEMPLATE("CpAttention prefill runs the engine's own PrefillKernel on t
                    T, float, double) {
   static_assert(PrefillKernel<EnginePrefill, T, Exec>);
   for (const Setup& s : setups(test::world().size()))
-    for (const CpTokenSplit split : {CpTokenSplit::contiguous, CpTokenSplit::round_robin}) {
+    for (const CpTokenSplit split : {CpTokenSplit::zigzag, CpTokenSplit::contiguous, CpTokenSplit::round_robin}) {
       CAPTURE(s.name);
       CAPTURE(int(split));
       const RuntimeLayout layout(s.config);

@@ -142,16 +142,16 @@ TEST_CASE("explain: prefill CP resolution step by step, round-robin tokens, MoE-
   CHECK(j["widths"]["dense_tp"] == 1);
 }
 
-TEST_CASE("explain: plain CP with DP attention shows contiguous chunks and the MoE-DP aliasing") {
+TEST_CASE("explain: plain CP with DP attention shows the zigzag blocks and the MoE-DP aliasing") {
   const RuntimeLayout l({.tp = 8, .dp = 2, .cp = 2, .enable_dp_attention = true});
   const json j = cli::explain_json(l);
-  CHECK(j["cp_token_split"] == "contiguous");
+  CHECK(j["cp_token_split"] == "zigzag");
   CHECK(j["moe_dp_group"]["is_attn_cp_group"] == true);
   CHECK(j["groups"]["moe_dp"] == j["groups"]["attn_cp"]);
   CHECK(j["groups"]["moe_dp"][3] == json::array({5, 7}));
   const std::string t = cli::explain_text(l);
   CHECK(t.find("CP rule: tp % (dp * attn_cp) == 0 with dp = --dp-size even without DP attention: 8 % (2 * 2) == 0 holds") != std::string::npos);
-  CHECK(t.find("tokens: each request is cut into 2 contiguous chunks") != std::string::npos);
+  CHECK(t.find("tokens: each request is cut into 4 blocks (the first n % 4 one token longer), CP rank r holding blocks r and 3 - r (zigzag)") != std::string::npos);
   CHECK(t.find("moe_dp  4 groups of 2 (= attn_cp groups): [0 2] [1 3] [4 6] [5 7]") != std::string::npos);
   // Without CP there is nothing to resolve and no aliasing.
   const RuntimeLayout plain({.tp = 4, .dp = 2, .enable_dp_attention = true});

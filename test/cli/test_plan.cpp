@@ -69,12 +69,14 @@ TEST_CASE("plan: attention CP: the CP shares' rows, the KV all-gather over attn_
   in.dims.shared_inter = 8;
   in.dims.layers = 2;
   in.requests = {5, 3};
-  // --tp 4 --cp 2: one DP group of 8 tokens; plain CP cuts 5 into 3 + 2 and 3 into 2 + 1: shares 5
-  // and 3, CP rank 0 on ranks 0-1, CP rank 1 on ranks 2-3.
+  // --tp 4 --cp 2: one DP group of 8 tokens; plain CP cuts each request into 4 blocks and gives CP
+  // rank r blocks r and 3 - r: 5 -> blocks 2 1 1 1 (rank 0: 2 + 1, rank 1: 1 + 1), 3 -> blocks
+  // 1 1 1 0 (rank 0: 1 + 0, rank 1: 1 + 1): shares 4 and 4, CP rank 0 on ranks 0-1, CP rank 1 on
+  // ranks 2-3.
   const cli::LayerPlan p = cli::plan_layer(RuntimeLayout({.tp = 4, .cp = 2}), in);
-  CHECK(p.global_num_tokens == std::vector<std::int64_t>{5, 3});
-  CHECK(p.ranks[1].attention_rows == 5);
-  CHECK(p.ranks[2].attention_rows == 3);
+  CHECK(p.global_num_tokens == std::vector<std::int64_t>{4, 4});
+  CHECK(p.ranks[1].attention_rows == 4);
+  CHECK(p.ranks[2].attention_rows == 4);
   const std::size_t kv = TrafficLog::slot(TrafficOp::all_gatherv, GroupKind::attn_cp);
   for (const cli::RankPlan& r : p.ranks) {
     CHECK(r.calls[kv] == 2);           // once per layer
@@ -82,17 +84,18 @@ TEST_CASE("plan: attention CP: the CP shares' rows, the KV all-gather over attn_
   }
   // K/V memory: its own rows' kv_raw and kv (2 x rows x 4 x 4 B) and the gathered and reordered
   // group (2 x 8 x 4 x 4 B).
-  CHECK(p.ranks[0].memory.kv == 2 * 5 * 16 + 2 * 8 * 16);
-  CHECK(p.ranks[3].memory.kv == 2 * 3 * 16 + 2 * 8 * 16);
-  // The attention all-reduce over attn_tp moves the share's rows: 5 x 16 x 4 B per layer.
-  CHECK(p.ranks[0].bytes[TrafficLog::slot(TrafficOp::all_reduce, GroupKind::attn_tp)] == 2 * 5 * 64);
+  CHECK(p.ranks[0].memory.kv == 2 * 4 * 16 + 2 * 8 * 16);
+  CHECK(p.ranks[3].memory.kv == 2 * 4 * 16 + 2 * 8 * 16);
+  // The attention all-reduce over attn_tp moves the share's rows: 4 x 16 x 4 B per layer.
+  CHECK(p.ranks[0].bytes[TrafficLog::slot(TrafficOp::all_reduce, GroupKind::attn_tp)] == 2 * 4 * 64);
   // Prefill CP at tp 4 (attn_cp 4): the group's 9 tokens dealt round-robin, 3 2 2 2.
   in.requests = {5, 1, 3};
   const cli::LayerPlan q = cli::plan_layer(RuntimeLayout({.tp = 4, .enable_prefill_cp = true, .cp_strategy = CpStrategy::interleave}), in);
   CHECK(q.global_num_tokens == std::vector<std::int64_t>{3, 2, 2, 2});
-  // Plain CP 4 on the same requests: 5 -> 2 1 1 1, 1 -> 1 0 0 0, 3 -> 1 1 1 0.
+  // Plain CP 4 on the same requests, 8 blocks each, CP rank r holding blocks r and 7 - r:
+  // 5 -> 1 1 1 1 1 0 0 0 (1 1 1 2), 1 -> 1 0 ... (1 0 0 0), 3 -> 1 1 1 0 ... (1 1 1 0).
   const cli::LayerPlan c = cli::plan_layer(RuntimeLayout({.tp = 4, .cp = 4}), in);
-  CHECK(c.global_num_tokens == std::vector<std::int64_t>{4, 2, 2, 1});
+  CHECK(c.global_num_tokens == std::vector<std::int64_t>{3, 2, 2, 2});
 }
 
 TEST_CASE("plan: a dispatched row is ep_dispatch's message") {

@@ -154,8 +154,8 @@ int spec_mismatches(const LayoutConfig& c, const Answers& a) {
   const bool launch_ok = !(dp_attention && c.dp > 1 && c.draft != Draft::none) ||
                          (c.enable_dp_lm_head && runs == Backend::none && e.attn_cp == 1);
   bad += a.dspark_allowed != (!(dp_attention && c.draft == Draft::moe && e.attn_tp > 1) && launch_ok);
-  // docs/layout.md#what-is-checked: prefill CP deals token i to CP rank i mod cp; plain CP splits contiguously.
-  bad += a.cp_split != (c.enable_prefill_cp ? CpTokenSplit::round_robin : CpTokenSplit::contiguous);
+  // docs/layout.md#what-is-checked: prefill CP deals token i to CP rank i mod cp; plain CP splits zigzag (SGLang's in-seq split).
+  bad += a.cp_split != (c.enable_prefill_cp ? CpTokenSplit::round_robin : CpTokenSplit::zigzag);
   // The LM head: the vocabulary over attention TP with the DP LM head (dp > 1), over TP otherwise.
   const bool dp_head = c.enable_dp_lm_head && c.dp > 1;
   bad += a.lm_head.vocab_group != (dp_head ? GroupKind::attn_tp : GroupKind::tp);

@@ -3,6 +3,8 @@
 // that is the attention-CP group, and which CP rank holds which token.
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include <relayout/mesh.hpp>
 #include <relayout/spec/draft.hpp>
 #include <string>
@@ -201,35 +203,69 @@ TEST_CASE("which CP rank holds which token") {
   for (int i = 0; i < 10; ++i) ranks.push_back(p.cp_rank_of_token(i, 10));
   CHECK(ranks == std::vector<int>{0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
   CHECK(prefill_cp_rank_of_token(1'000'000'007, 8) == 7);
-  // Plain CP: contiguous chunks, the first n % cp one token longer: 10 over 4 -> 3 3 2 2.
+  // Plain CP (SGLang's in-seq split): 2 * cp blocks, the first n % (2 * cp) one token longer, CP
+  // rank r holding blocks r and 2 * cp - 1 - r. 10 over 4 ranks -> 8 blocks 2 2 1 1 1 1 1 1:
+  // tokens 0-1 block 0, 2-3 block 1, 4 .. 9 blocks 2 .. 7.
   const RuntimeLayout c({.tp = 4, .cp = 4});
-  CHECK(c.cp_token_split() == CpTokenSplit::contiguous);
+  CHECK(c.cp_token_split() == CpTokenSplit::zigzag);
   ranks.clear();
   for (int i = 0; i < 10; ++i) ranks.push_back(c.cp_rank_of_token(i, 10));
-  CHECK(ranks == std::vector<int>{0, 0, 0, 1, 1, 1, 2, 2, 3, 3});
-  CHECK(cp_chunk(10, 4, 0) == Range{0, 3});
-  CHECK(cp_chunk(10, 4, 2) == Range{6, 2});
-  CHECK(cp_chunk(10, 4, 3) == Range{8, 2});
+  CHECK(ranks == std::vector<int>{0, 0, 1, 1, 2, 3, 3, 2, 1, 0});
+  CHECK(cp_token_count(10, 4, 0, CpTokenSplit::zigzag) == 3);
+  CHECK(cp_token_count(10, 4, 1, CpTokenSplit::zigzag) == 3);
+  CHECK(cp_token_count(10, 4, 2, CpTokenSplit::zigzag) == 2);
+  CHECK(cp_token_count(10, 4, 3, CpTokenSplit::zigzag) == 2);
+  CHECK(cp_zigzag_blocks(10, 4, 1).early == Range{2, 2});
+  CHECK(cp_zigzag_blocks(10, 4, 1).late == Range{8, 1});
+  // 3 tokens over 2 ranks -> blocks 1 1 1 0: rank 0 holds token 0, rank 1 tokens 1 and 2 (SGLang's
+  // split_list [1, 1, 1, 0], rank 0 blocks 0 and 3).
+  CHECK(cp_token_count(3, 2, 0, CpTokenSplit::zigzag) == 1);
+  CHECK(cp_rank_of_token(CpTokenSplit::zigzag, 2, 3, 2) == 1);
   // A request shorter than cp: ranks past its length hold nothing.
   CHECK(cp_chunk(2, 4, 3) == Range{2, 0});
   CHECK(c.cp_rank_of_token(1, 2) == 1);
-  // Every token lands in the chunk of the rank it is assigned to, and counts agree for both splits.
+  // The contiguous split an engine may still pick: 10 over 4 -> 3 3 2 2.
+  CHECK(cp_chunk(10, 4, 0) == Range{0, 3});
+  CHECK(cp_chunk(10, 4, 2) == Range{6, 2});
+  CHECK(cp_chunk(10, 4, 3) == Range{8, 2});
+  CHECK(cp_rank_of_token(CpTokenSplit::contiguous, 3, 10, 4) == 1);
+  // Every token lands on the rank whose share holds it, and the counts agree, for every split.
   for (std::int64_t n = 0; n <= 40; ++n)
     for (int cp : {1, 2, 3, 5, 8}) {
-      std::int64_t covered = 0;
+      std::int64_t covered = 0, zigzag_total = 0;
       for (int r = 0; r < cp; ++r) {
         const Range t = cp_chunk(n, cp, r);
         CHECK(t.begin == covered);
         covered = t.end();
-        CHECK(t.count == cp_token_count(n, cp, r));
-        std::int64_t dealt = 0;
+        CHECK(t.count == cp_token_count(n, cp, r, CpTokenSplit::contiguous));
+        const ZigzagBlocks z = cp_zigzag_blocks(n, cp, r);
+        // Block b of 2 * cp holds ceil((n - b) / (2 * cp)) tokens.
+        CHECK(z.early.count == (n - r + 2 * cp - 1) / (2 * cp));
+        CHECK(z.late.count == (n - (2 * cp - 1 - r) + 2 * cp - 1) / (2 * cp));
+        zigzag_total += z.count();
+        std::int64_t dealt = 0, zigzag = 0;
         for (std::int64_t i = 0; i < n; ++i) {
           if (t.contains(i)) CHECK(cp_chunk_rank_of_token(i, n, cp) == r);
           dealt += prefill_cp_rank_of_token(i, cp) == r;
+          const bool held = z.early.contains(i) || z.late.contains(i);
+          CHECK(held == (cp_zigzag_rank_of_token(i, n, cp) == r));
+          zigzag += held;
         }
-        CHECK(dealt == cp_token_count(n, cp, r));
+        CHECK(dealt == cp_token_count(n, cp, r, CpTokenSplit::round_robin));
+        CHECK(zigzag == cp_token_count(n, cp, r, CpTokenSplit::zigzag));
+        // Causal work (the keys a rank's queries see, summed) differs between ranks by at most 2n,
+        // where the contiguous split's last rank sees n^2 (cp - 1) / cp^2 more than its first.
+        if (n >= 8 * cp) {
+          std::int64_t keys = 0, first = 0;
+          for (std::int64_t i = 0; i < n; ++i) {
+            keys += cp_zigzag_rank_of_token(i, n, cp) == r ? i + 1 : 0;
+            first += cp_zigzag_rank_of_token(i, n, cp) == 0 ? i + 1 : 0;
+          }
+          CHECK(std::abs(double(keys - first)) <= 2.0 * double(n));
+        }
       }
       CHECK(covered == n);
+      CHECK(zigzag_total == n);
     }
   CHECK_THROWS_AS(c.cp_rank_of_token(10, 10), LayoutError);
   CHECK_THROWS_AS(c.cp_rank_of_token(-1, 10), LayoutError);

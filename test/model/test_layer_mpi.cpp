@@ -70,18 +70,21 @@ std::vector<LayoutConfig> layouts(int np) {
 }
 
 // Which rows of DP group g's batch CP rank r holds, stated independently of the library: plain CP
-// cuts each request into cp contiguous chunks, the first (length % cp) one token longer; prefill
+// (SGLang's in-seq split) cuts each request into 2 * cp blocks, block b holding
+// ceil((length - b) / (2 * cp)) tokens, and CP rank r holds blocks r and 2 * cp - 1 - r; prefill
 // CP deals the group's tokens round-robin, token i to CP rank i mod cp.
 std::vector<std::int64_t> cp_share(const model::Workload& work, int g, int cp, int r, bool round_robin) {
   std::vector<std::int64_t> out;
   int i = 0;
   for (int req : work.requests_of(g)) {
     const int n = work.lengths[std::size_t(req)];
-    int begin = 0;
-    for (int j = 0; j < r; ++j) begin += n / cp + (j < n % cp ? 1 : 0);
-    const int end = begin + n / cp + (r < n % cp ? 1 : 0);
-    for (int p = 0; p < n; ++p, ++i)
-      if (round_robin ? i % cp == r : p >= begin && p < end) out.push_back(model::RowOwner::pack(req, p));
+    std::vector<int> block_of(static_cast<std::size_t>(n));
+    for (int b = 0, p = 0; b < 2 * cp; ++b)
+      for (int k = 0; k < (n - b + 2 * cp - 1) / (2 * cp); ++k) block_of[std::size_t(p++)] = b;
+    for (int p = 0; p < n; ++p, ++i) {
+      const int b = block_of[std::size_t(p)];
+      if (round_robin ? i % cp == r : (b == r || b == 2 * cp - 1 - r)) out.push_back(model::RowOwner::pack(req, p));
+    }
   }
   return out;
 }

@@ -225,9 +225,9 @@ inline std::vector<std::string> resolution_steps(const RuntimeLayout& l) {
       out.push_back("tokens: token i of the batch goes to CP rank i mod " + s(w.attn_cp) +
                     " (round-robin)");
     else
-      out.push_back("tokens: each request is cut into " + s(w.attn_cp) +
-                    " contiguous chunks, CP rank r holding chunk r (the first n % " +
-                    s(w.attn_cp) + " chunks one token longer)");
+      out.push_back("tokens: each request is cut into " + s(2 * w.attn_cp) +
+                    " blocks (the first n % " + s(2 * w.attn_cp) + " one token longer), CP rank r holding blocks r and " +
+                    s(2 * w.attn_cp - 1) + " - r (zigzag)");
   }
   if (moe_dp_group_is_attn_cp(w))
     out.push_back("MoE-DP group = attention-CP group: attn_cp = " + s(w.attn_cp) +
@@ -324,7 +324,7 @@ inline nlohmann::json explain_json(const RuntimeLayout& l, std::optional<int> fo
                  {"moe_tp", w.moe_tp},   {"dcp", w.dcp},         {"dense_tp", w.dense_tp}};
   j["ep_overridden"] = ep_overridden(c);
   j["cp_overridden"] = cp_overridden(c);
-  j["cp_token_split"] = l.cp_token_split() == CpTokenSplit::round_robin ? "round_robin" : "contiguous";
+  j["cp_token_split"] = cp_token_split_name(l.cp_token_split());
   j["moe_dp_group"] = {{"is_attn_cp_group", moe_dp_group_is_attn_cp(w)},
                        {"size", l.group_size(GroupKind::moe_dp)}};
   j["notes"] = json::array();

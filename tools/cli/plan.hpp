@@ -203,10 +203,11 @@ inline std::vector<double> plan_shares(LayerPlan& p, const RuntimeLayout& layout
   // Under attention CP (attn_cp > 1) each rank holds its CP share of its DP group's rows, and the
   // bridge moves every (DP group, CP rank) share as a DP group of its own (cp_share_layout:
   // the same domain with attn_dp * attn_cp groups and no CP); global_num_tokens has one entry per
-  // share, in rank order. Each share's rows: plain CP cuts every request into attn_cp chunks, prefill
-  // CP deals the group's tokens round-robin (docs/cp.md); both give cp_token_count rows.
+  // share, in rank order. Each share's rows: plain CP gives each CP rank two blocks of every request
+  // (the zigzag split), prefill CP deals the group's tokens round-robin (docs/cp.md).
   const int C = w.attn_cp;
-  const bool round_robin = layout.cp_token_split() == CpTokenSplit::round_robin;
+  const CpTokenSplit split = layout.cp_token_split();
+  const bool round_robin = split == CpTokenSplit::round_robin;
   p.global_num_tokens.assign(std::size_t(w.attn_dp * C), 0);
   p.group_rows.assign(std::size_t(w.attn_dp), 0);
   std::vector<double> longest_of(std::size_t(w.attn_dp), 0.0);
@@ -216,12 +217,12 @@ inline std::vector<double> plan_shares(LayerPlan& p, const RuntimeLayout& layout
     p.group_rows[std::size_t(g)] += len;
     longest_of[std::size_t(g)] = std::max(longest_of[std::size_t(g)], double(len));
     if (!round_robin)
-      for (int c = 0; c < C; ++c) p.global_num_tokens[std::size_t(g * C + c)] += cp_token_count(len, C, c);
+      for (int c = 0; c < C; ++c) p.global_num_tokens[std::size_t(g * C + c)] += cp_token_count(len, C, c, split);
   }
   if (round_robin)
     for (int g = 0; g < w.attn_dp; ++g)
       for (int c = 0; c < C; ++c)
-        p.global_num_tokens[std::size_t(g * C + c)] = cp_token_count(p.group_rows[std::size_t(g)], C, c);
+        p.global_num_tokens[std::size_t(g * C + c)] = cp_token_count(p.group_rows[std::size_t(g)], C, c, split);
   return longest_of;
 }
 

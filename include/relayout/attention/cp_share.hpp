@@ -1,6 +1,6 @@
 // Which token rows of an attention-DP group's batch each attention-CP rank holds (docs/cp.md):
-// contiguous chunks of every request (plain --cp) or token i of the batch on CP rank i mod cp
-// (DeepSeek-V4 prefill CP), with each held token's row in the batch, which is where its own key
+// two blocks of every request, an early and a late one (plain --cp, the zigzag split), or token i
+// of the batch on CP rank i mod cp (DeepSeek-V4 prefill CP), with each held token's row in the batch, which is where its own key
 // sits in the group's KV and what its causal mask is measured from.
 #pragma once
 
@@ -15,7 +15,7 @@ namespace relayout {
 
 // One CP rank's share: the split rule, the CP width and the rank.
 struct CpShare {
-  CpTokenSplit split = CpTokenSplit::contiguous;
+  CpTokenSplit split = CpTokenSplit::zigzag;
   int cp = 1;
   int rank = 0;
 
@@ -65,8 +65,8 @@ class CpBatch {
     if (p < 0) throw LayoutError("position", "CpBatch::rank_of: position " + std::to_string(p) + " must be >= 0");
     const int n = lengths_[std::size_t(j)];
     if (p >= n || cp_ == 1) return int(p % cp_);
-    if (split_ == CpTokenSplit::contiguous) return cp_chunk_rank_of_token(p, n, cp_);
-    return prefill_cp_rank_of_token(cu_[std::size_t(j)] + p, cp_);
+    if (split_ == CpTokenSplit::round_robin) return prefill_cp_rank_of_token(cu_[std::size_t(j)] + p, cp_);
+    return cp_rank_of_token(split_, p, n, cp_);
   }
   // The batch rows CP rank r holds, in batch order: for each, the row of its own key.
   std::vector<int> rows_of(int r) const {

@@ -129,34 +129,71 @@ constexpr LmHeadLayout lm_head_layout(const LayoutConfig& c, const Widths& w) {
           c.enable_tp_lm_head_all_to_all};
 }
 
-// Which attention-CP rank holds which token of a request. Plain CP gives each CP rank one contiguous
-// chunk; DeepSeek-V4 prefill CP deals tokens round-robin (SGLang's "round-robin-split"). Either
-// way CP rank r holds n / cp tokens, plus one when r < n % cp.
-enum class CpTokenSplit : std::uint8_t { contiguous, round_robin };
+// Which attention-CP rank holds which token of a request. Plain CP (`--cp`, SGLang's
+// "in-seq-split", the only split its plain prefill CP has) cuts every request into 2 * cp blocks
+// and gives CP rank r blocks r and 2 * cp - 1 - r: an early and a late block each, so causal
+// attention costs about the same on every CP rank. DeepSeek-V4 prefill CP deals tokens round-robin
+// (SGLang's "round-robin-split"). `contiguous` (CP rank r holds the r-th of cp chunks) is no
+// launch flag's split; an engine can still build a CpBatch with it.
+enum class CpTokenSplit : std::uint8_t { contiguous, round_robin, zigzag };
+
+constexpr const char* cp_token_split_name(CpTokenSplit s) {
+  return s == CpTokenSplit::round_robin ? "round_robin" : s == CpTokenSplit::zigzag ? "zigzag" : "contiguous";
+}
 
 constexpr CpTokenSplit cp_token_split(const LayoutConfig& c) {
-  return c.enable_prefill_cp ? CpTokenSplit::round_robin : CpTokenSplit::contiguous;
+  return c.enable_prefill_cp ? CpTokenSplit::round_robin : CpTokenSplit::zigzag;
 }
 
 // Prefill CP: token i of the batch goes to CP rank i mod cp.
 constexpr int prefill_cp_rank_of_token(std::int64_t i, int cp) { return static_cast<int>(i % cp); }
 
-// Plain CP: the chunk of n tokens that CP rank r holds; the first n % cp chunks are one longer.
-constexpr Range cp_chunk(std::int64_t n, int cp, int r) {
-  const std::int64_t base = n / cp, extra = n % cp;
+// The chunk of n tokens that rank r of `parts` holds when they are cut into `parts` contiguous
+// chunks; the first n % parts chunks are one longer.
+constexpr Range cp_chunk(std::int64_t n, int parts, int r) {
+  const std::int64_t base = n / parts, extra = n % parts;
   const std::int64_t begin = r * base + (r < extra ? r : extra);
   return {begin, base + (r < extra ? 1 : 0)};
 }
 
-// Plain CP: the CP rank whose chunk holds token i of n.
-constexpr int cp_chunk_rank_of_token(std::int64_t i, std::int64_t n, int cp) {
-  const std::int64_t base = n / cp, extra = n % cp;
+// The chunk (of `parts`, as cp_chunk cuts them) that holds token i of n.
+constexpr int cp_chunk_rank_of_token(std::int64_t i, std::int64_t n, int parts) {
+  const std::int64_t base = n / parts, extra = n % parts;
   const std::int64_t in_long = extra * (base + 1);  // tokens in the longer, leading chunks
   return static_cast<int>(i < in_long ? i / (base + 1) : extra + (i - in_long) / base);
 }
 
-constexpr std::int64_t cp_token_count(std::int64_t n, int cp, int r) {
+// Plain CP: the two blocks of a request of n tokens that CP rank r holds, in position order
+// (block r, then block 2 * cp - 1 - r; cp_chunk over 2 * cp blocks).
+struct ZigzagBlocks {
+  Range early, late;
+  constexpr std::int64_t count() const { return early.count + late.count; }
+};
+constexpr ZigzagBlocks cp_zigzag_blocks(std::int64_t n, int cp, int r) {
+  return {cp_chunk(n, 2 * cp, r), cp_chunk(n, 2 * cp, 2 * cp - 1 - r)};
+}
+
+// Plain CP: the CP rank holding token i of a request of n tokens.
+constexpr int cp_zigzag_rank_of_token(std::int64_t i, std::int64_t n, int cp) {
+  const int b = cp_chunk_rank_of_token(i, n, 2 * cp);
+  return b < cp ? b : 2 * cp - 1 - b;
+}
+
+// Tokens of n that CP rank r holds under `split`: n / cp, plus one when r < n % cp, for the
+// contiguous and round-robin splits; the sizes of its two blocks for the zigzag split.
+constexpr std::int64_t cp_token_count(std::int64_t n, int cp, int r, CpTokenSplit split) {
+  if (split == CpTokenSplit::zigzag) return cp_zigzag_blocks(n, cp, r).count();
   return n / cp + (r < n % cp ? 1 : 0);
+}
+
+// The CP rank holding token i of a request (or, round-robin, of a batch) of n tokens under `split`.
+constexpr int cp_rank_of_token(CpTokenSplit split, std::int64_t i, std::int64_t n, int cp) {
+  switch (split) {
+    case CpTokenSplit::round_robin: return prefill_cp_rank_of_token(i, cp);
+    case CpTokenSplit::zigzag: return cp_zigzag_rank_of_token(i, n, cp);
+    case CpTokenSplit::contiguous: break;
+  }
+  return cp_chunk_rank_of_token(i, n, cp);
 }
 
 // Token counts are rounded up to a multiple of attn_tp so rows split evenly (docs/bridge.md#padding).
@@ -263,9 +300,7 @@ class RuntimeLayout {
     if (token < 0 || token >= tokens)
       throw LayoutError("token", "token " + std::to_string(token) + " is out of range [0, " +
                                      std::to_string(tokens) + ")");
-    return cp_token_split() == CpTokenSplit::round_robin
-               ? prefill_cp_rank_of_token(token, widths_.attn_cp)
-               : cp_chunk_rank_of_token(token, tokens, widths_.attn_cp);
+    return relayout::cp_rank_of_token(cp_token_split(), token, tokens, widths_.attn_cp);
   }
   // Throws the docs/dspark.md message when the DSpark start-up check rejects this layout.
   void require_dspark_allowed() const {

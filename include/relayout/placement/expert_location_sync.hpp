@@ -34,7 +34,10 @@ void require_same_expert_location(const E& exec, const C& comm, const ExpertLoca
     if (all[m] != all[0]) differ.push_back(static_cast<int>(m));
   if (differ.empty()) return;
   std::string list;
-  for (int m : differ) list += (list.empty() ? "" : " ") + std::to_string(m);
+  for (int m : differ) {
+    if (!list.empty()) list += ' ';
+    list += std::to_string(m);
+  }
   throw LayoutError("expert_location", "expert location differs across the group: members [" + list +
                                            "] hold another map than member 0; every member must dispatch with the "
                                            "same logical -> physical map");
