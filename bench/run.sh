@@ -4,6 +4,11 @@
 set -euo pipefail
 BIN=${BIN:-build/bin}
 MPIEXEC=${MPIEXEC:-mpiexec}
+# Large buffers on transparent huge pages (where the kernel's THP mode is madvise): MPI's
+# shared-memory transport pins every page of a large message it moves, and with 4 KiB pages that
+# pinning costs the layer's collectives about twice their time (docs/benchmarks.md). A
+# GLIBC_TUNABLES already set is kept; the benchmarks report what was in effect.
+export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.hugetlb=1}
 cd "$(dirname "$0")/.."
 echo "== layout engine (np=1)"
 "$MPIEXEC" -n 1 "$BIN/bench_layout" --benchmark_min_time=0.2

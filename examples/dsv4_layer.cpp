@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/gather_all.hpp"
+#include "common/huge_pages.hpp"
 #include "common/layout_flags.hpp"
 #include "common/memory.hpp"
 #include "common/mpi_main.hpp"
@@ -674,6 +675,10 @@ void print_json(const Report& r) {
                           {"buffers", r.need.buffers}, {"total", r.need.total()}};
   j["tolerance"] = o.tolerance;
   j["isa"] = {{"compiled", RELAYOUT_ISA_COMPILED_STRING()}, {"cpu", kernels::isa::cpu_isa()}};
+  {  // whether MPI's large messages come from huge pages (common/huge_pages.hpp)
+    const cli::HugePages hp = cli::huge_pages();
+    j["huge_pages"] = {{"thp", hp.thp}, {"malloc_hugetlb", hp.malloc_hugetlb}, {"heap", hp.heap()}};
+  }
   if (o.check) j["reference_checksum"] = {{"sum", r.c.ref_sum}, {"sumsq", r.c.ref_sumsq}};
   j["deepep_mode"] = o.deepep_mode;
   j["two_batch_overlap"] = o.two_batch_overlap;
@@ -810,6 +815,10 @@ void text_timing(std::ostringstream& s, const Report& r) {
                   "most of any rank, waits included)\n",
                   r.t.best, r.o.repeat, r.t.tokens_per_s, r.t.collective);
     s << line;
+    const cli::HugePages hp = cli::huge_pages();
+    s << "memory: THP " << hp.thp << ", glibc.malloc.hugetlb " << (hp.malloc_hugetlb.empty() ? "unset" : hp.malloc_hugetlb)
+      << (hp.heap() ? " (large buffers on huge pages)\n"
+                    : " (large buffers on 4 KiB pages; GLIBC_TUNABLES=glibc.malloc.hugetlb=1 makes MPI's large messages cheaper, docs/benchmarks.md)\n");
   }
   if (r.o.repeat > 0 && r.plan.steps > 0) {
     char line[200];

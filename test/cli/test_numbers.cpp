@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 
+#include "common/huge_pages.hpp"
 #include "common/memory.hpp"
 #include "common/numbers.hpp"
 
@@ -63,4 +64,23 @@ TEST_CASE("byte sizes take K, M, G, T suffixes") {
   CHECK(parse_bytes("--max-memory", "2g") == (std::uint64_t(2) << 30));
   for (const char* bad : {"12X", "0", "K", "-1M", "99999999999T"})
     CHECK(why([&] { parse_bytes("--max-memory", bad); }) != "accepted");
+}
+
+TEST_CASE("huge pages: the kernel's THP mode and glibc's malloc tunable, as the programs report them") {
+  CHECK(bracketed("always [madvise] never") == "madvise");
+  CHECK(bracketed("[always] madvise never") == "always");
+  CHECK(bracketed("always madvise [never]") == "never");
+  CHECK(bracketed("") == "unknown");
+  CHECK(malloc_hugetlb_of("glibc.malloc.hugetlb=1") == "1");
+  CHECK(malloc_hugetlb_of("glibc.malloc.check=3:glibc.malloc.hugetlb=2") == "2");
+  CHECK(malloc_hugetlb_of("glibc.malloc.hugetlb=1:glibc.malloc.hugetlb=0") == "0");  // the last one counts
+  CHECK(malloc_hugetlb_of("glibc.malloc.check=3") == "");
+  CHECK(malloc_hugetlb_of("xglibc.malloc.hugetlb=1") == "");
+  CHECK(HugePages{"madvise", "1"}.heap());
+  CHECK(HugePages{"madvise", "2"}.heap());
+  CHECK_FALSE(HugePages{"madvise", ""}.heap());
+  CHECK_FALSE(HugePages{"madvise", "0"}.heap());
+  CHECK(HugePages{"always", ""}.heap());
+  CHECK_FALSE(HugePages{"never", "1"}.heap());
+  CHECK_FALSE(HugePages{"unknown", "1"}.heap());
 }
