@@ -6,7 +6,7 @@ BIN=${BIN:-build/bin}
 MPIEXEC=${MPIEXEC:-mpiexec}
 # Large buffers on transparent huge pages (where the kernel's THP mode is madvise): MPI's
 # shared-memory transport pins every page of a large message it moves, and with 4 KiB pages that
-# pinning costs the layer's collectives about twice their time (docs/benchmarks.md). A
+# pinning makes the layer's collectives take 1.4-1.7 times as long (docs/benchmarks.md). A
 # GLIBC_TUNABLES already set is kept; the benchmarks report what was in effect.
 export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.hugetlb=1}
 cd "$(dirname "$0")/.."

@@ -677,7 +677,7 @@ void print_json(const Report& r) {
   j["isa"] = {{"compiled", RELAYOUT_ISA_COMPILED_STRING()}, {"cpu", kernels::isa::cpu_isa()}};
   {  // whether MPI's large messages come from huge pages (common/huge_pages.hpp)
     const cli::HugePages hp = cli::huge_pages();
-    j["huge_pages"] = {{"thp", hp.thp}, {"malloc_hugetlb", hp.malloc_hugetlb}, {"heap", hp.heap()}};
+    j["huge_pages"] = {{"thp", hp.thp}, {"malloc_hugetlb", hp.malloc_hugetlb}, {"heap_pages", hp.heap()}};
   }
   if (o.check) j["reference_checksum"] = {{"sum", r.c.ref_sum}, {"sumsq", r.c.ref_sumsq}};
   j["deepep_mode"] = o.deepep_mode;
@@ -815,10 +815,7 @@ void text_timing(std::ostringstream& s, const Report& r) {
                   "most of any rank, waits included)\n",
                   r.t.best, r.o.repeat, r.t.tokens_per_s, r.t.collective);
     s << line;
-    const cli::HugePages hp = cli::huge_pages();
-    s << "memory: THP " << hp.thp << ", glibc.malloc.hugetlb " << (hp.malloc_hugetlb.empty() ? "unset" : hp.malloc_hugetlb)
-      << (hp.heap() ? " (large buffers on huge pages)\n"
-                    : " (large buffers on 4 KiB pages; GLIBC_TUNABLES=glibc.malloc.hugetlb=1 makes MPI's large messages cheaper, docs/benchmarks.md)\n");
+    s << "memory: " << cli::huge_pages().describe() << "\n";
   }
   if (r.o.repeat > 0 && r.plan.steps > 0) {
     char line[200];

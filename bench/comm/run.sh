@@ -7,3 +7,6 @@ for np in 2 4; do
     : -n $((np - 1)) "$BIN/bench_comm" --benchmark_out=/dev/null --benchmark_out_format=json
 done
 python3 bench/comm/ratio_table.py "$BIN/bench_comm_np2.json" "$BIN/bench_comm_np4.json"
+echo "-- large messages on 4 KiB and on huge pages (page_pinning_probe), np=2"
+"$MPIEXEC" -n 2 "$BIN/page_pinning_probe"
+"$MPIEXEC" -n 2 "$BIN/page_pinning_probe" --huge

@@ -26,10 +26,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("isa_cpu", relayout::kernels::isa::cpu_isa());
   // Whether large buffers (MPI's messages among them) get huge pages: the kernel's THP mode and
   // glibc.malloc.hugetlb (bench/run.sh sets it; docs/benchmarks.md).
-  const relayout::cli::HugePages hp = relayout::cli::huge_pages();
-  benchmark::AddCustomContext("huge_pages", "thp " + hp.thp + ", glibc.malloc.hugetlb " +
-                                                (hp.malloc_hugetlb.empty() ? std::string("unset") : hp.malloc_hugetlb) +
-                                                (hp.heap() ? ": heap on huge pages" : ": heap on 4 KiB pages"));
+  benchmark::AddCustomContext("huge_pages", relayout::cli::huge_pages().describe());
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) {

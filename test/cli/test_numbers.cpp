@@ -76,11 +76,16 @@ TEST_CASE("huge pages: the kernel's THP mode and glibc's malloc tunable, as the 
   CHECK(malloc_hugetlb_of("glibc.malloc.hugetlb=1:glibc.malloc.hugetlb=0") == "0");  // the last one counts
   CHECK(malloc_hugetlb_of("glibc.malloc.check=3") == "");
   CHECK(malloc_hugetlb_of("xglibc.malloc.hugetlb=1") == "");
-  CHECK(HugePages{"madvise", "1"}.heap());
-  CHECK(HugePages{"madvise", "2"}.heap());
-  CHECK_FALSE(HugePages{"madvise", ""}.heap());
-  CHECK_FALSE(HugePages{"madvise", "0"}.heap());
-  CHECK(HugePages{"always", ""}.heap());
-  CHECK_FALSE(HugePages{"never", "1"}.heap());
-  CHECK_FALSE(HugePages{"unknown", "1"}.heap());
+  CHECK(HugePages{"madvise", "1"}.heap() == "huge");
+  CHECK(HugePages{"madvise", ""}.heap() == "4 KiB");
+  CHECK(HugePages{"madvise", "0"}.heap() == "4 KiB");
+  CHECK(HugePages{"always", ""}.heap() == "huge");
+  CHECK(HugePages{"never", "1"}.heap() == "4 KiB");
+  CHECK(HugePages{"unknown", "1"}.heap() == "4 KiB");
+  CHECK(HugePages{"never", "2"}.heap() == "hugetlbfs");
+  CHECK(HugePages{"madvise", ""}.describe() ==
+        "THP madvise, glibc.malloc.hugetlb unset: large buffers on 4 KiB pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
+        "puts them on huge pages and makes MPI's large messages cheaper)");
+  CHECK(HugePages{"madvise", "1"}.describe() == "THP madvise, glibc.malloc.hugetlb 1: large buffers on huge pages");
+  CHECK(HugePages{"never", ""}.describe() == "THP never, glibc.malloc.hugetlb unset: large buffers on 4 KiB pages");
 }
