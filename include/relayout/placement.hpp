@@ -10,6 +10,7 @@
 #include "relayout/placement/expert_load_json.hpp"
 #include "relayout/placement/expert_location.hpp"
 #include "relayout/placement/expert_location_sync.hpp"
+#include "relayout/placement/expert_moves.hpp"
 #include "relayout/placement/fp8.hpp"
 #include "relayout/placement/rows.hpp"
 #include "relayout/placement/rules.hpp"
