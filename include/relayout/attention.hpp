@@ -1,6 +1,6 @@
 // The attention side of the layout: CP token shares, the prefill KV all-gather, decode and extend
 // under attention CP (query all-gather, partial attention, log-sum-exp merge), extend attention
-// over the paged cache, the per-rank KV ledger of continuous batching, and their plan.
+// over the paged cache, the request table of continuous batching, and their plan.
 #pragma once
 
 #include "relayout/attention/cp_attention.hpp"
@@ -8,3 +8,4 @@
 #include "relayout/attention/extend.hpp"
 #include "relayout/attention/kv_ledger.hpp"
 #include "relayout/attention/plan.hpp"
+#include "relayout/attention/request_table.hpp"

@@ -12,11 +12,13 @@
 #include <source_location>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "relayout/attention/cp_share.hpp"
 #include "relayout/attention/extend.hpp"
 #include "relayout/attention/kv_ledger.hpp"
+#include "relayout/attention/request_table.hpp"
 #include "relayout/attention/plan.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/kernels/attention.hpp"
@@ -70,8 +72,12 @@ class CpAttention {
   std::span<const AttentionPlanStep> plan(AttentionPhase phase) const {
     return attention_plan(phase, cp() > 1, pg_.layout().widths().attn_tp > 1);
   }
-  // An empty ledger of `slots` request slots for this rank's CP share (continuous batching).
-  CpKvLedger ledger(int slots) const { return CpKvLedger(slots, cp(), cp_rank()); }
+  // An empty request table of `slots` slots for this CP rank, telling `hook` (the KV store) of
+  // every join, leave and rollback (continuous batching).
+  template <KvStoreHook Hook>
+  RequestTable<Hook> request_table(int slots, Hook hook) const {
+    return RequestTable<Hook>(slots, cp(), cp_rank(), std::move(hook));
+  }
 
   // ---- prefill
 
@@ -121,7 +127,7 @@ class CpAttention {
 
   // ---- decode and extend
 
-  // The attention of one step's new rows (plan: CpKvLedger::extend; q: this rank's rows' queries,
+  // The attention of one step's new rows (plan: RequestTable::extend; q: this rank's rows' queries,
   // plan order; their kv already in the cache the kernel reads). Under CP every CP rank attends
   // every row of the group over the keys it holds and each row's partials are merged on its CP
   // rank. out: this rank's rows; q and out hold heads x head_dim columns (this rank's heads).

@@ -1,9 +1,10 @@
-// Which positions of each live request this attention-CP rank caches, and what one step's new rows
-// (decode: one per request; extend: several, a speculative verify or a prompt chunk; both mixed in
-// one step) mean to this rank: the rows it holds, where their KV goes, and every row it attends
-// with the keys it may see (causal by position, the window's start). Requests join (prefilled or
-// from empty) and leave between steps: continuous batching. Host bookkeeping only; every rank of
-// an attention-DP group builds the same plan from the same step description (docs/kv_cache.md).
+// One step's rows as the attention side sees them (ExtendPlan), and the position bookkeeping behind
+// RequestTable (request_table.hpp): which positions of each slot this attention-CP rank caches and
+// what a step's new rows (decode: one per request; extend: several, a speculative verify or a
+// prompt chunk; both mixed in one step) mean to this rank: the rows it holds, where their KV goes,
+// and every row it attends with the keys it may see (causal by position, the window's start).
+// Host bookkeeping only; every rank of an attention-DP group builds the same plan from the same
+// step description (docs/kv_cache.md). Engines use RequestTable, not impl::CpKvLedger.
 #pragma once
 
 #include <algorithm>
@@ -15,12 +16,6 @@
 #include "relayout/mesh/error.hpp"
 
 namespace relayout {
-
-// `count` new rows of the request in `slot`, at its next positions.
-struct ExtendRequest {
-  int slot = 0;
-  int count = 0;
-};
 
 // One step's rows on this rank (ExtendPlan::mine in the caller's input order, request after
 // request in the order the step lists them, positions ascending).
@@ -40,12 +35,22 @@ struct ExtendPlan {
   int rows() const { return int(slot.size()); }
 };
 
+namespace impl {
+
+// `count` new rows of the request in `slot`, at its next positions.
+struct SlotRows {
+  int slot = 0;
+  int count = 0;
+};
+
+// The positions of each slot cached on one CP rank. RequestTable owns one and keeps it in step with
+// its slots and the engine's store; nothing else should hold one.
 class CpKvLedger {
  public:
   CpKvLedger(int slots, int cp, int cp_rank) : cp_(cp), rank_(cp_rank) {
-    if (slots < 0) throw LayoutError("slots", "CpKvLedger: slots must be >= 0, got " + std::to_string(slots));
+    if (slots < 0) throw LayoutError("slots", "RequestTable: slots must be >= 0, got " + std::to_string(slots));
     if (cp < 1 || cp_rank < 0 || cp_rank >= cp)
-      throw LayoutError("cp_rank", "CpKvLedger: CP rank " + std::to_string(cp_rank) + " of attn_cp " +
+      throw LayoutError("cp_rank", "RequestTable: CP rank " + std::to_string(cp_rank) + " of attn_cp " +
                                        std::to_string(cp) + ": need attn_cp >= 1 and a rank in [0, attn_cp)");
     held_.resize(std::size_t(slots));
     length_.assign(std::size_t(slots), 0);
@@ -62,7 +67,7 @@ class CpKvLedger {
   void prefilled(int slot, std::vector<int> held, int length) {
     check_slot("prefilled", slot);
     if (length < 0 || !std::is_sorted(held.begin(), held.end()) || (!held.empty() && (held.front() < 0 || held.back() >= length)))
-      throw LayoutError("held", "CpKvLedger::prefilled: slot " + std::to_string(slot) +
+      throw LayoutError("held", "RequestTable::prefilled: slot " + std::to_string(slot) +
                                     ": the held positions must be ascending, in [0, length = " + std::to_string(length) + ")");
     held_[std::size_t(slot)] = std::move(held);
     length_[std::size_t(slot)] = length;
@@ -77,7 +82,7 @@ class CpKvLedger {
   // Plans one step and records its rows as cached (the caller appends them: ExtendPlan::append_*).
   // `window` > 0: a row at position p sees keys from p - window + 1 on. Throws before changing
   // anything when a slot is out of range, listed twice or a count is negative.
-  ExtendPlan extend(std::span<const ExtendRequest> step, int window = 0) {
+  ExtendPlan extend(std::span<const SlotRows> step, int window = 0) {
     for (std::size_t i = 0; i < step.size(); ++i) {
       check_slot("extend", step[i].slot);
       if (step[i].count < 0)
@@ -89,7 +94,7 @@ class CpKvLedger {
     }
     ExtendPlan plan;
     plan.cp = cp_;
-    for (const ExtendRequest& e : step) {
+    for (const SlotRows& e : step) {
       auto& held = held_[std::size_t(e.slot)];
       const int base = length_[std::size_t(e.slot)];
       const std::size_t before = held.size();
@@ -107,7 +112,7 @@ class CpKvLedger {
     }
     plan.counts.assign(std::size_t(cp_), 0);
     for (int c = 0; c < cp_; ++c)
-      for (const ExtendRequest& e : step) {
+      for (const SlotRows& e : step) {
         if (cp_ == 1 && c != rank_) continue;
         const auto& held = held_[std::size_t(e.slot)];
         const int base = length_[std::size_t(e.slot)] - e.count;
@@ -123,13 +128,18 @@ class CpKvLedger {
     return plan;
   }
 
-  // Keeps the positions below `length` of the request in `slot` (rolls back rejected speculative
-  // rows); returns how many rows this rank's cache keeps of it (for PagedKvCache::truncate).
-  std::int64_t truncate(int slot, std::int64_t length) {
+  // How many of the slot's rows cached here lie below `length` (what truncate keeps).
+  std::int64_t kept(int slot, std::int64_t length) const {
     check_slot("truncate", slot);
     if (length < 0) throw LayoutError("length", "truncate: length " + std::to_string(length) + " must be >= 0");
+    const auto& held = held_[std::size_t(slot)];
+    return std::lower_bound(held.begin(), held.end(), length) - held.begin();
+  }
+  // Keeps the positions below `length` of the request in `slot` (rolls back rejected speculative
+  // rows); returns how many rows this rank's cache keeps of it.
+  std::int64_t truncate(int slot, std::int64_t length) {
+    const std::int64_t keep = kept(slot, length);
     auto& held = held_[std::size_t(slot)];
-    const auto keep = std::lower_bound(held.begin(), held.end(), length) - held.begin();
     held.resize(std::size_t(keep));
     length_[std::size_t(slot)] = int(std::min<std::int64_t>(length_[std::size_t(slot)], length));
     return keep;
@@ -148,7 +158,7 @@ class CpKvLedger {
  private:
   void check_slot(const char* fn, int slot) const {
     if (slot < 0 || slot >= slots())
-      throw LayoutError("slot", std::string("CpKvLedger::") + fn + ": slot " + std::to_string(slot) + " is not in [0, " +
+      throw LayoutError("slot", std::string("RequestTable::") + fn + ": slot " + std::to_string(slot) + " is not in [0, " +
                                     std::to_string(slots()) + ")");
   }
 
@@ -157,4 +167,5 @@ class CpKvLedger {
   std::vector<int> length_;             // per slot, over the group
 };
 
+}  // namespace impl
 }  // namespace relayout

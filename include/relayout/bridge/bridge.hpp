@@ -1,9 +1,9 @@
 // MoeBridge: runs one layer's Attention -> MoE hand-over (bridge_plan) with the engine's own router
-// and experts, on typed rows, on the engine's execution-space instance. Rows enter Replicated over
-// attn_tp (the attention all-reduce's output, this DP group's rows) and leave the same way, every
-// row's MoE output summed exactly once. Optional, off the hot path: a row-owner column moved with
-// the rows (row conservation is checked), an observer called at every boundary (tracing), and
-// deliberate faults that show a verification catches them. See docs/bridge.md.
+// and experts, on typed rows, on the engine's execution-space instance, prefill and decode alike
+// (the EP mode is chosen per run). Rows enter Replicated over attn_tp (the attention all-reduce's
+// output, this DP group's rows) and leave the same way, every row's MoE output summed exactly
+// once. Optional, off the hot path: a row-owner column moved with the rows (row conservation is
+// checked) and an observer called at every boundary (tracing). See docs/bridge.md.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +19,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "relayout/bridge/impl/fault.hpp"
+#include "relayout/bridge/impl/model_check.hpp"
 #include "relayout/bridge/plan.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/placement/ep.hpp"
@@ -28,58 +30,29 @@
 
 namespace relayout {
 
-// Known bugs, wired on purpose so a verification can be shown to catch them. Never in production.
-enum class BridgeFault : std::uint8_t {
-  none,
-  double_reduce,   // the MoE all-reduces and the restore sums again (output x tp)
-  skip_reduce,     // nobody sums the partials (each row sees only some of its experts)
-  gather_partial,  // complete rows gathered as if they were partial sums (x attn_tp)
-  no_split,        // every attn_tp member dispatches every row (rows processed attn_tp times)
-};
-inline constexpr impl::NameTable<BridgeFault, 5> kBridgeFaultNames{{{{BridgeFault::none, "none"},
-                                                                   {BridgeFault::double_reduce, "double_reduce"},
-                                                                   {BridgeFault::skip_reduce, "skip_reduce"},
-                                                                   {BridgeFault::gather_partial, "gather_partial"},
-                                                                   {BridgeFault::no_split, "no_split"}}}};
-constexpr std::string_view to_string(BridgeFault f) { return kBridgeFaultNames.name(f); }
-// A fault by name; `input` names the flag or field in the error.
-inline BridgeFault parse_fault(std::string_view text, const char* input = "fault") {
-  return impl::parse_name(kBridgeFaultNames, text, input, "injected bug");
-}
+template <class C, class T, class Space>
+class MoeBridge;
+namespace testing {
+template <class C, class T, class Space>
+void inject_fault(MoeBridge<C, T, Space>& bridge, BridgeFault fault);
+}  // namespace testing
 
-// A wired fault must be able to show itself on the layout it is wired into: one that the path
-// never reaches would make a verification "pass" without having been tested. MoeBridge checks it.
-inline void check_fault(BridgeFault fault, const RuntimeLayout& layout, const char* input = "fault") {
-  const Widths& w = layout.widths();
-  const BridgePath path = layout.bridge_path();
-  const auto refuse = [&](const std::string& rule) {
-    throw LayoutError(input, std::string(input) + " " + std::string(to_string(fault)) + " " + rule +
-                                 "; this layout takes path " + std::string(to_string(path)) + " with tp = " +
-                                 std::to_string(w.tp) + ", attn_tp = " + std::to_string(w.attn_tp));
-  };
-  switch (fault) {
-    case BridgeFault::none: return;
-    case BridgeFault::double_reduce:
-    case BridgeFault::skip_reduce:
-      if ((path != BridgePath::dp_gather && path != BridgePath::tp_moe) || w.tp < 2)
-        refuse("needs a layout whose MoE partials are summed over tp > 1 (path dp_gather or tp_moe)");
-      return;
-    case BridgeFault::gather_partial:
-      if (path != BridgePath::dp_gather || w.attn_tp < 2) refuse("needs path dp_gather with attn_tp > 1");
-      return;
-    case BridgeFault::no_split:
-      if (path != BridgePath::a2a_split) refuse("needs path a2a_split (attn_tp > 1 with an all-to-all backend)");
-      return;
-  }
-}
-
-// The rule for an EP mode: low_latency shapes the dispatch, so it needs a path that dispatches rows
-// (elsewhere it would silently do nothing). MoeBridge and the programs' flag both check with it.
+// The rule for a forced EP mode: low_latency shapes the dispatch, so it needs a path that
+// dispatches rows (elsewhere it would silently do nothing). MoeBridge and the programs' flag both
+// check with it.
 inline void check_ep_mode(EpMode mode, BridgePath path, const char* input = "ep_mode") {
   if (mode == EpMode::normal || dispatches_rows(path)) return;
   throw LayoutError(input, std::string(input) + " " + std::string(to_string(mode)) +
                                " needs a path that dispatches rows (a2a_split or direct: --moe-a2a-backend deepep); "
                                "this layout takes path " + std::string(to_string(path)));
+}
+
+// SGLang's --deepep-mode auto, decided from what every rank shares: low_latency when every rank's
+// dispatch (its attn_tp chunk of its DP group's count) fits the capacity, normal otherwise.
+inline EpMode auto_ep_mode(std::span<const std::int64_t> global_num_tokens, int attn_tp, std::int64_t capacity) {
+  std::int64_t most = 0;
+  for (std::int64_t n : global_num_tokens) most = std::max(most, (n + attn_tp - 1) / attn_tp);
+  return most <= capacity ? EpMode::low_latency : EpMode::normal;
 }
 
 // The rule for two-batch overlap: it overlaps one micro-batch's dispatch or combine with the other's
@@ -106,21 +79,19 @@ inline Range two_batch_range(std::int64_t n, int micro_batch) {
 struct BridgeOptions {
   std::optional<PaddingMode> padding{};  // forced; otherwise the layout's rule on global_num_tokens
   BridgeRestore restore = BridgeRestore::reduce;
-  BridgeFault fault = BridgeFault::none;
-  // Validate the router's output every layer (ids in range, weights finite: EpOptions::check_route).
+  // Validate the router's output every layer (ids in range, weights finite), agreed before the
+  // dispatch so a bad router on one rank is the same error on every rank.
   bool check_route = true;
   DispatchDtype dispatch_dtype = DispatchDtype::compute;
-  // Paths a2a_split and direct: the dispatch's EP mode and, for low_latency, the most rows one rank
-  // dispatches per run (its attn_tp chunk), fixed for the bridge's life (its own workspace's).
-  EpMode ep_mode = EpMode::normal;
-  std::int64_t ep_capacity = 0;
-  // Redundant experts (paths a2a_split and direct): the engine's logical -> physical map, the same
-  // on every rank (checked over the TP domain at the first run, on its instance; the constructor
-  // has none and is not collective). It stays the engine's; to rebalance, replace it between runs
-  // with MoeBridge::set_expert_location (options() keeps the current one). The router's
-  // logical ids become physical ones (to_physical, with replica_choice) before the dispatch, so
-  // the experts' batch is grouped by physical expert: first_expert + e is a physical id, whose
-  // weights are those of expert_location->logical_of(first_expert + e). Null: physical = logical.
+  // Paths a2a_split and direct: the EP mode of every run (BridgeRunOptions::ep_mode overrides it
+  // per run); unset: auto_ep_mode, SGLang's auto (low_latency for decode-sized steps).
+  std::optional<EpMode> ep_mode{};
+  // The low-latency capacity: the most rows one rank dispatches in a low_latency run (SGLang's
+  // --num-max-dispatch-tokens-per-rank); auto picks low_latency only when every rank fits it.
+  std::int64_t num_max_dispatch_tokens_per_rank = 128;
+  // Redundant experts (paths a2a_split and direct): the logical -> physical map, the same on every
+  // rank (agreed at the first run). The bridge's EpBuffer holds it and hands each group's logical
+  // expert to the experts (ExpertBatch::logical_expert); replace it with set_expert_location.
   std::shared_ptr<const ExpertLocation> expert_location{};
   ReplicaChoice replica_choice = ReplicaChoice::by_token;
   // Two-batch overlap (SGLang's --enable-two-batch-overlap; paths a2a_split and direct): this
@@ -180,6 +151,8 @@ struct BridgeRunOptions {
   // Called at every boundary (tracing); empty: nothing is computed for it.
   observer_type observer = {};
   TrafficLog* traffic = nullptr;  // counts the bytes this rank sends
+  // Paths a2a_split and direct: this run's EP mode, over BridgeOptions::ep_mode and auto.
+  std::optional<EpMode> ep_mode{};
 };
 
 template <class C, class T, class Space = Kokkos::DefaultExecutionSpace>
@@ -195,71 +168,62 @@ class MoeBridge {
   // experts: the model's routed experts (global ids [0, experts)), split evenly over moe_ep.
   // Under attention context parallelism (attn_cp > 1) the constructor is collective over the
   // domain: it makes the groups of the CP shares (cp_share_layout).
-  MoeBridge(const ProcessGroupsOf<C>& pg, int experts, BridgeOptions opts = {})
-      : pg_(pg), experts_(experts), opts_(opts), own_ws_(opts.ep_mode, opts.ep_capacity),
-        second_ws_(opts.two_batch_overlap ? opts.ep_mode : EpMode::normal, opts.two_batch_overlap ? opts.ep_capacity : 0) {
+  MoeBridge(const ProcessGroupsOf<C>& pg, int experts, BridgeOptions opts = {},
+            std::source_location site = std::source_location::current())
+      : pg_(pg), experts_(experts), opts_(opts) {
     const Widths& w = pg.layout().widths();
     if (w.attn_cp > 1)
       shares_ = std::make_shared<const ProcessGroupsOf<C>>(relayout::cp_share_layout(pg.layout()), pg.tp());
-    if (experts < 1 || experts % w.moe_ep != 0)
-      throw LayoutError("experts", "MoeBridge: " + std::to_string(experts) + " experts cannot be split evenly over moe_ep = " +
-                                       std::to_string(w.moe_ep));
-    check_fault(opts_.fault, pg.layout());
+    impl::require_experts(experts, w.moe_ep, "MoeBridge");
     check_dispatch_dtype(opts_.dispatch_dtype, path());
-    if (opts_.expert_location) {
-      const std::string problem = location_problem(*opts_.expert_location);
-      if (!problem.empty()) throw LayoutError("expert_location", "MoeBridge: " + problem);
-    }
-    check_ep_mode(opts_.ep_mode, path());
+    if (opts_.expert_location && !dispatches_rows(path()))
+      throw LayoutError("expert_location", "MoeBridge: an expert location (redundant experts) needs a path that "
+                                           "dispatches rows (a2a_split or direct); this layout takes path " +
+                                               std::string(to_string(path())) + impl::called_at(site));
+    if (opts_.ep_mode) check_ep_mode(*opts_.ep_mode, path());
     check_two_batch_overlap(opts_.two_batch_overlap, path());
     if (opts_.two_batch_expert_chunks < 1)
       throw LayoutError("two_batch_expert_chunks", "MoeBridge: two_batch_expert_chunks = " +
                                                        std::to_string(opts_.two_batch_expert_chunks) +
                                                        "; the experts are called in at least 1 chunk");
+    if (dispatches_rows(path()))
+      ep_.emplace(pg, experts, EpBufferOptions{opts_.num_max_dispatch_tokens_per_rank, opts_.expert_location,
+                                               opts_.replica_choice}, site);
+    opts_.expert_location.reset();  // the EpBuffer's is the one map
   }
 
   BridgePath path() const { return pg_.layout().bridge_path(); }
-  // The engine's own workspace for the EP buffers (it must outlive the bridge's runs); by default
-  // the bridge keeps one. Either way, runs after the first allocate no EP buffer that fits.
-  void use_workspace(EpWorkspace<T, Space>& ws) { external_ws_ = &ws; }
-  EpWorkspace<T, Space>& workspace() { return external_ws_ ? *external_ws_ : own_ws_; }
-  // Two-batch overlap: the second micro-batch's EP buffers (always the bridge's own).
-  EpWorkspace<T, Space>& second_workspace() { return second_ws_; }
   const BridgeOptions& options() const { return opts_; }
+  // Paths a2a_split and direct: the EP buffer the runs dispatch through (its memory, its expert
+  // location, its low-latency capacity); null on the other paths.
+  EpBuffer<C, T, Space>* ep_buffer() { return ep_ ? &*ep_ : nullptr; }
+  const EpBuffer<C, T, Space>* ep_buffer() const { return ep_ ? &*ep_ : nullptr; }
+  std::shared_ptr<const ExpertLocation> expert_location() const { return ep_ ? ep_->expert_location() : nullptr; }
   // With an expert location: the (token, expert) pairs this rank routed in the last run, per
-  // physical expert (count_expert_load; sum_expert_load over moe_ep gives the step's load, and
-  // ExpertLoad::logical is what ExpertLocation::rebalanced and write_expert_load take). Empty
-  // before the first run or without a location.
-  const ExpertLoad& last_expert_load() const { return load_; }
-  // Replaces the expert location between runs (rebalancing: ExpertLocation::rebalanced from
-  // sum_expert_load of last_expert_load().logical), and rebuilds the dispatch's device table on
-  // exec. Collective over the TP domain, like run: every rank passes the same map. It must map the
-  // bridge's routed experts over moe_ep on a path that dispatches rows; a map refused on any rank
-  // (or differing between ranks: require_same_expert_location) is a LayoutError on every rank, and
-  // the bridge keeps its current map. From the next run physical expert first_expert + e of the
-  // experts' batch is the new map's (the engine moves the weights to match); last_expert_load()
-  // keeps the last run's, counted on the old map, until then.
-  void set_expert_location(const Space& exec, std::shared_ptr<const ExpertLocation> loc) {
-    const auto& tp = pg_.tp();
-    const std::string problem =
-        loc ? location_problem(*loc) : std::string("the expert location is null; pass a map (identity for no rebalancing)");
-    int first_bad = problem.empty() ? tp.size() : tp.rank();
-    all_reduce_in_place(exec, tp, std::span<int>(&first_bad, 1), ReduceOp::min);
-    if (first_bad < tp.size())
-      throw LayoutError("expert_location", "MoeBridge::set_expert_location: " +
-                                               (problem.empty() ? "rank " + std::to_string(first_bad) +
-                                                                      " of the TP domain refused its expert location"
-                                                                : problem) +
-                                               "; the bridge keeps its current map");
-    require_same_expert_location(exec, tp, *loc);
-    replicas_ = replica_table(exec, *loc, pg_.coords().moe_ep_rank, opts_.replica_choice);
-    opts_.expert_location = std::move(loc);
+  // physical expert (sum_expert_load over moe_ep gives the step's load; ExpertLoad::logical is
+  // what ExpertLocation::rebalanced takes). Empty before the first run or without a location.
+  const ExpertLoad& last_expert_load() const {
+    static const ExpertLoad none;
+    return ep_ ? ep_->expert_load() : none;
   }
-  void set_expert_location(const Space& exec, ExpertLocation loc) {
-    set_expert_location(exec, std::make_shared<const ExpertLocation>(std::move(loc)));
+  // Replaces the expert location between runs (EpBuffer::set_expert_location: collective over the
+  // TP domain, the same map on every rank, refused on every rank alike). From the next run the
+  // experts' batch names the new map's logical experts; their weights are moved by the engine
+  // (move_expert_weights) or by the overload that takes them.
+  void set_expert_location(const Space& exec, std::shared_ptr<const ExpertLocation> loc,
+                           std::source_location site = std::source_location::current()) {
+    if (!ep_)
+      throw LayoutError("expert_location", "MoeBridge::set_expert_location: an expert location needs a path that "
+                                           "dispatches rows (a2a_split or direct); this layout takes path " +
+                                               std::string(to_string(path())) + impl::called_at(site));
+    ep_->set_expert_location(exec, std::move(loc), site);
+  }
+  void set_expert_location(const Space& exec, ExpertLocation loc,
+                           std::source_location site = std::source_location::current()) {
+    set_expert_location(exec, std::make_shared<const ExpertLocation>(std::move(loc)), site);
   }
   // Physical experts the dispatch addresses: routed + redundant.
-  int physical_experts() const { return opts_.expert_location ? opts_.expert_location->physical() : experts_; }
+  int physical_experts() const { return ep_ ? ep_->physical_experts() : experts_; }
   // The plan this layout runs with these token counts.
   std::span<const PlanStep> plan(std::span<const std::int64_t> global_num_tokens = {}) const {
     return bridge_plan(path(), path() == BridgePath::dp_gather ? padding(global_num_tokens) : PaddingMode::sum_len,
@@ -285,45 +249,40 @@ class MoeBridge {
   using RunOptions = BridgeRunOptions<T, Space>;
 
   // One layer's hand-over. Collective over the TP domain: every rank calls it, also with zero rows.
-  // Each path builds what it needs (path dp_gather its slot table from opts.global_num_tokens).
-  template <RouterFor<T, Space> R, ExpertsFor<T, Space> E>
-  Out run(const Space& exec, const In& x, R& router, E& experts, const RunOptions& opts = {}) {
-    Exec<R, E> run{*this, workspace(), second_ws_, exec, router, experts, opts.observer, opts.traffic, opts.owners};
-    DpSlotsPtr slots;
-    if (path() == BridgePath::dp_gather)
-      slots = opts.global_num_tokens.empty() ? this->slots(gather_num_tokens(x.rows())) : this->slots(opts.global_num_tokens);
-    return run.go(x, slots);
+  // opts.global_num_tokens: this step's counts (gather_num_tokens; the same on every rank), checked
+  // against the rows and across ranks inside the step's first exchange; empty: gathered here.
+  template <class R, class E>
+  Out run(const Space& exec, const In& x, R& router, E& experts, const RunOptions& opts = {},
+          std::source_location site = std::source_location::current()) {
+    if constexpr (!impl::model_fits<T, Space, R, E>) {
+      impl::check_model<T, Space, R, E>();
+      throw 0;  // not reached: check_model does not compile
+    } else {
+      Exec<R, E> run(*this, exec, router, experts, opts, site);
+      return run.go(x);
+    }
   }
   // The hand-over of rows already split over attn_tp (SGLang's scattered mode): each attn_tp member
-  // passes the chunk it holds and gets its chunk's MoE rows back, RowShard like the input
-  // (bridge_plan(path, ..., scattered = true)). On the paths that dispatch rows each member
-  // dispatches its chunk, without the split before the dispatch and the attention-TP all-gather
-  // after the combine; on tp_moe the chunks are gathered for the experts and the partials summed
-  // back into the chunks by one reduce_scatter, in place of the all-reduce. The engine keeps its
-  // residual stream split the same way: reduce_scatter the attention's partials over attn_tp
-  // instead of all-reducing them, and all_gather over attn_tp where every member needs every row.
-  // opts.owners: the chunk's owners. Path dp_gather gathers whole DP groups: a LayoutError naming
-  // the rule (all_gather the rows and pass them Replicated<AttnTp>).
-  template <RouterFor<T, Space> R, ExpertsFor<T, Space> E>
-  ScatteredIn run(const Space& exec, const ScatteredIn& x, R& router, E& experts, const RunOptions& opts = {}) {
-    if (path() == BridgePath::dp_gather)
-      throw LayoutError("rows", "MoeBridge::run: rows split over attn_tp (RowShard<AttnTp>) need path a2a_split, direct "
-                                "or tp_moe; this layout takes path dp_gather: all_gather them over attn_tp and pass "
-                                "them Replicated<AttnTp>");
-    if (opts_.fault == BridgeFault::no_split)
-      throw LayoutError("fault", "MoeBridge::run: fault no_split wires the split before the dispatch, which rows "
-                                 "already split over attn_tp do not take");
-    // This member's chunk as tensor_split gives it (what reduce_scatter and split_rows make): the
-    // dispatch numbers the group's tokens by it, and another split would mislabel them.
-    const Range mine = tensor_split_range(x.full_rows(), pg_.attn_tp().size(), pg_.attn_tp().rank());
-    if (x.rows() != mine.count)
-      throw LayoutError("rows", "MoeBridge::run: this attn_tp member holds " + std::to_string(x.rows()) + " of the " +
-                                    std::to_string(x.full_rows()) + " rows split over attn_tp = " +
-                                    std::to_string(pg_.attn_tp().size()) + "; tensor_split gives member " +
-                                    std::to_string(pg_.attn_tp().rank()) + " " + std::to_string(mine.count) +
-                                    " (reduce_scatter or split_rows the rows)");
-    Exec<R, E> run{*this, workspace(), second_ws_, exec, router, experts, opts.observer, opts.traffic, opts.owners};
-    return run.go_scattered(x);
+  // passes the chunk it holds (tensor_split's) and gets its chunk's MoE rows back, RowShard like
+  // the input (bridge_plan(path, ..., scattered = true)). Paths a2a_split, direct and tp_moe; on
+  // dp_gather a LayoutError naming the rule (all_gather the rows and pass them Replicated<AttnTp>).
+  template <class R, class E>
+  ScatteredIn run(const Space& exec, const ScatteredIn& x, R& router, E& experts, const RunOptions& opts = {},
+                  std::source_location site = std::source_location::current()) {
+    if constexpr (!impl::model_fits<T, Space, R, E>) {
+      impl::check_model<T, Space, R, E>();
+      throw 0;  // not reached: check_model does not compile
+    } else {
+      if (path() == BridgePath::dp_gather)
+        throw LayoutError("rows", "MoeBridge::run: rows split over attn_tp (RowShard<AttnTp>) need path a2a_split, direct "
+                                  "or tp_moe; this layout takes path dp_gather: all_gather them over attn_tp and pass "
+                                  "them Replicated<AttnTp>" + impl::called_at(site));
+      if (fault_ == BridgeFault::no_split)
+        throw LayoutError("fault", "MoeBridge::run: fault no_split wires the split before the dispatch, which rows "
+                                   "already split over attn_tp do not take");
+      Exec<R, E> run(*this, exec, router, experts, opts, site);
+      return run.go_scattered(x);
+    }
   }
   // The rows must be the attention's complete output for this DP group: a sentence, not "cannot
   // convert", for any other placement.
@@ -331,6 +290,7 @@ class MoeBridge {
     requires(!std::same_as<std::remove_cvref_t<X>, In> && !std::same_as<std::remove_cvref_t<X>, ScatteredIn>)
   void run(const Space&, const X&, Rest&&...) {
     using St = typename std::remove_cvref_t<X>::state_type;
+    impl::require_same_element<T, typename std::remove_cvref_t<X>::value_type>();
     static_assert(St::state != RowState::partial,
                   "relayout: MoeBridge::run needs complete rows, Replicated<AttnTp>, and these are Partial sums (the "
                   "attention's wo_b output before its all-reduce): call all_reduce(exec, pg, rows) first");
@@ -342,19 +302,6 @@ class MoeBridge {
   }
 
  private:
-  // What is wrong with an expert location for this bridge ("" when nothing is).
-  std::string location_problem(const ExpertLocation& loc) const {
-    if (!dispatches_rows(path()))
-      return "an expert location (redundant experts) needs a path that dispatches rows (a2a_split or direct); "
-             "this layout takes path " + std::string(to_string(path()));
-    const int ep = pg_.layout().widths().moe_ep;
-    if (loc.routed() != experts_ || loc.ep() != ep)
-      return "the expert location maps " + std::to_string(loc.routed()) + " routed experts over moe_ep = " +
-             std::to_string(loc.ep()) + "; the bridge routes " + std::to_string(experts_) + " experts over moe_ep = " +
-             std::to_string(ep);
-    return {};
-  }
-
   // One run: the plan's steps in order, each checked against the plan as it is taken.
   template <class R, class E>
   struct Exec {
@@ -363,22 +310,27 @@ class MoeBridge {
     using OwnerRows = Rows<std::int64_t, St, Sc, OwnerSpace>;
     using OwnerView = RowsView<std::int64_t, OwnerSpace>;
 
-    const MoeBridge& b;
-    EpWorkspace<T, Space>& ws;
-    EpWorkspace<T, Space>& ws2;  // two-batch overlap: the second micro-batch's
+    Exec(MoeBridge& bridge, const Space& e, R& r, E& x, const RunOptions& o, std::source_location s)
+        : b(bridge), exec(e), router(r), experts(x), run_opts(o), site(s) {}
+    MoeBridge& b;
     const Space& exec;
     R& router;
     E& experts;
-    const typename RunOptions::observer_type& obs;
-    TrafficLog* traffic;
-    std::vector<std::int64_t>* owners;
+    const RunOptions& run_opts;
+    std::source_location site;
+    const typename RunOptions::observer_type& obs = run_opts.observer;
+    TrafficLog* traffic = run_opts.traffic;
+    std::vector<std::int64_t>* owners = run_opts.owners;
     std::span<const PlanStep> plan{};
     std::size_t at = 0;
+    std::vector<std::int64_t> gathered;  // the step's counts, when the engine gave none
+    std::string refusal;                 // this rank's reason to refuse the run (agreed in the dispatch)
+    EpMode mode = EpMode::normal;
 
     const ProcessGroupsOf<C>& pg() const { return b.pg_; }
     const ProcessGroupsOf<C>& dpg() const { return b.dp_groups(); }
     const Widths& widths() const { return pg().layout().widths(); }
-    BridgeFault fault() const { return b.opts_.fault; }
+    BridgeFault fault() const { return b.fault_; }
 
     const PlanStep& step(BridgeStep s) {
       if (at >= plan.size() || plan[at].step != s)
@@ -434,20 +386,72 @@ class MoeBridge {
       return out;
     }
 
-    Out go(const In& x, const DpSlotsPtr& slots) {
+    // The step's token counts: the engine's, or gathered here (one all_gather over tp).
+    std::span<const std::int64_t> counts(std::int64_t group_rows) {
+      if (!run_opts.global_num_tokens.empty()) return run_opts.global_num_tokens;
+      if (gathered.empty()) gathered = b.gather_num_tokens(group_rows);
+      return gathered;
+    }
+    // Paths that dispatch: this run's EP mode and this rank's refusal of the counts it was given
+    // (agreed in the dispatch, with the counts' digest, so no rank waits on another's mistake).
+    void prepare_dispatch(std::int64_t group_rows) {
+      const auto& forced = run_opts.ep_mode ? run_opts.ep_mode : b.opts_.ep_mode;
+      const bool need = !forced || !run_opts.global_num_tokens.empty();
+      const std::span<const std::int64_t> c = need ? counts(group_rows) : std::span<const std::int64_t>{};
+      mode = forced ? *forced : auto_ep_mode(c, widths().attn_tp, b.ep_->low_latency_capacity());
+      if (run_opts.global_num_tokens.empty()) return;
+      const std::size_t g = static_cast<std::size_t>(dpg().coords().attn_dp_rank);
+      if (c.size() != static_cast<std::size_t>(dpg().layout().widths().attn_dp))
+        refusal = "global_num_tokens has " + std::to_string(c.size()) + " entries; the step has " +
+                  std::to_string(dpg().layout().widths().attn_dp) + " attention-DP groups" + impl::called_at(site);
+      else if (c[g] != group_rows)
+        refusal = "this DP group holds " + std::to_string(group_rows) + " rows but global_num_tokens[" +
+                  std::to_string(g) + "] = " + std::to_string(c[g]) + impl::called_at(site);
+    }
+
+    Out go(const In& x) {
+      if (run_opts.ep_mode) check_ep_mode(*run_opts.ep_mode, b.path(), "BridgeRunOptions::ep_mode");
       return checked(x.rows(), [&](const std::vector<std::int64_t>&) -> Out {
         switch (b.path()) {
-          case BridgePath::dp_gather:
-            if (!slots) throw LayoutError("slots", "MoeBridge::run: path dp_gather needs the step's DpSlots (MoeBridge::slots)");
+          case BridgePath::dp_gather: {
+            const DpSlotsPtr slots = b.slots(agreed_counts(x.rows()));
             plan = bridge_plan(BridgePath::dp_gather, slots->mode(), b.opts_.restore, b.shares_ != nullptr);
             return dp_gather(x, slots);
+          }
           case BridgePath::tp_moe: plan = bridge_plan(BridgePath::tp_moe); return tp_moe(x);
           case BridgePath::a2a_split:
           case BridgePath::direct: break;
         }
         plan = bridge_plan(b.path());
+        prepare_dispatch(x.rows());
         return a2a(x);
       });
+    }
+
+    // Path dp_gather: the engine's counts checked against every rank's rows and against each
+    // other in one all_gather over tp (or gathered there when it gave none): every rank throws
+    // the same error before the gather of rows.
+    std::vector<std::int64_t> agreed_counts(std::int64_t rows) {
+      if (run_opts.global_num_tokens.empty()) return b.gather_num_tokens(rows);
+      const std::span<const std::int64_t> c = run_opts.global_num_tokens;
+      const int n = pg().tp().size(), A = widths().attn_tp;
+      const std::int64_t digest = impl::counts_digest(c);
+      std::vector<std::int64_t> mine{rows, digest}, all(2 * static_cast<std::size_t>(n));
+      all_gather(exec, pg().tp(), mine, all, site);
+      for (int r = 0; r < n; ++r) {
+        const std::size_t g = static_cast<std::size_t>(r / A);
+        const std::int64_t held = all[2 * static_cast<std::size_t>(r)];
+        if (all[2 * static_cast<std::size_t>(r) + 1] != digest)
+          throw LayoutError("global_num_tokens", "MoeBridge::run: rank " + std::to_string(r) +
+                                                     " of the TP domain was given other token counts "
+                                                     "(global_num_tokens) than this rank" + impl::called_at(site));
+        if (g >= c.size() || c[g] != held)
+          throw LayoutError("global_num_tokens", "MoeBridge::run: rank " + std::to_string(r) + " holds " +
+                                                     std::to_string(held) + " rows, but global_num_tokens lists " +
+                                                     (g < c.size() ? std::to_string(c[g]) : std::string("no entry")) +
+                                                     " for its DP group " + std::to_string(g) + impl::called_at(site));
+      }
+      return {c.begin(), c.end()};
     }
 
     // Path A: gather every DP group's rows, this rank's experts on its moe_dp slice, restore.
@@ -574,7 +578,7 @@ class MoeBridge {
       const view_type ps = impl::row_slice(partial, mine.begin, mine.count);
       const TopK<T, Space> r = route(xs);
       const int local = b.experts_ / widths().moe_ep;
-      local_experts(exec, xs, r, pg().coords().moe_ep_rank * local, local, b.experts_, experts, ps, ws,
+      local_experts(exec, xs, r, pg().coords().moe_ep_rank * local, local, b.experts_, experts, ps, b.scratch_,
                     b.opts_.check_route);
       if constexpr (HasSharedExpert<E, T, Space>)
         if (pg().coords().moe_ep_rank == 0) experts.shared(exec, xs, ps);
@@ -584,9 +588,22 @@ class MoeBridge {
 
     // Rows already split over attn_tp, on a path that dispatches rows: the chunk's hand-over.
     ScatteredIn go_scattered(const ScatteredIn& x) {
+      // This member's chunk as tensor_split gives it (what reduce_scatter and split_rows make): the
+      // dispatch numbers the group's tokens by it, and another split would mislabel them.
+      const Range mine = tensor_split_range(x.full_rows(), pg().attn_tp().size(), pg().attn_tp().rank());
+      if (x.rows() != mine.count)
+        refusal = "this attn_tp member holds " + std::to_string(x.rows()) + " of the " + std::to_string(x.full_rows()) +
+                  " rows split over attn_tp = " + std::to_string(pg().attn_tp().size()) + "; tensor_split gives member " +
+                  std::to_string(pg().attn_tp().rank()) + " " + std::to_string(mine.count) +
+                  " (reduce_scatter or split_rows the rows)" + impl::called_at(site);
+      if (!refusal.empty() && b.path() == BridgePath::tp_moe) throw LayoutError("rows", "MoeBridge::run: " + refusal);
       return checked(x.rows(), [&](const std::vector<std::int64_t>& in_owners) -> ScatteredIn {
         plan = bridge_plan(b.path(), PaddingMode::sum_len, b.opts_.restore, false, true);
-        return b.path() == BridgePath::tp_moe ? tp_moe_scattered(x) : a2a_chunk(x, in_owners, x.full_rows());
+        if (b.path() == BridgePath::tp_moe) return tp_moe_scattered(x);
+        const std::string chunk_refusal = std::move(refusal);
+        prepare_dispatch(x.full_rows());
+        if (!chunk_refusal.empty()) refusal = chunk_refusal;
+        return a2a_chunk(x, in_owners, x.full_rows());
       });
     }
 
@@ -629,16 +646,16 @@ class MoeBridge {
         Micro& u = mb[i];
         u.range = two ? two_batch_range(m, i) : Range{0, m};
         u.x = impl::row_slice(chunk.view(), u.range.begin, u.range.count);
-        u.ws = i == 0 ? &ws : &ws2;
         if (owners)
           u.owners.assign(c_owners.begin() + u.range.begin, c_owners.begin() + u.range.begin + u.range.count);
       }
       step(BridgeStep::route);
       const PlanStep& d_step = step(BridgeStep::dispatch);
       static_cast<void>(d_step);
-      begin_dispatch(mb[0], group_rows, chunk.full_rows(), false);
+      b.ep_->reset_expert_load();
+      begin_dispatch(mb[0], group_rows, chunk.full_rows());
       if (two) {
-        begin_dispatch(mb[1], group_rows, chunk.full_rows(), true);  // behind the first one's exchange
+        begin_dispatch(mb[1], group_rows, chunk.full_rows());  // behind the first one's exchange
         mb[0].pd->test();
       }
       finish_dispatch(mb[0], two ? &mb[1] : nullptr);  // and its experts: behind the second one's exchange
@@ -651,16 +668,13 @@ class MoeBridge {
         // One owner per (row, local expert): over all ranks each row appears top_k times.
         std::vector<std::int64_t> batch_owners;
         for (int i = 0; i < (two ? 2 : 1); ++i) {
-          const Dispatched<T, Space>& d = *mb[i].d;
-          const std::size_t at = batch_owners.size();
-          batch_owners.resize(at + static_cast<std::size_t>(d.batch.rows()));
-          if (!owners) continue;
-          auto so = Kokkos::create_mirror_view(d.slot_of);
-          Kokkos::deep_copy(exec, so, d.slot_of);
-          exec.fence();
-          for (std::size_t r = 0; r < so.extent(0); ++r)
-            for (std::size_t j = 0; j < so.extent(1); ++j)
-              if (so(r, j) >= 0) batch_owners[at + static_cast<std::size_t>(so(r, j))] = d.tags[r];
+          const EpHandle<T, Space>& h = mb[i].h;
+          if (!owners) {
+            batch_owners.resize(batch_owners.size() + static_cast<std::size_t>(h.batch().rows()));
+            continue;
+          }
+          const std::vector<std::int64_t> t = h.batch_tags(exec);
+          batch_owners.insert(batch_owners.end(), t.begin(), t.end());
         }
         see(e_step, RowState::replicated, router.top_k(), owners ? span_of(batch_owners) : std::span<const std::int64_t>{}, view_type());
       }
@@ -694,28 +708,37 @@ class MoeBridge {
       Range range{};
       view_type x;
       std::vector<std::int64_t> owners;  // of its rows, when carried
-      EpWorkspace<T, Space>* ws = nullptr;
-      std::optional<PendingDispatch<T, Space>> pd;
-      std::optional<Dispatched<T, Space>> d;
+      std::optional<EpDispatchInFlight<T, Space>> pd;
+      EpHandle<T, Space> h;
       view_type y;
-      std::optional<PendingCombine<T, Space>> pc;
+      std::optional<EpCombineInFlight<T, Space>> pc;
       view_type combined;
     };
 
     // Route, then start the dispatch (the rows' exchange left in flight).
-    void begin_dispatch(Micro& u, std::int64_t group_rows, std::int64_t full_rows, bool accumulate_load) {
-      const TopK<T, Space> r = to_physical_ids(route_rows(u.x), group_rows, u.range.begin, accumulate_load);
+    // group_rows: the DP group's rows, whose index numbers each token for the replica choice.
+    void begin_dispatch(Micro& u, std::int64_t group_rows, std::int64_t full_rows) {
+      const TopK<T, Space> r = route_rows(u.x);
       const Rows<T, RowShard<AttnTp>, DpLocal, Space> rows(u.x, full_rows);
-      u.pd.emplace(dispatch_start(rows, r, *u.ws,
-                                  EpOptions{traffic, owners ? &u.owners : nullptr, b.opts_.check_route, ReadsIndexedRows<E>}));
+      EpDispatchOptions o{.mode = mode,
+                          .dtype = b.opts_.dispatch_dtype,
+                          .global_num_tokens = run_opts.global_num_tokens,
+                          .first_token = tensor_split_range(group_rows, widths().attn_tp, pg().coords().attn_tp_rank).begin +
+                                         u.range.begin,
+                          .tags = owners ? &u.owners : nullptr,
+                          .check_route = b.opts_.check_route,
+                          .indexed_batch = ReadsIndexedRows<E>,
+                          .traffic = traffic,
+                          .refuse = refusal};
+      u.pd.emplace(b.ep_->dispatch_start(exec, rows, r, o, site));
     }
     // Wait for the rows, run the experts on them; `other`: the micro-batch whose exchange is in
     // flight meanwhile (polled between expert chunks).
     void finish_dispatch(Micro& u, Micro* other = nullptr) {
-      u.d.emplace(ep_dispatch_finish(exec, pg(), std::move(*u.pd)));
+      u.h = b.ep_->dispatch_finish(exec, std::move(*u.pd));
       u.pd.reset();
-      u.y = u.ws->expert_outputs(u.d->batch.rows(), impl::hidden_of(u.x.extent(1)));
-      const ExpertBatch<T, Space>& batch = u.d->batch;
+      u.y = b.ep_->expert_outputs(u.h);
+      const ExpertBatch<T, Space>& batch = u.h.batch();
       const int groups = batch.experts(), n = other ? std::min(b.opts_.two_batch_expert_chunks, groups) : 1;
       if (n <= 1) {
         experts(exec, batch, u.y);
@@ -735,16 +758,18 @@ class MoeBridge {
           part.x = impl::row_slice(batch.x, r0, r1 - r0);
         }
         part.first_expert = batch.first_expert + e0;
+        if (!batch.logical.empty())
+          part.logical.assign(batch.logical.begin() + e0, batch.logical.begin() + e1);
         for (int e = e0; e <= e1; ++e) part.offsets.push_back(batch.offset(e) - r0);
         experts(exec, part, impl::row_slice(u.y, r0, r1 - r0));
         if (c + 1 < n) poll(*other);
       }
     }
-    void begin_combine(Micro& u) { u.pc.emplace(ep_combine_start(exec, pg(), *u.d, u.y, traffic)); }
+    void begin_combine(Micro& u) { u.pc.emplace(b.ep_->combine_start(exec, u.h, u.y, site)); }
     // Wait for the outputs, sum them, add the shared expert's (in row chunks, polling `other`'s
     // combine between them, when it is in flight).
     void finish_combine(Micro& u, Micro* other = nullptr) {
-      u.combined = ep_combine_finish(exec, std::move(*u.pc)).view();
+      u.combined = b.ep_->combine_finish(exec, std::move(*u.pc)).view();
       u.pc.reset();
       if constexpr (HasSharedExpert<E, T, Space>) {
         const int n = other ? b.opts_.two_batch_expert_chunks : 1;
@@ -766,54 +791,6 @@ class MoeBridge {
       exec.fence();
       if (u.pd) u.pd->test();
       else if (u.pc) u.pc->test();
-    }
-
-    // With an expert location: the router's logical ids as physical ones (same weights), the
-    // replica of by_token chosen by the row's index in its DP group (its chunk's offset plus the
-    // row: the same on every rank), and this run's load counted.
-    // offset: the rows' first row in this rank's chunk (a micro-batch's); accumulate: add this
-    // load to the run's (the second micro-batch).
-    TopK<T, Space> to_physical_ids(TopK<T, Space> r, std::int64_t group_rows, std::int64_t offset = 0,
-                                   bool accumulate = false) {
-      const auto& loc = b.opts_.expert_location;
-      if (!loc) return r;
-      if (!b.replicas_) {  // the first run: every rank of the domain holds the same map (throws on all alike)
-        require_same_expert_location(exec, pg().tp(), *loc);
-        b.replicas_ = replica_table(exec, *loc, pg().coords().moe_ep_rank, b.opts_.replica_choice);
-      }
-      const std::int64_t first =
-          tensor_split_range(group_rows, widths().attn_tp, pg().coords().attn_tp_rank).begin + offset;
-      TopK<T, Space> p(typename TopK<T, Space>::ids_view(
-                           Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("relayout::physical_ids")),
-                           r.ids.extent(0), r.ids.extent(1)),
-                       r.weights);
-      try {
-        relayout::to_physical(exec, *b.replicas_, r.ids, first, p.ids);
-      } catch (const LayoutError&) {
-        // An id out of range is now -1: the dispatch's route check refuses it on every member
-        // together (throwing here alone would leave the others waiting in the exchange).
-        if (!b.opts_.check_route) throw;
-      }
-      ExpertLoad load = count_expert_load(exec, *loc, p.ids);
-      if (accumulate && b.load_.physical.size() == load.physical.size()) {
-        for (std::size_t e = 0; e < load.physical.size(); ++e) load.physical[e] += b.load_.physical[e];
-        load = ExpertLoad(*loc, std::move(load.physical));
-      }
-      b.load_ = std::move(load);
-      return p;
-    }
-
-    // ep_dispatch_start with the rows travelling as BridgeOptions::dispatch_dtype.
-    PendingDispatch<T, Space> dispatch_start(const Rows<T, RowShard<AttnTp>, DpLocal, Space>& rows, const TopK<T, Space>& r,
-                                             EpWorkspace<T, Space>& w, const EpOptions& o) {
-      const int physical = b.physical_experts();
-      switch (b.opts_.dispatch_dtype) {
-        case DispatchDtype::bf16: return ep_dispatch_start<relayout::bf16>(exec, pg(), rows, r, physical, w, o);
-        case DispatchDtype::fp16: return ep_dispatch_start<relayout::fp16>(exec, pg(), rows, r, physical, w, o);
-        case DispatchDtype::fp8: return ep_dispatch_start<relayout::fp8_e4m3>(exec, pg(), rows, r, physical, w, o);
-        case DispatchDtype::compute: break;
-      }
-      return ep_dispatch_start(exec, pg(), rows, r, physical, w, o);
     }
 
     // Row conservation: every row that entered leaves exactly once, in order. A broken invariant
@@ -841,14 +818,12 @@ class MoeBridge {
   const ProcessGroupsOf<C>& pg_;
   int experts_;
   BridgeOptions opts_;
-  EpWorkspace<T, Space> own_ws_;
-  EpWorkspace<T, Space> second_ws_;  // two-batch overlap: the second micro-batch's
-  EpWorkspace<T, Space>* external_ws_ = nullptr;
+  std::optional<EpBuffer<C, T, Space>> ep_;  // paths a2a_split and direct
+  MoeScratch<T, Space> scratch_;              // paths dp_gather and tp_moe: local_experts' memory
+  BridgeFault fault_ = BridgeFault::none;     // wired by testing::inject_fault only
   std::shared_ptr<const ProcessGroupsOf<C>> shares_;  // attn_cp > 1: cp_share_layout's groups
-  // The expert location's device table (built on the first run's instance, or by
-  // set_expert_location) and the last run's load.
-  mutable std::optional<ReplicaTable<typename Space::memory_space>> replicas_;
-  mutable ExpertLoad load_;
+  template <class C2, class T2, class S2>
+  friend void testing::inject_fault(MoeBridge<C2, T2, S2>&, BridgeFault);
 };
 
 }  // namespace relayout

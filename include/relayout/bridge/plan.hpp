@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "relayout/mesh/names.hpp"
+#include "relayout/placement/ep_message.hpp"
 #include "relayout/placement/tags.hpp"
 
 namespace relayout {
@@ -28,17 +29,6 @@ constexpr std::string_view to_string(BridgeRestore r) { return kBridgeRestoreNam
 inline BridgeRestore parse_restore(std::string_view text, const char* input = "restore") {
   return impl::parse_name(kBridgeRestoreNames, text, input, "restore");
 }
-
-// The type the rows travel as in the EP dispatch (paths a2a_split and direct): the element type
-// itself, a 16-bit storage type (half the row bytes; the experts see the rows rounded to it), or
-// fp8: e4m3 values with one fp32 scale per 128 values (EpMessage::of_fp8; each value within its
-// block's amax / 28 after the round trip). The router weights and the combine stay in the element type.
-enum class DispatchDtype : std::uint8_t { compute, bf16, fp16, fp8 };
-inline constexpr impl::NameTable<DispatchDtype, 4> kDispatchDtypeNames{{{{DispatchDtype::compute, "compute"},
-                                                                         {DispatchDtype::bf16, "bf16"},
-                                                                         {DispatchDtype::fp16, "fp16"},
-                                                                         {DispatchDtype::fp8, "fp8"}}}};
-constexpr std::string_view to_string(DispatchDtype d) { return kDispatchDtypeNames.name(d); }
 
 // Whether a path sends rows through the EP dispatch: only there does a dispatch dtype apply.
 constexpr bool dispatches_rows(BridgePath path) { return path == BridgePath::a2a_split || path == BridgePath::direct; }

@@ -2,19 +2,22 @@
 // make the same call (operation, element type, count or counts, root, reduction and call site), and
 // that every member's own arguments passed validation. On a mismatch every member throws the same
 // CollectiveMismatch naming the call sites and the members that differ, instead of hanging in MPI or
-// overrunning a buffer. With a deadline (RELAYOUT_COLLECTIVE_TIMEOUT) the same exchange is a
-// watchdog: a member that waits past it reports which members have not arrived and aborts the job.
+// overrunning a buffer. Under the deadline (RELAYOUT_COLLECTIVE_TIMEOUT, on by default) the same
+// exchange is a watchdog: a member that waits past it reports which members have not arrived and
+// aborts the job. With the check off, each call's site is still recorded locally, so a wait that
+// outlives the deadline names it.
 //
 // Settings (read once per process from the environment; every rank must see the same values):
-//   RELAYOUT_CHECK_COLLECTIVES=1|0   on or off; the default is on unless NDEBUG is defined (define
+//   RELAYOUT_CHECK_COLLECTIVES=1|0   on or off; unset: on when RELAYOUT_COLLECTIVE_TIMEOUT is set
+//                                    above 0, else on unless NDEBUG is defined (define
 //                                    RELAYOUT_CHECK_COLLECTIVES=0|1 at compile time to change it)
-//   RELAYOUT_COLLECTIVE_TIMEOUT=S    seconds a member waits for the others (0 or unset: forever),
-//                                    at the arrival check and inside the MPI collective itself
-//                                    (mpi.hpp), when a communicator is made and at the end of the
-//                                    job (job.hpp); a deadline turns the check on. At least
-//                                    kMinCollectiveTimeout: a shorter one aborts healthy jobs
+//   RELAYOUT_COLLECTIVE_TIMEOUT=S    seconds a member waits for the others (unset:
+//                                    kDefaultCollectiveTimeout; 0: forever), at the arrival check
+//                                    and inside the MPI collective itself (mpi.hpp), when a
+//                                    communicator is made and at the end of the job (job.hpp).
+//                                    At least kMinCollectiveTimeout: a shorter one aborts healthy jobs
 //   RELAYOUT_EXIT_GRACE=S            seconds a failed rank waits for the others at exit (job.hpp;
-//                                    0: it does not wait)
+//                                    unset: 10, or half the deadline when shorter; 0: it does not wait)
 // A value that is empty, not a plain number, negative, not finite or above 1e6 is a LayoutError
 // naming the variable; JobGuard (job.hpp) reads the settings on every rank when the job starts, so
 // a bad value ends the whole job with exit code 2 before any work.
@@ -83,10 +86,15 @@ class CollectiveMismatch : public LayoutError {
 // loaded host already take longer, so every job would be aborted at its first collective.
 inline constexpr double kMinCollectiveTimeout = 1.0;
 
+// The deadline of a launch that does not set RELAYOUT_COLLECTIVE_TIMEOUT: far above any healthy
+// wait, so a stopped rank ends the job named within 5 minutes instead of hanging it.
+inline constexpr double kDefaultCollectiveTimeout = 300.0;
+
 struct AgreementSettings {
-  bool check = RELAYOUT_CHECK_COLLECTIVES != 0;
-  double timeout_s = 0;     // 0: wait forever
+  bool check = RELAYOUT_CHECK_COLLECTIVES != 0;  // the exchange before every collective
+  double timeout_s = kDefaultCollectiveTimeout;  // 0: wait forever
   double exit_grace_s = 10;
+  // The exchange, or (check off, deadline on) the local record of each call for the watchdog.
   bool active() const { return check || timeout_s > 0; }
 };
 
@@ -109,6 +117,10 @@ inline double env_seconds(const char* name, double fallback, const char* zero_me
 
 inline AgreementSettings read_agreement_settings() {
   AgreementSettings s;
+  s.timeout_s = env_seconds("RELAYOUT_COLLECTIVE_TIMEOUT", kDefaultCollectiveTimeout, "no deadline");
+  // A deadline set on purpose turns the check on, so the watchdog names who never arrived.
+  const bool set_deadline = std::getenv("RELAYOUT_COLLECTIVE_TIMEOUT") && s.timeout_s > 0;
+  if (set_deadline) s.check = true;
   if (const char* v = std::getenv("RELAYOUT_CHECK_COLLECTIVES")) {
     const std::string_view t(v);
     if (t == "1" || t == "on" || t == "true") s.check = true;
@@ -118,7 +130,6 @@ inline AgreementSettings read_agreement_settings() {
                         "RELAYOUT_CHECK_COLLECTIVES" + (t.empty() ? std::string(" is set but empty") : "=" + std::string(t)) +
                             ": expected 1|on|true or 0|off|false");
   }
-  s.timeout_s = env_seconds("RELAYOUT_COLLECTIVE_TIMEOUT", 0, "no deadline");
   if (s.timeout_s > 0 && s.timeout_s < kMinCollectiveTimeout)
     throw LayoutError("RELAYOUT_COLLECTIVE_TIMEOUT",
                       "RELAYOUT_COLLECTIVE_TIMEOUT=" + std::string(std::getenv("RELAYOUT_COLLECTIVE_TIMEOUT")) +
@@ -126,7 +137,7 @@ inline AgreementSettings read_agreement_settings() {
                           "on a loaded host take longer, so every job would be aborted); expected 0 (no deadline) or "
                           "at least 1 s");
   // A failed rank waits less than its peers' watchdog, so its own message comes first.
-  s.exit_grace_s = env_seconds("RELAYOUT_EXIT_GRACE", s.timeout_s > 0 ? s.timeout_s / 2 : 10,
+  s.exit_grace_s = env_seconds("RELAYOUT_EXIT_GRACE", s.timeout_s > 0 ? std::min(10.0, s.timeout_s / 2) : 10,
                                "a failed rank does not wait");
   return s;
 }

@@ -12,8 +12,9 @@
 // MPI forbids for collectives anyway). A private duplicate was the alternative; it would make
 // adopt() collective, which an engine calling world() on some ranks only cannot afford.
 //
-// Deadline. Without RELAYOUT_COLLECTIVE_TIMEOUT each collective is the blocking MPI call. With it,
-// the collective is the nonblocking call (MPI_Iallreduce, ...) tested until it completes or the
+// Deadline. With RELAYOUT_COLLECTIVE_TIMEOUT=0 each collective is the blocking MPI call. With a
+// deadline (the default, kDefaultCollectiveTimeout, or the variable's value) the collective is the
+// nonblocking call (MPI_Iallreduce, ...) tested until it completes or the
 // deadline passes: a member that stopped inside the collective (after the arrival check) then does
 // not hang the others; the first member whose deadline passes asks the others which of them are
 // still waiting, prints the communicator, the call site and the members not heard from, and aborts
@@ -22,7 +23,7 @@
 // Nonblocking forms (start_all_to_all, start_all_to_allv; the free all_to_all_start and
 // all_to_allv_start in all_to_all.hpp / all_to_allv.hpp): always the nonblocking MPI call, returned
 // as a CollectiveRequest whose wait() tests it until it completes or the deadline passes (the same
-// report and abort as above); without a deadline it waits as long as it takes. The communicator
+// report and abort as above); with the deadline off it waits as long as it takes. The communicator
 // must outlive its requests.
 #pragma once
 
@@ -95,10 +96,14 @@ class MpiCommunicator {
     return "unnamed";
   }
 
-  // Collective agreement (agreement.hpp): a no-op unless checks or a deadline are on.
+  // Collective agreement (agreement.hpp): the exchange with the check on; with only the deadline
+  // on, the call is recorded for the watchdog (no communication); else a no-op. Making a
+  // communicator is always exchanged under a deadline (rare, and the only way to name who is missing).
   void agree(const CollectiveCall& call) const {
-    if (size_ == 1 || !agreement_settings().active()) return;
+    const AgreementSettings& s = agreement_settings();
+    if (size_ == 1 || !s.active()) return;
     if (!agreement_) agreement_ = std::make_unique<impl::MpiAgreement>();
+    if (!s.check && !makes_communicator(call.kind)) return agreement_->note(call);
     const ErrorsReturn scope(*this);
     agreement_->agree(comm_, rank_, size_, name(), call);
   }
@@ -126,13 +131,15 @@ class MpiCommunicator {
     return MpiCommunicator(out, true).with_agreement_channel();
   }
   // Collective over this communicator: ranks with the same color form one new communicator,
-  // ordered by key (then by rank here). MPI has no nonblocking split: the arrival check before it
-  // is what the deadline covers.
+  // ordered by key (then by rank here). MPI has no nonblocking split: the arrival check names a
+  // member that never comes, and a watch thread (impl::BlockingWatch) ends the job when the split
+  // itself outlives the deadline.
   MpiCommunicator split(int color, int key, std::source_location site = std::source_location::current()) const {
     MPI_Comm out = MPI_COMM_NULL;
     {
       const ErrorsReturn scope(*this);
       arrive(CollectiveKind::comm_split, site);
+      const impl::BlockingWatch watch = watch_blocking("MPI_Comm_split", CollectiveKind::comm_split, site);
       RELAYOUT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &out));
     }
     return MpiCommunicator(out, true).with_agreement_channel();
@@ -143,6 +150,7 @@ class MpiCommunicator {
     {
       const ErrorsReturn scope(*this);
       arrive(CollectiveKind::comm_split_shared, site);
+      const impl::BlockingWatch watch = watch_blocking("MPI_Comm_split_type", CollectiveKind::comm_split_shared, site);
       RELAYOUT_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &out));
     }
     return MpiCommunicator(out, true).with_agreement_channel();
@@ -355,18 +363,37 @@ class MpiCommunicator {
       waiting = agreement_->ask_who_is_waiting(rank_, size_, call->seq, impl::inquiry_window(timeout_s), silent);
     if (!silent.empty() || !waiting.empty()) {
       waiting.insert(std::lower_bound(waiting.begin(), waiting.end(), rank_), rank_);
-      msg += "; every member had arrived at the call; still waiting inside it: " + g.members(waiting) +
+      // Only the check's exchange knows that every member arrived; without it a member not
+      // heard from may never have come.
+      msg += std::string(agreement_settings().check ? "; every member had arrived at the call" : "") +
+             "; still waiting inside it: " + g.members(waiting) +
              "; not heard from (stopped or stuck, or already past this call): " + g.members(silent);
     } else {
       msg += "; which member is holding it up is not known";
     }
     impl::abort_job(msg + ". Aborting the job.", impl::kWatchdogExitCode);
   }
+  static bool makes_communicator(CollectiveKind k) {
+    return k == CollectiveKind::comm_dup || k == CollectiveKind::comm_split || k == CollectiveKind::comm_split_shared;
+  }
   // The arrival check of a call that makes a communicator (see agree()).
   void arrive(CollectiveKind kind, std::source_location site) const {
-    if (size_ == 1 || !agreement_settings().active()) return;
-    if (!agreement_) agreement_ = std::make_unique<impl::MpiAgreement>();
-    agreement_->agree(comm_, rank_, size_, name(), CollectiveCall{.kind = kind, .site = site});
+    agree(CollectiveCall{.kind = kind, .site = site});
+  }
+  // The watch over a blocking call that makes a communicator (none without a deadline).
+  impl::BlockingWatch watch_blocking(const char* call, CollectiveKind kind, std::source_location site) const {
+    const double timeout_s = agreement_settings().timeout_s;
+    if (timeout_s <= 0 || size_ == 1) return impl::BlockingWatch(impl::kForever, {});
+    const impl::Signature* arrived = agreement_ ? agreement_->take_pending() : nullptr;  // the arrival check's
+    const impl::Signature sig = arrived ? *arrived : impl::make_signature(CollectiveCall{.kind = kind, .site = site}, 0);
+    return impl::BlockingWatch(
+        timeout_s + impl::inquiry_window(timeout_s),
+        "relayout watchdog: member " + std::to_string(rank_) + " of " +
+            impl::MpiAgreement::group_text(comm_, name()).header(static_cast<std::size_t>(size_)) + " waited " +
+            impl::seconds_text(timeout_s) + " s (RELAYOUT_COLLECTIVE_TIMEOUT) inside " + call + " at " +
+            impl::describe(sig) +
+            "; every member had arrived at the call (MPI has no nonblocking form of it: which member is holding it "
+            "up is not known). Aborting the job.");
   }
   // A new communicator's members are all in the call that made it: open the agreement check's
   // channel there (an adopted one opens it at its first checked collective instead).

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <source_location>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,17 +44,20 @@ template <SplittableCommunicator C>
 class ProcessGroupsOf {
  public:
   // Collective over `world`, whose size must equal the layout's tp and whose rank is the tp rank.
+  // `site` (the caller's line) is what the arrival check and the watchdog name for every split.
   ProcessGroupsOf(RuntimeLayout layout, const C& world,
-                  HandlePolicy policy = HandlePolicy::share_identical)
+                  HandlePolicy policy = HandlePolicy::share_identical,
+                  std::source_location site = std::source_location::current())
       : ProcessGroupsOf(WorldLayout::single_domain(layout), world, policy, "the layout's tp",
-                        "a TP domain needs exactly tp ranks (pass a WorldLayout to split a whole world)") {}
+                        "a TP domain needs exactly tp ranks (pass a WorldLayout to split a whole world)", site) {}
 
   // Collective over `world`, whose size must equal replicas x pp x tp and whose rank is the world
   // rank in SGLang's order (docs/layout.md#the-world).
   ProcessGroupsOf(WorldLayout world_layout, const C& world,
-                  HandlePolicy policy = HandlePolicy::share_identical)
+                  HandlePolicy policy = HandlePolicy::share_identical,
+                  std::source_location site = std::source_location::current())
       : ProcessGroupsOf(std::move(world_layout), world, policy, "replicas x pp x tp",
-                        "the world communicator must hold every rank of the world") {}
+                        "the world communicator must hold every rank of the world", site) {}
 
   const RuntimeLayout& layout() const { return world_.domain(); }
   const WorldLayout& world_layout() const { return world_; }
@@ -98,14 +102,14 @@ class ProcessGroupsOf {
 
  private:
   ProcessGroupsOf(WorldLayout world_layout, const C& world, HandlePolicy policy, const char* size_name,
-                  const char* rule)
-      : world_(std::move(world_layout)), policy_(policy), world_rank_(world.rank()) {
+                  const char* rule, std::source_location site)
+      : world_(std::move(world_layout)), policy_(policy), world_rank_(world.rank()), site_(site) {
     if (world.size() != world_.size())
       throw LayoutError("world", "the world communicator has " + std::to_string(world.size()) +
                                      " ranks but " + size_name + " = " + std::to_string(world_.size()) + ": " + rule);
     // Handle 0 is TP's own duplicate, so our traffic never mixes with the engine's on `world`. A
     // world of several domains splits it into the TP groups first.
-    handles_.push_back(world_.group_count(GroupKind::tp) == 1 ? world.dup() : split(world, GroupKind::tp));
+    handles_.push_back(world_.group_count(GroupKind::tp) == 1 ? dup(world) : split(world, GroupKind::tp));
     handle_of_[index(GroupKind::tp)] = 0;
     int single = -1;  // the shared single-rank handle, made on first need
     for (std::size_t k = 1; k < kWorldGroupKinds.size(); ++k) {
@@ -175,12 +179,19 @@ class ProcessGroupsOf {
   // groups that span domains (pp), which split the world itself.
   C split(const C& world, GroupKind kind) const {
     const C& from = kind == GroupKind::tp || kind == GroupKind::pp || handles_.empty() ? world : handles_.front();
-    return from.split(world_.group_index(kind, world_rank_), world_.group_rank(kind, world_rank_));
+    const int color = world_.group_index(kind, world_rank_), key = world_.group_rank(kind, world_rank_);
+    if constexpr (requires { from.split(color, key, site_); }) return from.split(color, key, site_);
+    else return from.split(color, key);
+  }
+  C dup(const C& world) const {
+    if constexpr (requires { world.dup(site_); }) return world.dup(site_);
+    else return world.dup();
   }
 
   WorldLayout world_;
   HandlePolicy policy_;
   int world_rank_;
+  std::source_location site_;
   std::vector<C> handles_;
   std::array<int, kWorldGroupKinds.size()> handle_of_{};
 };

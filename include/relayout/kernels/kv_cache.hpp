@@ -5,17 +5,15 @@
 // (a forward appends layer by layer). Truncation rolls back rejected speculative rows in every
 // layer and returns whole blocks no layer still uses. Everything is allocated up front from a shape;
 // shape.bytes() is the estimate, and a cache that would not fit its memory limit is refused.
-// Request ids map to slots through a slot allocator (admit / finish), so requests can join and
-// leave between steps (continuous batching).
+// The cache is addressed by slot; which request holds a slot is relayout::RequestTable's, which
+// tells the cache of joins, leaves and rollbacks through hook(exec) (continuous batching).
 #pragma once
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <new>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "relayout/comm/scalar.hpp"
@@ -52,64 +50,8 @@ struct PagedKv {
   int block_size = 0;
 };
 
-// Request ids <-> request slots: a request admitted takes the lowest free slot and keeps it until
-// it finishes. Admitting an id twice, finishing or looking up an id that holds no slot, and
-// admitting with every slot taken throw KernelError naming the id.
-class KvSlots {
- public:
-  explicit KvSlots(int slots = 0) {
-    impl::require(slots >= 0, "KvSlots", "slots", "must be >= 0, got " + impl::str(slots));
-    ids_.assign(std::size_t(slots), kFree);
-    for (int s = slots - 1; s >= 0; --s) free_.push_back(s);
-  }
-  int capacity() const { return int(ids_.size()); }
-  int live() const { return capacity() - int(free_.size()); }
-  bool holds(std::int64_t id) const { return slot_.count(id) != 0; }
-
-  int admit(std::int64_t id) {
-    impl::require(id >= 0, "KvSlots::admit", "request", "an id must be >= 0, got " + impl::str(id));
-    if (const auto it = slot_.find(id); it != slot_.end())
-      impl::require(false, "KvSlots::admit", "request",
-                    "request " + impl::str(id) + " already holds slot " + impl::str(it->second) + " (admitted twice)");
-    impl::require(!free_.empty(), "KvSlots::admit", "request",
-                  "request " + impl::str(id) + ": all " + impl::str(capacity()) +
-                      " slots are taken (finish a request first, or reserve more max_requests)");
-    const int s = free_.back();
-    free_.pop_back();
-    std::sort(free_.begin(), free_.end(), std::greater<>());  // the lowest free slot next
-    ids_[std::size_t(s)] = id;
-    slot_[id] = s;
-    return s;
-  }
-  // Frees the request's slot; returns it.
-  int finish(std::int64_t id) {
-    const int s = slot_of_checked("KvSlots::finish", id);
-    slot_.erase(id);
-    ids_[std::size_t(s)] = kFree;
-    free_.push_back(s);
-    std::sort(free_.begin(), free_.end(), std::greater<>());
-    return s;
-  }
-  int slot_of(std::int64_t id) const { return slot_of_checked("KvSlots::slot_of", id); }
-  // The id in slot s, or -1 when it is free.
-  std::int64_t id_in(int s) const {
-    impl::require(s >= 0 && s < capacity(), "KvSlots::id_in", "slot",
-                  "must be in [0, " + impl::str(capacity()) + "), got " + impl::str(s));
-    return ids_[std::size_t(s)];
-  }
-
- private:
-  static constexpr std::int64_t kFree = -1;
-  int slot_of_checked(const char* fn, std::int64_t id) const {
-    const auto it = slot_.find(id);
-    impl::require(it != slot_.end(), fn, "request",
-                  "request " + impl::str(id) + " holds no slot (never admitted, or finished already)");
-    return it->second;
-  }
-  std::vector<std::int64_t> ids_;  // per slot
-  std::vector<int> free_;          // descending: back() is the lowest
-  std::unordered_map<std::int64_t, int> slot_;
-};
+template <class T, class MemSpace, class ExecSpace>
+struct PagedKvHook;
 
 template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space>
 class PagedKvCache {
@@ -152,7 +94,6 @@ class PagedKvCache {
     lengths_h_ = Kokkos::create_mirror_view(lengths_);
     used_.assign(std::size_t(shape.max_requests), 0);
     for (int b = shape.num_blocks - 1; b >= 0; --b) free_.push_back(b);
-    slots_ = KvSlots(shape.max_requests);
   }
 
   const KvCacheShape& shape() const { return shape_; }
@@ -225,26 +166,12 @@ class PagedKvCache {
     truncate(exec, slot, 0);
   }
 
-  // Continuous batching: request `id` joins and gets a free slot (empty in every layer), or
-  // finishes and its slot and blocks go back. Slots taken with admit and slots used directly by
-  // number should not be mixed for the same slot.
-  int admit(std::int64_t id) {
-    const int s = slots_.admit(id);
-    if (used_[std::size_t(s)] != 0) {
-      slots_.finish(id);
-      impl::require(false, "PagedKvCache::admit", "request",
-                    "slot " + impl::str(s) + " still holds rows (used without admit); release it first");
-    }
-    return s;
-  }
+  // This cache as a RequestTable's store (KvStoreHook), on `exec`: admitting into a slot or
+  // finishing its request empties the slot in every layer and returns its blocks.
   template <class ExecSpace>
-  void finish(const ExecSpace& exec, std::int64_t id) {
-    const int s = slots_.slot_of(id);
-    release(exec, s);
-    slots_.finish(id);
+  PagedKvHook<T, MemSpace, ExecSpace> hook(const ExecSpace& exec) {
+    return {this, exec};
   }
-  const KvSlots& slots() const { return slots_; }
-  int slot_of(std::int64_t id) const { return slots_.slot_of(id); }
 
   // Decode-attention input for `layer`; query row b reads request slots(b).
   template <class Slots>
@@ -305,7 +232,16 @@ class PagedKvCache {
   typename Kokkos::View<int**, MemSpace>::HostMirror table_h_, lengths_h_;
   std::vector<int> used_;   // blocks held per slot
   std::vector<int> free_;   // free block ids (a stack)
-  KvSlots slots_;
+};
+
+// A handle onto a PagedKvCache for RequestTable (it never owns the cache; the cache outlives it).
+template <class T, class MemSpace, class ExecSpace>
+struct PagedKvHook {
+  PagedKvCache<T, MemSpace>* cache = nullptr;
+  ExecSpace exec{};
+  void on_admit(int slot, std::int64_t) const { cache->release(exec, slot); }
+  void on_release(int slot) const { cache->release(exec, slot); }
+  void on_truncate(int slot, std::int64_t rows) const { cache->truncate(exec, slot, rows); }
 };
 
 }  // namespace relayout::kernels

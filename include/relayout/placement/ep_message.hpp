@@ -1,11 +1,39 @@
-// EpMessage: the size of one dispatched row's message in ep_dispatch (placement/ep.hpp), as plain
-// arithmetic with no communicator, so tools that predict traffic (relayout plan) use the same formula.
-// Also the FP8 form (e4m3 values with one fp32 scale per 128 values, as DeepEP dispatches them).
+// The EP dispatch's wire format as plain arithmetic with no communicator (EpMessage: one row's
+// message in EpBuffer's dispatch), so tools that predict traffic (relayout plan) use the same
+// formula; and the per-call choices of that format: the row's dtype and DeepEP's mode.
 #pragma once
 
 #include <cstdint>
+#include <string_view>
+
+#include "relayout/mesh/names.hpp"
 
 namespace relayout {
+
+// The type the rows travel as in the EP dispatch: the element type itself, a 16-bit storage type
+// (half the row bytes; the experts see the rows rounded to it), or fp8: e4m3 values with one fp32 scale per 128 values (EpMessage::of_fp8; each value within its
+// block's amax / 28 after the round trip). The router weights and the combine stay in the element type.
+enum class DispatchDtype : std::uint8_t { compute, bf16, fp16, fp8 };
+inline constexpr impl::NameTable<DispatchDtype, 4> kDispatchDtypeNames{{{{DispatchDtype::compute, "compute"},
+                                                                         {DispatchDtype::bf16, "bf16"},
+                                                                         {DispatchDtype::fp16, "fp16"},
+                                                                         {DispatchDtype::fp8, "fp8"}}}};
+constexpr std::string_view to_string(DispatchDtype d) { return kDispatchDtypeNames.name(d); }
+
+// DeepEP's two dispatch modes, chosen per call. normal: the counts go first (one exchange), then
+// the rows in buffers sized for this call. low_latency: blocks of a fixed capacity of rows per
+// rank (EpBufferOptions::num_max_dispatch_tokens_per_rank) and one exchange per direction (each
+// block carries its own count): one latency per call for decode-sized batches, at the price of
+// sending whole blocks, used or not.
+enum class EpMode : std::uint8_t { normal, low_latency };
+inline constexpr impl::NameTable<EpMode, 2> kEpModeNames{
+    {{{EpMode::normal, "normal"}, {EpMode::low_latency, "low_latency"}}}};
+constexpr std::string_view to_string(EpMode m) { return kEpModeNames.name(m); }
+// An EP mode by name ("normal", "low_latency"); `input` names the flag or field in the error.
+inline EpMode parse_ep_mode(std::string_view text, const char* input = "ep_mode") {
+  return impl::parse_name(kEpModeNames, text, input, "EP mode");
+}
+
 
 // One dispatched row's message (bytes): its k router weights (W: compute_t of the rows' scalar T,
 // so fp32 for bf16 rows, as DeepEP sends topk_weights), its k local expert ids (int32, -1: not on

@@ -301,7 +301,7 @@ double max_over_mean(const Range& v) {
     sum += static_cast<double>(x);
     mx = std::max(mx, static_cast<double>(x));
   }
-  return sum > 0 ? mx * static_cast<double>(std::size(v)) / sum : 1.0;
+  return sum > 0 ? mx / (sum / static_cast<double>(std::size(v))) : 1.0;  // the mean first: no overflow near the largest double
 }
 
 // Per-member load a location is expected to see for a logical load, each expert's load split

@@ -61,11 +61,16 @@ struct ExpertBatch {
   const T* source = nullptr;
   std::int64_t source_ld = 0;
   Kokkos::View<const int*, typename Space::memory_space> index{};  // rows() entries when indexed
+  // The logical expert of each group (redundant experts: physical first_expert + e holds logical
+  // logical[e]); empty: group e is expert first_expert + e.
+  std::vector<int> logical;
 
   int experts() const { return static_cast<int>(offsets.size()) - 1; }
   std::int64_t rows() const { return offsets.empty() ? 0 : offsets.back(); }
   std::int64_t offset(int e) const { return offsets[static_cast<std::size_t>(e)]; }
   std::int64_t count(int e) const { return offset(e + 1) - offset(e); }
+  // The model's expert whose weights group e takes.
+  int logical_expert(int e) const { return logical.empty() ? first_expert + e : logical[static_cast<std::size_t>(e)]; }
   // The rows of local expert e (a view, no copy); an indexed batch has none of its own.
   RowsView<T, Space> rows_of(int e) const {
     if (indexed)
@@ -127,7 +132,7 @@ concept CombinesIntoRows = requires(E& e, const Space& exec, const ExpertBatch<T
 
 namespace impl {
 
-// The memory behind the expert grouping, local_experts and ep_dispatch / ep_combine, kept between
+// The memory behind the expert grouping, local_experts and EpBuffer's dispatch and combine, kept between
 // calls. Every buffer only grows: a call whose sizes fit what is there allocates nothing.
 template <class T, class Space>
 struct EpBuffers {
@@ -172,40 +177,15 @@ struct EpBuffers {
 
 }  // namespace impl
 
-// DeepEP's two dispatch modes. normal: the counts go first (one exchange), then the rows in buffers
-// sized for this call. low_latency: blocks of a fixed capacity of rows per rank, set when the
-// workspace is made, and one exchange per direction (each block carries its own count): one
-// latency per call for decode-sized batches, at the price of sending whole blocks, used or not.
-enum class EpMode : std::uint8_t { normal, low_latency };
-inline constexpr impl::NameTable<EpMode, 2> kEpModeNames{
-    {{{EpMode::normal, "normal"}, {EpMode::low_latency, "low_latency"}}}};
-constexpr std::string_view to_string(EpMode m) { return kEpModeNames.name(m); }
-// An EP mode by name ("normal", "low_latency"); `input` names the flag or field in the error.
-inline EpMode parse_ep_mode(std::string_view text, const char* input = "ep_mode") {
-  return impl::parse_name(kEpModeNames, text, input, "EP mode");
-}
-
-// Memory an engine keeps for ep_dispatch, ep_combine, local_experts and MoeBridge, so that calls
-// after the first allocate nothing once their sizes fit (buffers grow, never shrink). Results of a
-// call (the batch, the combined rows) live in it: the next call with the same workspace overwrites
-// them. One workspace per concurrent caller; it must outlive the Dispatched made with it.
+// Memory an engine keeps for local_experts and group_by_expert, so that calls after the first
+// allocate nothing once their sizes fit (buffers grow, never shrink). The batch a call returns
+// lives in it until the next call with the same scratch. One per concurrent caller.
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
-class EpWorkspace {
+class MoeScratch {
  public:
-  EpWorkspace() = default;
-  // low_latency: ep_dispatch with this workspace sends fixed blocks of `capacity` rows per
-  // destination, the most rows a rank may dispatch in one call (DeepEP's
-  // num_max_dispatch_tokens_per_rank); a call with more is refused on every member.
-  EpWorkspace(EpMode mode, std::int64_t capacity) : mode_(mode), capacity_(capacity) {
-    if (mode == EpMode::low_latency && capacity < 1)
-      throw LayoutError("capacity", "EpWorkspace: low_latency mode needs a capacity of at least 1 row per rank, got " +
-                                        std::to_string(capacity));
-  }
-  EpMode mode() const { return mode_; }
-  std::int64_t capacity() const { return capacity_; }
   // How many buffers it has allocated so far.
   std::int64_t allocations() const { return buffers_.allocations; }
-  // A rows x hidden buffer for the experts' outputs (ep_combine's expert_y), reused across calls.
+  // A rows x hidden buffer for the experts' outputs, reused across calls.
   RowsView<T, Space> expert_outputs(std::int64_t rows, std::int64_t hidden) {
     return buffers_.rows(buffers_.outputs, "relayout::expert_out", rows, hidden);
   }
@@ -213,8 +193,6 @@ class EpWorkspace {
 
  private:
   impl::EpBuffers<T, Space> buffers_;
-  EpMode mode_ = EpMode::normal;
-  std::int64_t capacity_ = 0;
 };
 
 namespace impl {
@@ -443,11 +421,11 @@ ExpertDestinations<T, Space> destinations(const Space& exec, const ExpertGroups<
 
 // The rows of x that route sends to experts [first_expert, first_expert + local), grouped by
 // expert (ids of other experts, or -1, are skipped). The one grouping of the house: local_experts,
-// ep_dispatch's expert side and the bridge all group with it. No communication. by_index: an
+// EpBuffer's expert side and the bridge all group with it. No communication. by_index: an
 // indexed batch over x's rows (x must then stay alive and unchanged while the batch is used).
 template <class T, class Space, class X>
 ExpertGroups<T, Space> group_by_expert(const Space& exec, const X& x, const TopK<T, Space>& route, int first_expert,
-                                       int local, EpWorkspace<T, Space>& ws, bool by_index = false) {
+                                       int local, MoeScratch<T, Space>& ws, bool by_index = false) {
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), H = static_cast<std::int64_t>(x.extent(1));
   if (local < 1 || first_expert < 0)
     throw LayoutError("local", "group_by_expert: needs local >= 1 experts from first_expert >= 0; got local = " +
@@ -498,7 +476,7 @@ void combine_experts(const Space& exec, const ExpertGroups<T, Space>& g, const T
 // range, weights finite) first.
 template <class T, class Space, class X, ExpertsFor<T, Space> E>
 void local_experts(const Space& exec, const X& x, const TopK<T, Space>& route, int first_expert, int local,
-                   int experts_total, E& experts, const RowsView<T, Space>& out, EpWorkspace<T, Space>& ws,
+                   int experts_total, E& experts, const RowsView<T, Space>& out, MoeScratch<T, Space>& ws,
                    bool check_route = true) {
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), H = static_cast<std::int64_t>(x.extent(1));
   impl::require_experts(experts_total, 1, "local_experts");
@@ -525,7 +503,7 @@ void local_experts(const Space& exec, const X& x, const TopK<T, Space>& route, i
 template <class T, class Space, class X, ExpertsFor<T, Space> E>
 void local_experts(const Space& exec, const X& x, const TopK<T, Space>& route, int first_expert, int local,
                    int experts_total, E& experts, const RowsView<T, Space>& out) {
-  EpWorkspace<T, Space> ws;
+  MoeScratch<T, Space> ws;
   local_experts(exec, x, route, first_expert, local, experts_total, experts, out, ws);
 }
 

@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -20,6 +21,8 @@
 #include <string>
 #include <system_error>
 #include <thread>
+
+#include "relayout/io/files.hpp"
 
 namespace relayout::trace {
 
@@ -41,11 +44,17 @@ inline std::string lock_text(int fd) {
 }
 
 // The live run holding the lock file of `dir`, if any. The probe takes a shared lock for an instant,
-// so a run starting at that moment retries (DirLock::acquire) rather than seeing a live run.
+// so a run starting at that moment retries (DirLock::acquire) rather than seeing a live run. A lock
+// that is a link or not a regular file is no run's lock: never followed, never waited on (a FIFO).
 inline std::optional<LiveRun> holder_of(const std::filesystem::path& dir) {
   const std::string path = (dir / kLockFile).string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) return std::nullopt;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return std::nullopt;
+  }
   std::optional<LiveRun> live;
   if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) live = LiveRun{dir.string(), lock_text(fd)};
@@ -118,14 +127,14 @@ class DirLock {
 
   // Creates `dir` if needed and takes its lock for run `id`. Returns "" when held, else why not:
   // a live run writes `dir`, a directory around it or one inside it (named, with its holder's
-  // text), or a file-system error. Throws std::filesystem::filesystem_error when `dir` cannot be
-  // created.
+  // text), a lock file that is a link, not a regular file or shares its data with another name
+  // (never written through), or a file-system error. Throws std::filesystem::filesystem_error when
+  // `dir` cannot be created.
   std::string acquire(const std::string& dir, const std::string& id) {
     release();
     std::filesystem::create_directories(dir);
     const std::string path = (std::filesystem::path(dir) / kLockFile).string();
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) return "cannot write the trace there (" + path + ": " + std::strerror(errno) + ")";
+    if (std::string why = open_lock(path); !why.empty()) return why;
     // A probe (holder_of) holds the lock for microseconds: retry for a moment before refusing.
     int rc = -1, why = 0;
     for (int attempt = 0; attempt < 25 && rc != 0; ++attempt) {
@@ -168,6 +177,30 @@ class DirLock {
   }
 
  private:
+  // Opens (creating it if missing) the lock file into fd_: O_NOFOLLOW, O_NONBLOCK (a FIFO is refused
+  // after fstat, not waited on), a regular file of one link. Returns "" or why not.
+  std::string open_lock(const std::string& path) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      const int err = errno;
+      const std::string link = err == ELOOP ? io::impl::link_at(path) : "";
+      if (!link.empty())
+        return path + " is " + link + ": a run never writes through a link it did not create; remove it";
+      return "cannot write the trace there (" + path + ": " + std::strerror(err) + ")";
+    }
+    struct stat st {};
+    std::string why;
+    if (::fstat(fd_, &st) != 0)
+      why = "cannot write the trace there (" + path + ": " + std::strerror(errno) + ")";
+    else if (!S_ISREG(st.st_mode))
+      why = path + " is " + io::impl::kind_of(st.st_mode) + ", not a lock file (a regular file a run creates); remove it";
+    else if (st.st_nlink > 1)
+      why = path + " has " + std::to_string(st.st_nlink) +
+            " hard links: a run never writes a file another name shares; remove it";
+    if (!why.empty()) release();
+    return why;
+  }
+
   int fd_ = -1;
 };
 

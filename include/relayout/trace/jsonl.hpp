@@ -16,11 +16,11 @@
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "relayout/io/files.hpp"
 #include "relayout/trace/record.hpp"
 
 namespace relayout::trace {
@@ -126,50 +126,54 @@ class JsonlSink {
     }
   }
 
-  // Creates DIR if needed and truncates this rank's file. `run` goes into the header.
+  // Creates DIR if needed and this rank's file as a new file (io::create_new: an existing link or
+  // non-regular file there is refused, never written through). `run` goes into the header. Throws
+  // std::runtime_error naming the file.
   void open(const std::string& dir, int rank, int world_size, const std::string& program = "",
             const std::string& run = "") {
     close();
     std::filesystem::create_directories(dir);
     path_ = trace_file(dir, rank);
     error_.clear();
-    out_.open(path_, std::ios::out | std::ios::trunc);
-    if (!out_) throw std::runtime_error("trace: cannot write " + path_ + " (" + std::strerror(errno) + ")");
-    out_ << header_line(rank, world_size, program, run) << "\n";
-    out_.flush();
-    check();
+    try {
+      fd_ = io::create_new(path_);
+    } catch (const io::FileError& e) {
+      throw std::runtime_error(std::string("trace: ") + e.what());
+    }
+    put(header_line(rank, world_size, program, run) + "\n");
     records_ = 0;
   }
-  bool active() const { return out_.is_open(); }
+  bool active() const { return fd_.get() >= 0; }
   // A failed write is kept and reported by close(): the run goes on, its trace is known incomplete.
-  // Each record is flushed as one write, so a run that is killed or aborted leaves every record
-  // it finished, and trace diff can name the last boundary each rank reached.
+  // Each record is one write(2), so a run that is killed or aborted leaves every record it
+  // finished, and trace diff can name the last boundary each rank reached.
   void write(const Record& r) {
     if (!active()) return;
-    const std::string line = to_jsonl(r) + "\n";
-    out_.write(line.data(), std::streamsize(line.size()));
-    out_.flush();
-    check();
+    put(to_jsonl(r) + "\n");
     ++records_;
   }
   // Writes the end line; only a closed file is complete. Throws std::runtime_error naming the file
-  // when any write, the flush or the close failed (a full disk, /dev/full).
+  // when any write or the close failed (a full disk, /dev/full).
   void close() {
     if (!active()) return;
-    out_ << end_line(records_) << "\n";
-    check();
-    out_.close();
-    if (out_.fail() && error_.empty()) error_ = errno ? std::strerror(errno) : "close failed";
+    put(end_line(records_) + "\n");
+    if (::close(fd_.release()) != 0 && error_.empty()) error_ = std::strerror(errno);
     if (!error_.empty()) throw std::runtime_error("trace: cannot write " + path_ + " (" + error_ + "); the trace is incomplete");
   }
   const std::string& path() const { return path_; }
 
  private:
-  void check() {
-    if (!out_ && error_.empty()) error_ = errno ? std::strerror(errno) : "write failed";
+  // One write of `line`; after the first failure nothing more is written (the file is incomplete).
+  void put(const std::string& line) {
+    if (!error_.empty()) return;
+    try {
+      io::write_all(fd_.get(), line, path_);
+    } catch (const io::FileError& e) {
+      error_ = std::strerror(e.code());
+    }
   }
 
-  std::ofstream out_;
+  io::Fd fd_;
   std::string path_;
   std::string error_;  // the first write error
   std::int64_t records_ = 0;

@@ -12,15 +12,16 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <initializer_list>
 #include <istream>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "relayout/io/files.hpp"
 #include "relayout/mesh/names.hpp"
 #include "relayout/trace/jsonl.hpp"
 #include "relayout/trace/record.hpp"
@@ -265,27 +266,27 @@ auto fs_checked(const std::string& path, F&& f) {
 
 }  // namespace impl
 
-// A rank file must be a regular file of at most kMaxTraceFile bytes: a FIFO would block the reader,
-// a directory or a device (/dev/zero) is not a trace, and neither is read.
+// What a rank file must be (io::InputRule): a regular file of at most kMaxTraceFile bytes, read
+// without following a link; a FIFO is refused, not waited on; a directory or a device is not a trace.
+inline io::InputRule rank_file_rule() { return {"a rank file", "a regular file written by --trace", kMaxTraceFile}; }
+
 inline RankTrace read_rank_trace(const std::string& file, int rank, int* world_size, std::string* program,
                                  std::string* run = nullptr, bool partial_ok = false) {
-  namespace fs = std::filesystem;
-  const fs::file_status st = impl::fs_checked(file, [&] { return fs::status(file); });
-  if (st.type() == fs::file_type::not_found) throw TraceInputError(file + ": cannot open (missing rank file?)");
-  if (st.type() != fs::file_type::regular) {
-    const char* kind = st.type() == fs::file_type::directory ? "a directory"
-                       : st.type() == fs::file_type::fifo    ? "a FIFO"
-                       : st.type() == fs::file_type::character || st.type() == fs::file_type::block ? "a device"
-                                                                                                    : "not a regular file";
-    throw TraceInputError(file + ": " + kind + ", not a rank file (a rank file is a regular file written by --trace)");
+  std::optional<io::InputFile> buf;
+  try {
+    buf.emplace(file, rank_file_rule());
+  } catch (const io::FileError& e) {
+    if (e.code() == ENOENT) throw TraceInputError(file + ": cannot open (missing rank file?)");
+    throw TraceInputError(e.what());
   }
-  const std::uintmax_t size = impl::fs_checked(file, [&] { return fs::file_size(file); });
-  if (size > kMaxTraceFile)
-    throw TraceInputError(file + ": " + std::to_string(size) + " bytes, more than a rank file may have (" +
-                          std::to_string(kMaxTraceFile) + " bytes); not read");
-  std::ifstream in(file);
-  if (!in) throw TraceInputError(file + ": cannot open (" + std::strerror(errno) + ")");
-  return read_rank_trace(in, file, rank, world_size, program, run, partial_ok);
+  std::istream in(&*buf);
+  RankTrace t = read_rank_trace(in, file, rank, world_size, program, run, partial_ok);
+  try {
+    buf->check();
+  } catch (const io::FileError& e) {
+    throw TraceInputError(e.what());
+  }
+  return t;
 }
 
 // All rank files of one run: rank0.jsonl names the world size, every rank below it must be there,
@@ -298,7 +299,7 @@ inline TraceRun read_trace(const std::string& dir, bool partial_ok = false) {
   TraceRun run;
   run.dir = dir;
   const std::string first = (fs::path(dir) / "rank0.jsonl").string();
-  if (impl::fs_checked(first, [&] { return fs::status(first); }).type() == fs::file_type::not_found)
+  if (impl::fs_checked(first, [&] { return fs::symlink_status(first); }).type() == fs::file_type::not_found)
     throw TraceInputError(dir + ": no rank0.jsonl (not a trace directory?)");
   run.ranks.push_back(read_rank_trace(first, 0, &run.world_size, &run.program, &run.run, partial_ok));
   if (run.world_size < 1) throw TraceInputError(first + ":1: world_size must be >= 1");

@@ -8,8 +8,10 @@
 #include <exception>
 #include <source_location>
 #include <span>
+#include <string>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <variant>
 
 #include "relayout/comm/agreement.hpp"
@@ -65,9 +67,16 @@ class CollectiveScope {
   bool agreed_ = false;
 };
 
+// "recv has 3 elements ...; all_reduce called at model/engine.cpp:42": an argument error names the
+// caller's line (`site`, taken at the public entry), not the library's.
+[[noreturn]] inline void throw_at_site(const LayoutError& e, CollectiveKind kind, std::source_location site) {
+  throw LayoutError(e.input(), std::string(e.what()) + "; " + to_string(kind) + " called at " +
+                                   std::string(short_file(site.file_name())) + ":" + std::to_string(site.line()));
+}
+
 // Runs body(scope) after fencing the caller's instance (`fence`: an instance or ViewSpaces); a
 // validation error before agree() goes through refuse() first, so with checks on every member
-// throws alike (with checks off, or on one rank, the error leaves as thrown).
+// throws alike (with checks off, or on one rank, the error leaves as thrown, naming `site`).
 template <class F, class C, class Body>
 void run_collective(const F& fence, const C& comm, CollectiveKind kind, const char* dtype,
                     std::source_location site, Body&& body) {
@@ -78,6 +87,7 @@ void run_collective(const F& fence, const C& comm, CollectiveKind kind, const ch
     body(scope);
   } catch (const std::exception& e) {
     scope.refuse(e.what());
+    if (typeid(e) == typeid(LayoutError)) throw_at_site(static_cast<const LayoutError&>(e), kind, site);
     throw;
   }
 }

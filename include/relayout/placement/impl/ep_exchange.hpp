@@ -1,0 +1,396 @@
+// The exchange behind EpBuffer (placement/ep.hpp): message packing, the counting sorts, the
+// verdicts that travel with the counts, the low-latency blocks and the decoding of the received
+// rows into the experts' batch. Internal: engines use EpBuffer.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <source_location>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <Kokkos_Core.hpp>
+
+#include "relayout/comm.hpp"
+#include "relayout/placement/ep_message.hpp"
+#include "relayout/placement/experts.hpp"
+#include "relayout/placement/fp8.hpp"
+#include "relayout/placement/traffic.hpp"
+
+namespace relayout::impl {
+
+// One dispatch's state, shared by its handle and its exchanges in flight. `mem` is the buffer
+// memory it uses; it is reused by a later dispatch only once no handle points at it.
+template <class T, class Space>
+struct EpState {
+  using Mem = typename Space::memory_space;
+  std::shared_ptr<EpBuffers<T, Space>> mem;
+  ExpertBatch<T, Space> batch;
+  Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem> send_pos;  // (row, rank) -> send row, -1 none
+  Kokkos::View<std::int64_t**, Kokkos::LayoutRight, Mem> slot_of;   // (recv row, k) -> batch row, -1
+  Kokkos::View<std::int32_t*, Mem> received_messages;               // received x message.words()
+  EpMessage message;
+  std::vector<int> send_rows, recv_rows;  // per moe_ep member
+  std::vector<std::int64_t> tags;         // the received rows' tags, when the dispatch carried tags
+  std::int64_t rows = 0, full_rows = 0, received = 0, sent = 0;
+  int hidden = 0, k = 0, per_rank = 0, first_expert = 0;
+  EpMode mode = EpMode::normal;
+  DispatchDtype dtype = DispatchDtype::compute;
+  TrafficLog* traffic = nullptr;
+  std::uint32_t digest = 0;  // of the step's token counts, agreed with the other members
+};
+
+// Whether the rows travel as e4m3 with fp32 block scales (EpMessage::of_fp8) rather than one type.
+template <class P>
+inline constexpr bool is_fp8_payload_v = std::is_same_v<P, fp8_e4m3>;
+
+// A value converted between the compute type and the payload type (16-bit types go through float).
+template <class To, class From>
+KOKKOS_INLINE_FUNCTION To convert(const From& v) {
+  if constexpr (Half16<To> || Half16<From>) return To(static_cast<float>(v));
+  else return static_cast<To>(v);
+}
+
+// Stable counting sort of items into buckets (an item may go to several): one scan over (bucket,
+// item), bucket-major, so the running count is the item's position in the bucket-ordered output.
+// place(b, i, p) gets each hit's position; ws.host_starts receives the bucket offsets. The work is
+// buckets x items, fine for the dispatch's few buckets (moe_ep members); the expert grouping, with
+// up to hundreds of experts, sorts in one pass over the items instead (group_by_expert).
+template <class Space, class T, class Hit, class Place>
+void bucket_scan(const Space& exec, EpBuffers<T, Space>& ws, int buckets, std::int64_t items, const Hit& hit,
+                 const Place& place, const char* label) {
+  ws.bucket_starts(buckets);
+  const auto starts = ws.starts;
+  Kokkos::deep_copy(exec, starts, std::int64_t(0));
+  if (items > 0) {
+    Kokkos::parallel_scan(
+        label, Kokkos::RangePolicy<Space>(exec, 0, items * buckets),
+        KOKKOS_LAMBDA(const std::int64_t idx, std::int64_t& upd, const bool final) {
+          const int b = static_cast<int>(idx / items);
+          const std::int64_t i = idx % items;
+          const bool h = hit(b, i);
+          if (final) {
+            if (i == 0) starts(b) = upd;
+            if (h) place(b, i, upd);
+            if (idx == items * buckets - 1) starts(buckets) = upd + (h ? 1 : 0);
+          }
+          if (h) ++upd;
+        });
+  }
+  Kokkos::deep_copy(exec, ws.host_starts, starts);
+  exec.fence();
+}
+
+// Per-member counts of `words` each, as MPI's int counts; a message too large for them is refused.
+inline std::vector<int> times(const std::vector<int>& c, std::int64_t words, const char* call) {
+  std::vector<int> out(c.size());
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    const std::int64_t v = std::int64_t(c[i]) * words;
+    if (v > std::int64_t(std::numeric_limits<int>::max()))
+      throw LayoutError("rows", std::string(call) + ": " + std::to_string(c[i]) + " rows of " + std::to_string(words) +
+                                    " words for one member exceed MPI's int count; dispatch fewer rows per call");
+    out[i] = static_cast<int>(v);
+  }
+  return out;
+}
+
+// Words ahead of each low-latency block: the rows in it, the sender's verdict, the sender's rows
+// and the digest of the sender's token counts.
+inline constexpr std::int64_t kLlHead = 4;
+
+// A member's verdict on its own call, sent beside its counts so that every member refuses together.
+enum Verdict : int { kFine = 0, kRouteRefused = 1, kOverCapacity = 2, kCallRefused = 3 };
+
+// What every member said about its own call: per member, the rows it sends here, its verdict, its
+// rows and the digest of the token counts it was given.
+struct Verdicts {
+  std::vector<int> rows, verdict, total, digest;
+  static Verdicts of(const std::vector<int>& words, std::size_t ep, std::size_t stride) {
+    Verdicts v;
+    for (std::size_t r = 0; r < ep; ++r) {
+      v.rows.push_back(words[r * stride]);
+      v.verdict.push_back(words[r * stride + 1]);
+      v.total.push_back(words[r * stride + 2]);
+      v.digest.push_back(words[r * stride + 3]);
+    }
+    return v;
+  }
+};
+
+inline int clamp_int(std::int64_t v) {
+  return v > std::numeric_limits<int>::max() ? std::numeric_limits<int>::max() : static_cast<int>(v);
+}
+
+// A 31-bit digest of a step's token counts (0 for none given): members compare it in the exchange.
+inline std::uint32_t counts_digest(std::span<const std::int64_t> counts) {
+  if (counts.empty()) return 0;
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::int64_t c : counts) h = (h ^ static_cast<std::uint64_t>(c)) * 0x100000001b3ull;
+  return static_cast<std::uint32_t>((h ^ (h >> 32)) & 0x7fffffffu) | 1u;
+}
+
+// What this member puts beside its counts.
+struct OwnVerdict {
+  int verdict = kFine;
+  std::int64_t rows = 0;
+  std::uint32_t digest = 0;
+};
+
+// Normal mode's first exchange: the counts, each with the sender's verdict, in one all_to_all.
+template <class Space, class C>
+Verdicts exchange_counts(const Space& exec, const C& comm, const std::vector<int>& send_rows, const OwnVerdict& own,
+                         std::source_location site) {
+  const std::size_t ep = send_rows.size();
+  std::vector<int> out(4 * ep), in(out.size());
+  for (std::size_t r = 0; r < ep; ++r) {
+    out[4 * r] = send_rows[r];
+    out[4 * r + 1] = own.verdict;
+    out[4 * r + 2] = clamp_int(own.rows);
+    out[4 * r + 3] = static_cast<int>(own.digest);
+  }
+  all_to_all(exec, comm, std::span<const int>(out), std::span<int>(in), site);
+  return Verdicts::of(in, ep, 4);
+}
+
+// Low-latency mode's one exchange: block r of `send` (a head, then up to capacity messages) goes
+// to member r in one all_to_all of equal blocks of B words, started here (read_blocks reads the
+// heads that arrived once it completes).
+template <class Space, class C, class T>
+CollectiveRequest post_blocks(const Space& exec, const C& comm, EpBuffers<T, Space>& buf,
+                              const Kokkos::View<std::int32_t*, typename Space::memory_space>& send,
+                              const Kokkos::View<std::int32_t*, typename Space::memory_space>& recv, std::int64_t B,
+                              const std::vector<int>& send_rows, const OwnVerdict& own, std::source_location site) {
+  const std::int64_t ep = static_cast<std::int64_t>(send_rows.size());
+  const auto heads = buf.flat(buf.ll_heads, "relayout::ep_ll_heads", ep * kLlHead);
+  auto hh = Kokkos::create_mirror_view(heads);
+  for (std::int64_t r = 0; r < ep; ++r) {
+    hh(r * kLlHead) = send_rows[static_cast<std::size_t>(r)];
+    hh(r * kLlHead + 1) = own.verdict;
+    hh(r * kLlHead + 2) = clamp_int(own.rows);
+    hh(r * kLlHead + 3) = static_cast<int>(own.digest);
+  }
+  Kokkos::deep_copy(exec, heads, hh);
+  Kokkos::parallel_for(
+      "relayout::ep_dispatch.heads", Kokkos::RangePolicy<Space>(exec, 0, ep * kLlHead),
+      KOKKOS_LAMBDA(const std::int64_t j) { send((j / kLlHead) * B + j % kLlHead) = heads(j); });
+  return all_to_all_start(exec, comm, send, recv, site);
+}
+template <class Space, class T>
+Verdicts read_blocks(const Space& exec, EpBuffers<T, Space>& buf,
+                     const Kokkos::View<std::int32_t*, typename Space::memory_space>& recv, std::int64_t B, std::int64_t ep) {
+  const auto heads = buf.flat(buf.ll_heads, "relayout::ep_ll_heads", ep * kLlHead);
+  Kokkos::parallel_for(
+      "relayout::ep_dispatch.read_heads", Kokkos::RangePolicy<Space>(exec, 0, ep * kLlHead),
+      KOKKOS_LAMBDA(const std::int64_t j) { heads(j) = recv((j / kLlHead) * B + j % kLlHead); });
+  auto hh = Kokkos::create_mirror_view(heads);
+  Kokkos::deep_copy(exec, hh, heads);
+  exec.fence();
+  return Verdicts::of(std::vector<int>(hh.data(), hh.data() + ep * kLlHead), static_cast<std::size_t>(ep),
+                      static_cast<std::size_t>(kLlHead));
+}
+
+// Every member throws when any refused its call, or when the members were given different token
+// counts, after the exchange, so none waits in the next. `call` names the engine's entry point.
+inline void throw_refused(const std::string& call, const std::string& problem, const OwnVerdict& own,
+                          const Verdicts& v, std::int64_t capacity) {
+  static const char* const kInput[] = {"rows", "route", "capacity", "rows"};
+  if (!problem.empty()) throw LayoutError(kInput[own.verdict & 3], call + ": " + problem);
+  for (std::size_t r = 0; r < v.verdict.size(); ++r) {
+    const std::string who = call + ": moe_ep member " + std::to_string(r);
+    if (v.verdict[r] == kRouteRefused)
+      throw LayoutError("route", who + " refused its router output (its error says why); no rows were exchanged");
+    if (v.verdict[r] == kOverCapacity)
+      throw LayoutError("capacity", who + " dispatches " + std::to_string(v.total[r]) +
+                                        " rows, over the low-latency capacity of " + std::to_string(capacity) +
+                                        " rows per rank; no rows were used");
+    if (v.verdict[r] == kCallRefused)
+      throw LayoutError("rows", who + " refused its call (its error says why); no rows were exchanged");
+  }
+  for (std::size_t r = 0; r < v.digest.size(); ++r)
+    if (v.digest[r] != static_cast<int>(own.digest))
+      throw LayoutError("global_num_tokens", call + ": moe_ep member " + std::to_string(r) +
+                                                 " was given other token counts (global_num_tokens) than this member; "
+                                                 "every rank of a step must pass the same counts");
+}
+
+// The messages of each low-latency block, source after source: the order normal mode receives.
+template <class Space, class W>
+void unpack_blocks(const Space& exec, const W& recv, std::int64_t B, std::int64_t words, const std::vector<int>& rows,
+                   const W& out) {
+  std::int64_t at = 0;
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    const std::int64_t n = std::int64_t(rows[r]) * words, from = std::int64_t(r) * B + kLlHead;
+    if (n > 0)
+      Kokkos::deep_copy(exec, Kokkos::subview(out, Kokkos::make_pair(at, at + n)),
+                        Kokkos::subview(recv, Kokkos::make_pair(from, from + n)));
+    at += n;
+  }
+}
+
+// Send order is destination-major: (row i, member r) gets its send row from one bucket scan, and
+// d.send_rows / d.sent the counts.
+template <class Space, class T, class Ids>
+void send_layout(const Space& exec, EpBuffers<T, Space>& buf, EpState<T, Space>& d, const Ids& ids,
+                 std::int64_t rows, int ep, int per_rank) {
+  d.send_pos = buf.rows(buf.send_pos, "relayout::send_pos", rows, ep);
+  const auto pos = d.send_pos;
+  const int K = static_cast<int>(ids.extent(1));
+  Kokkos::deep_copy(exec, pos, std::int64_t(-1));
+  bucket_scan(
+      exec, buf, ep, rows,
+      KOKKOS_LAMBDA(const int r, const std::int64_t i) {
+        bool hit = false;
+        for (int k = 0; k < K; ++k) hit = hit || ids(i, k) / per_rank == r;
+        return hit;
+      },
+      KOKKOS_LAMBDA(const int r, const std::int64_t i, const std::int64_t p) { pos(i, r) = p; },
+      "relayout::ep_dispatch.layout");
+  d.send_rows.assign(static_cast<std::size_t>(ep), 0);
+  for (int r = 0; r < ep; ++r)
+    d.send_rows[static_cast<std::size_t>(r)] = static_cast<int>(buf.host_starts(r + 1) - buf.host_starts(r));
+  d.sent = buf.host_starts(ep);
+}
+
+// Tags that travel with the rows (request ids, owners): host-side bookkeeping, not counted.
+template <class C, class T, class Space>
+void exchange_tags(const Space& exec, const C& comm, EpState<T, Space>& d, const std::vector<std::int64_t>& tags,
+                   std::source_location site) {
+  const int ep = comm.size();
+  if (static_cast<std::int64_t>(tags.size()) != d.rows)
+    throw LayoutError("tags", "ep_dispatch: " + std::to_string(tags.size()) + " tags for " + std::to_string(d.rows) +
+                                  " rows; tags must stay aligned with rows");
+  auto pos_h = Kokkos::create_mirror_view(d.send_pos);
+  Kokkos::deep_copy(exec, pos_h, d.send_pos);
+  exec.fence();
+  std::vector<std::int64_t> send_tags(static_cast<std::size_t>(d.sent));
+  for (std::size_t i = 0; i < pos_h.extent(0); ++i)
+    for (int r = 0; r < ep; ++r)
+      if (pos_h(i, r) >= 0) send_tags[static_cast<std::size_t>(pos_h(i, r))] = tags[i];
+  d.tags.assign(static_cast<std::size_t>(d.received), 0);
+  all_to_allv(exec, comm, send_tags, d.send_rows, d.tags, d.recv_rows, site);
+}
+
+// The received messages grouped by local expert into the experts' batch, decoded from payload P.
+template <class P, class T, class Space>
+void group_received(const Space& exec, EpState<T, Space>& d, bool indexed) {
+  constexpr bool fp8 = is_fp8_payload_v<P>;
+  auto& buf = *d.mem;
+  const EpMessage msg = d.message;
+  const std::int64_t W = msg.words(), H = d.hidden;
+  const int per_rank = d.per_rank;
+  const auto recv = d.received_messages;
+  // Indexed: the rows are read where they arrived, message i's row at source + i * ld.
+  const T* source = nullptr;
+  std::int64_t ld = 0;
+  if constexpr (!fp8 && std::is_same_v<P, T>)
+    if (indexed && d.received > 0 && msg.bytes % std::int64_t(sizeof(T)) == 0 && msg.row % std::int64_t(sizeof(T)) == 0) {
+      source = reinterpret_cast<const T*>(reinterpret_cast<const char*>(recv.data()) + msg.row);
+      ld = msg.bytes / std::int64_t(sizeof(T));
+    }
+  d.batch = group_by_expert<T>(
+      exec, buf, d.received, d.k, H,
+      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t f) {
+        const char* at = reinterpret_cast<const char*>(recv.data() + i * W);
+        if constexpr (fp8) {
+          const float s = reinterpret_cast<const float*>(at + msg.scales)[f / fp8_block];
+          return static_cast<T>(e4m3_bits_to_float(reinterpret_cast<const std::uint8_t*>(at + msg.row)[f]) * s);
+        } else {
+          return convert<T>(reinterpret_cast<const P*>(at + msg.row)[f]);
+        }
+      },
+      KOKKOS_LAMBDA(const std::int64_t i, const int k) {
+        return reinterpret_cast<const std::int32_t*>(reinterpret_cast<const char*>(recv.data() + i * W) + msg.ids)[k];
+      },
+      per_rank, d.first_expert, d.slot_of, source, ld);
+}
+
+// Each sent row's message: its weights and its local expert ids at the destination (-1: none),
+// then the row as P (fp8: quantised per block). Low-latency mode writes destination r's messages
+// after its block's head, B words apart.
+template <class P, class T, class Space, class X, class Route>
+void pack_messages(const Space& exec, EpState<T, Space>& d, const X& xv, const Route& route, std::int64_t mo,
+                   int ep, std::int64_t B, const Kokkos::View<std::int32_t*, typename Space::memory_space>& send) {
+  constexpr bool fp8 = is_fp8_payload_v<P>;
+  const EpMessage msg = d.message;
+  const std::int64_t W = msg.words(), H = d.hidden;
+  const int K = d.k, per_rank = d.per_rank;
+  const bool ll = B > 0;
+  const auto ids = route.ids;
+  const auto wv = route.weights;
+  const auto pos = d.send_pos;
+  const auto starts = d.mem->starts;
+  Kokkos::parallel_for(
+      "relayout::ep_dispatch.pack", Kokkos::RangePolicy<Space>(exec, 0, mo * ep), KOKKOS_LAMBDA(const std::int64_t idx) {
+        const int r = static_cast<int>(idx / mo);
+        const std::int64_t i = idx % mo, q = pos(i, r);
+        if (q < 0) return;
+        const std::int64_t word = ll ? r * B + kLlHead + (q - starts(r)) * W : q * W;
+        char* at = reinterpret_cast<char*>(send.data() + word);
+        compute_t<T>* w = reinterpret_cast<compute_t<T>*>(at + msg.weights);
+        std::int32_t* lid = reinterpret_cast<std::int32_t*>(at + msg.ids);
+        for (int k = 0; k < K; ++k) {
+          const int e = ids(i, k);
+          const bool here = e / per_rank == r;
+          lid[k] = here ? e - r * per_rank : -1;
+          w[k] = here ? wv(i, k) : compute_t<T>(0);
+        }
+        if constexpr (fp8) {
+          float* scale = reinterpret_cast<float*>(at + msg.scales);
+          std::uint8_t* q8 = reinterpret_cast<std::uint8_t*>(at + msg.row);
+          for (std::int64_t c = 0, b = 0; c < H; c += fp8_block, ++b)
+            scale[b] = fp8_quantize_block(&xv(i, c), static_cast<int>(H - c < fp8_block ? H - c : fp8_block), q8 + c);
+        } else {
+          P* row = reinterpret_cast<P*>(at + msg.row);
+          for (std::int64_t f = 0; f < H; ++f) row[f] = convert<P>(xv(i, f));
+        }
+      });
+}
+
+// The received messages grouped into the experts' batch, decoded from the dispatch's dtype.
+template <class T, class Space>
+void group_dispatched(const Space& exec, EpState<T, Space>& d, bool indexed) {
+  switch (d.dtype) {
+    case DispatchDtype::bf16: return group_received<relayout::bf16>(exec, d, indexed);
+    case DispatchDtype::fp16: return group_received<relayout::fp16>(exec, d, indexed);
+    case DispatchDtype::fp8: return group_received<fp8_e4m3>(exec, d, indexed);
+    case DispatchDtype::compute: return group_received<T>(exec, d, indexed);
+  }
+}
+
+// out(i) = the sum of row i's returns (one per destination member, in member order); bf16 and fp16
+// rows sum in float and are rounded once.
+template <class T, class Space>
+void sum_returns(const Space& exec, const EpState<T, Space>& d, const RowsView<T, Space>& back,
+                 const RowsView<T, Space>& out, int ep) {
+  const std::int64_t H = d.hidden;
+  const auto pos = d.send_pos;
+  Kokkos::parallel_for(
+      "relayout::ep_combine.sum", Kokkos::RangePolicy<Space>(exec, 0, d.rows), KOKKOS_LAMBDA(const std::int64_t i) {
+        using C = compute_t<T>;
+        if constexpr (!std::is_same_v<T, C>) {
+          constexpr std::int64_t kChunk = 32;  // a chunk of the row in fp32 accumulators
+          for (std::int64_t f0 = 0; f0 < H; f0 += kChunk) {
+            const std::int64_t width = H - f0 < kChunk ? H - f0 : kChunk;
+            C acc[kChunk] = {};
+            for (int r = 0; r < ep; ++r) {
+              const std::int64_t q = pos(i, r);
+              if (q < 0) continue;
+              for (std::int64_t j = 0; j < width; ++j) acc[j] += C(back(q, f0 + j));
+            }
+            for (std::int64_t j = 0; j < width; ++j) out(i, f0 + j) = T(acc[j]);
+          }
+        } else {
+          for (std::int64_t f = 0; f < H; ++f) out(i, f) = T(0);
+          for (int r = 0; r < ep; ++r) {
+            const std::int64_t q = pos(i, r);
+            if (q < 0) continue;
+            for (std::int64_t f = 0; f < H; ++f) out(i, f) += back(q, f);
+          }
+        }
+      });
+}
+
+}  // namespace relayout::impl
