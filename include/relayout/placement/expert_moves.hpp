@@ -397,6 +397,47 @@ void copy_slot(const E& exec, const W& w, int slot, const Buf& buf, std::int64_t
   }
 }
 
+// The moves of an agreed plan, S elements per slot, at most per_round slots per message: every
+// outgoing and locally copied slot is packed into staging buffers on exec before any slot is
+// written, then the rounds of all_to_allv, then the receiving slots are written. Fences exec.
+template <class E, class C, class W>
+void carry_out_moves(const E& exec, const C& comm, const ExpertMovePlan& plan, const W& weights, std::int64_t S,
+                     std::int64_t per_round, std::source_location site) {
+  using T = typename W::value_type;
+  using Buf = Kokkos::View<T*, typename E::memory_space>;
+  const int me = comm.rank();
+  const int rounds = move_rounds(plan, per_round);
+  const MoveSide out = move_side(plan, me, true, rounds, per_round);
+  const MoveSide in = move_side(plan, me, false, rounds, per_round);
+  std::vector<std::size_t> local;
+  for (std::size_t i = 0; i < plan.moves().size(); ++i)
+    if (plan.moves()[i].local() && plan.moves()[i].dst_rank == me) local.push_back(i);
+  const auto alloc = [&](const char* label, std::int64_t slots) {
+    return Buf(Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(slots * S));
+  };
+  const Buf send = alloc("relayout::expert_moves.send", out.base.back());
+  const Buf recv = alloc("relayout::expert_moves.recv", in.base.back());
+  const Buf copies = alloc("relayout::expert_moves.local", static_cast<std::int64_t>(local.size()));
+  for (const auto& [i, pos] : out.at) copy_slot(exec, weights, plan.moves()[i].src_slot, send, pos * S, true);
+  for (std::size_t n = 0; n < local.size(); ++n)
+    copy_slot(exec, weights, plan.moves()[local[n]].src_slot, copies, static_cast<std::int64_t>(n) * S, true);
+  for (int r = 0; r < rounds; ++r) {
+    const auto elems = [S](std::vector<int> c) {
+      for (int& v : c) v = static_cast<int>(v * S);
+      return c;
+    };
+    const auto range = [&](const MoveSide& s) {
+      return Kokkos::make_pair(s.base[static_cast<std::size_t>(r)] * S, s.base[static_cast<std::size_t>(r) + 1] * S);
+    };
+    all_to_allv(exec, comm, Kokkos::subview(send, range(out)), elems(out.counts[static_cast<std::size_t>(r)]),
+                Kokkos::subview(recv, range(in)), elems(in.counts[static_cast<std::size_t>(r)]), site);
+  }
+  for (const auto& [i, pos] : in.at) copy_slot(exec, weights, plan.moves()[i].dst_slot, recv, pos * S, false);
+  for (std::size_t n = 0; n < local.size(); ++n)
+    copy_slot(exec, weights, plan.moves()[local[n]].dst_slot, copies, static_cast<std::int64_t>(n) * S, false);
+  exec.fence();  // the staging buffers end with this call
+}
+
 }  // namespace impl
 
 // Carries out `plan` on this member's weights. Collective over comm, the moe_ep group (member r of
@@ -414,40 +455,7 @@ void move_expert_weights(const E& exec, const C& comm, const ExpertMovePlan& pla
                          std::source_location site = std::source_location::current()) {
   const std::int64_t S = impl::agree_on_moves(exec, comm, plan, weights, site);
   if (plan.empty() || S == 0) return;
-  using T = typename W::value_type;
-  using Buf = Kokkos::View<T*, typename E::memory_space>;
-  const int me = comm.rank();
-  const std::int64_t per_round = std::max<std::int64_t>(1, INT_MAX / S);
-  const int rounds = impl::move_rounds(plan, per_round);
-  const impl::MoveSide out = impl::move_side(plan, me, true, rounds, per_round);
-  const impl::MoveSide in = impl::move_side(plan, me, false, rounds, per_round);
-  std::vector<std::size_t> local;
-  for (std::size_t i = 0; i < plan.moves().size(); ++i)
-    if (plan.moves()[i].local() && plan.moves()[i].dst_rank == me) local.push_back(i);
-  const auto alloc = [&](const char* label, std::int64_t slots) {
-    return Buf(Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(slots * S));
-  };
-  const Buf send = alloc("relayout::expert_moves.send", out.base.back());
-  const Buf recv = alloc("relayout::expert_moves.recv", in.base.back());
-  const Buf copies = alloc("relayout::expert_moves.local", static_cast<std::int64_t>(local.size()));
-  for (const auto& [i, pos] : out.at) impl::copy_slot(exec, weights, plan.moves()[i].src_slot, send, pos * S, true);
-  for (std::size_t n = 0; n < local.size(); ++n)
-    impl::copy_slot(exec, weights, plan.moves()[local[n]].src_slot, copies, static_cast<std::int64_t>(n) * S, true);
-  for (int r = 0; r < rounds; ++r) {
-    const auto elems = [S](std::vector<int> c) {
-      for (int& v : c) v = static_cast<int>(v * S);
-      return c;
-    };
-    const auto range = [&](const impl::MoveSide& s) {
-      return Kokkos::make_pair(s.base[static_cast<std::size_t>(r)] * S, s.base[static_cast<std::size_t>(r) + 1] * S);
-    };
-    all_to_allv(exec, comm, Kokkos::subview(send, range(out)), elems(out.counts[static_cast<std::size_t>(r)]),
-                Kokkos::subview(recv, range(in)), elems(in.counts[static_cast<std::size_t>(r)]), site);
-  }
-  for (const auto& [i, pos] : in.at) impl::copy_slot(exec, weights, plan.moves()[i].dst_slot, recv, pos * S, false);
-  for (std::size_t n = 0; n < local.size(); ++n)
-    impl::copy_slot(exec, weights, plan.moves()[local[n]].dst_slot, copies, static_cast<std::int64_t>(n) * S, false);
-  exec.fence();  // the staging buffers end with this call
+  impl::carry_out_moves(exec, comm, plan, weights, S, std::max<std::int64_t>(1, INT_MAX / S), site);
 }
 
 }  // namespace relayout
