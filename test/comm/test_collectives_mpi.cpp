@@ -194,7 +194,11 @@ TEST_CASE("mpi: size and count mismatches throw on every rank before any MPI cal
   const int n = w.size();
   std::vector<float> send(4), small(3), big(4 * static_cast<std::size_t>(n) + 1);
   const std::string nstr = std::to_string(n);
-  CHECK_THROWS_WITH_AS(all_reduce(w, send, small), "recv has 3 elements but must have 4 (all_reduce: recv.size() == send.size())", LayoutError);
+  // Every rank passes the same bad arguments: each throws its own error, naming this line.
+  const auto reduce = [&] { all_reduce(w, send, small); }; const int reduce_line = __LINE__;
+  CHECK_THROWS_WITH_AS(reduce(), ("recv has 3 elements but must have 4 (all_reduce: recv.size() == send.size()); "
+                                  "all_reduce called at comm/test_collectives_mpi.cpp:" + std::to_string(reduce_line)).c_str(),
+                       LayoutError);
   CHECK_THROWS_WITH_AS(all_gather(w, send, big),
                        doctest::Contains(("recv has " + std::to_string(4 * n + 1) + " elements but must have " +
                                           std::to_string(4 * n)).c_str()), LayoutError);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <relayout/comm.hpp>
+#include <string>
 #include <vector>
 
 using namespace relayout;
@@ -129,15 +130,21 @@ TEST_CASE("single rank: every collective on an execution-space instance copies V
   barrier(space, one);
   space.fence();
   CHECK(host(out) == expect);
-  // The same checks as without an instance, with the same messages.
+  // The same checks as without an instance, with the same messages, each naming the caller's line.
   Kokkos::View<float*> small("small", 3);
-  CHECK_THROWS_WITH_AS(all_reduce(space, one, in, small),
-                       "recv has 3 elements but must have 4 (all_reduce: recv.size() == send.size())", LayoutError);
-  CHECK_THROWS_WITH_AS(broadcast(space, one, out, 1),
-                       "broadcast root 1 is not a rank of this group: it must be in [0, 1)", LayoutError);
+  const auto at = [](const char* call, int line) {
+    return "; " + std::string(call) + " called at comm/test_scalar.cpp:" + std::to_string(line);
+  };
+  const auto reduce = [&] { all_reduce(space, one, in, small); }; const int reduce_line = __LINE__;
+  CHECK_THROWS_WITH_AS(reduce(), ("recv has 3 elements but must have 4 (all_reduce: recv.size() == send.size())" +
+                                  at("all_reduce", reduce_line)).c_str(), LayoutError);
+  const auto bcast = [&] { broadcast(space, one, out, 1); }; const int bcast_line = __LINE__;
+  CHECK_THROWS_WITH_AS(bcast(), ("broadcast root 1 is not a rank of this group: it must be in [0, 1)" +
+                                 at("broadcast", bcast_line)).c_str(), LayoutError);
   // A rank that is its own peer receives what it sends: unequal counts would overrun recv.
-  CHECK_THROWS_WITH_AS(all_to_allv(space, one, in, all, small, std::vector<int>{3}),
-                       "all_to_allv on one rank: recv_counts[0] = 3 but send_counts[0] = 4; a rank that is its own peer receives what it sends",
+  const auto a2av = [&] { all_to_allv(space, one, in, all, small, std::vector<int>{3}); }; const int a2av_line = __LINE__;
+  CHECK_THROWS_WITH_AS(a2av(), ("all_to_allv on one rank: recv_counts[0] = 3 but send_counts[0] = 4; a rank that is its "
+                                "own peer receives what it sends" + at("all_to_allv", a2av_line)).c_str(),
                        LayoutError);
   // Plain host ranges are copied without Kokkos.
   std::vector<float> a{1, 2}, b(2);

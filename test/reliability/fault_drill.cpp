@@ -18,6 +18,11 @@
 //                           check names it
 //   fault_drill stop-host   the last rank stops before the programs' memory check counts the ranks
 //                           of this host (a shared-memory split): the same, from cli::memory_limit
+//   fault_drill stop-groups the last rank stops before the others make the process groups: the
+//                           deadline (RELAYOUT_CHECK_COLLECTIVES=0, as a default launch) ends the job
+//                           naming this file's line
+//   fault_drill stop-in-split  the last rank passes a split's arrival check and stops before
+//                           MPI_Comm_split: the others, inside it, are ended by its watch
 //   fault_drill stop-end    after the job's last collective the last rank stops (SIGSTOP) instead
 //                           of finishing: the others, finished, wait for it at the end of the job
 //                           (JobGuard::finish) within the deadline, then name it and abort
@@ -129,6 +134,31 @@ int stop_before_split(const MpiCommunicator& world, bool host) {
   return 1;
 }
 
+// The last rank stops before the process groups are made; the others start making them.
+int stop_before_groups(const MpiCommunicator& world) {
+  const RuntimeLayout layout(LayoutConfig{.tp = world.size(), .dp = world.size() / 2, .enable_dp_attention = true});
+  if (world.rank() == world.size() - 1) std::raise(SIGSTOP);
+  const ProcessGroups groups(layout, world);
+  std::printf("unreachable: rank %d made the process groups without the last rank\n", world.rank());
+  return 1;
+}
+
+// The last rank passes the split's arrival check (the same call, as far as the check can tell) and
+// stops; the others are inside MPI_Comm_split, which has no nonblocking form.
+int stop_inside_split(const MpiCommunicator& world) {
+  MpiCommunicator c = world.dup();
+  c.set_name("drill");
+  const auto site = std::source_location::current();
+  if (c.rank() == c.size() - 1) {
+    c.agree(CollectiveCall{.kind = CollectiveKind::comm_split, .site = site});
+    std::raise(SIGSTOP);
+    return 0;
+  }
+  const MpiCommunicator half = c.split(c.rank() % 2, c.rank(), site);
+  std::printf("unreachable: rank %d split without the last rank\n", c.rank());
+  return 1;
+}
+
 // Every rank makes the job's last collective; then the last rank stops (a moment later, so the
 // others are already at the end of the job), and with `alone` rank 0 announces work of its own that
 // outlasts the deadline.
@@ -174,11 +204,13 @@ int main(int argc, char** argv) {
       if (mode == "mismatch") return mismatch(world);
       if (mode == "stop-split") return stop_before_split(world, false);
       if (mode == "stop-host") return stop_before_split(world, true);
+      if (mode == "stop-groups") return stop_before_groups(world);
+      if (mode == "stop-in-split") return stop_inside_split(world);
       if (mode == "stop-end") return stop_at_end(world, false);
       if (mode == "stop-end-alone") return stop_at_end(world, true);
       if (mode == "stop-start") throw std::runtime_error("unreachable: the job started without the last rank");
       throw LayoutError("mode", "unknown mode '" + mode + "': skip, stop, throw, all-throw, mismatch, stop-start, "
-                                "stop-split, stop-host, stop-end or stop-end-alone");
+                                "stop-split, stop-host, stop-groups, stop-in-split, stop-end or stop-end-alone");
     });
   }
   Kokkos::finalize();

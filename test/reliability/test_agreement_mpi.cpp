@@ -8,6 +8,7 @@
 #include <Kokkos_Core.hpp>
 #include <cstdlib>
 #include <relayout/comm.hpp>
+#include <relayout/placement.hpp>
 #include <string>
 #include <vector>
 
@@ -233,8 +234,11 @@ TEST_CASE("agreement: one member's bad arguments stop every member, with that me
 TEST_CASE("agreement: the same bad arguments on every member give each its own error") {
   MpiCommunicator c = fresh("all_bad");
   std::vector<float> send(4, 1.0f), recv(3);
-  CHECK_THROWS_WITH_AS(all_reduce(c, send, recv),
-                       "recv has 3 elements but must have 4 (all_reduce: recv.size() == send.size())", LayoutError);
+  const auto call = [&] { all_reduce(c, send, recv); }; const int line = __LINE__;
+  // The error names this line, where the engine called, not the library's.
+  CHECK_THROWS_WITH_AS(call(), ("recv has 3 elements but must have 4 (all_reduce: recv.size() == send.size()); "
+                                "all_reduce called at " + site(line)).c_str(),
+                       LayoutError);
   still_usable(c);
 }
 
@@ -262,6 +266,20 @@ TEST_CASE("agreement: process groups name their communicators in the diagnostics
   CHECK(msg.find("members [0] (world [" + std::to_string(g * (n / 2)) + "])") != std::string::npos);
 }
 
+TEST_CASE("agreement: a placement transition names its caller's line, not the library's") {
+  const MpiCommunicator world = MpiCommunicator::world();
+  if (world.size() < 2) return;
+  const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = world.size()}), world);
+  using PartialRows = Rows<float, Partial<group::Tp>>;
+  const PartialRows partial(PartialRows::view_type("partial", world.rank() == 0 ? 1 : 2, 4));
+  const auto call = [&] { (void)all_reduce(pg, partial); }; const int line = __LINE__;
+  const std::string msg = mismatch_message(call);
+  INFO(msg);
+  CHECK(msg.find("all_reduce(float, 4 elements, sum) at " + site(line) + " in ") != std::string::npos);
+  CHECK(msg.find("all_reduce(float, 8 elements, sum) at " + site(line) + " in ") != std::string::npos);
+  CHECK(msg.find("placement/") == std::string::npos);
+}
+
 TEST_CASE("agreement: settings from the environment are checked") {
   setenv("RELAYOUT_COLLECTIVE_TIMEOUT", "soon", 1);
   CHECK_THROWS_WITH_AS(impl::read_agreement_settings(),
@@ -276,9 +294,39 @@ TEST_CASE("agreement: settings from the environment are checked") {
   CHECK_FALSE(s.check);
   CHECK(s.timeout_s == 2.5);
   CHECK(s.exit_grace_s == 1.25);  // half the deadline: a failed rank's own message comes first
-  CHECK(s.active());              // a deadline keeps the exchange on
+  CHECK(s.active());              // the watchdog records each call, without the exchange
   unsetenv("RELAYOUT_CHECK_COLLECTIVES");
   unsetenv("RELAYOUT_COLLECTIVE_TIMEOUT");
+}
+
+TEST_CASE("agreement: the watchdog is on by default with a 300 s deadline; 0 turns it off") {
+  const char* given = std::getenv("RELAYOUT_COLLECTIVE_TIMEOUT");  // ctest's deadline, put back below
+  const std::string kept = given ? given : "";
+  unsetenv("RELAYOUT_COLLECTIVE_TIMEOUT");
+  unsetenv("RELAYOUT_CHECK_COLLECTIVES");
+  AgreementSettings s = impl::read_agreement_settings();
+  CHECK(s.timeout_s == 300);
+  CHECK(s.timeout_s == kDefaultCollectiveTimeout);
+  CHECK(s.check == (RELAYOUT_CHECK_COLLECTIVES != 0));  // the build's default, not turned on by it
+  CHECK(s.exit_grace_s == 10);
+  CHECK(s.active());
+  setenv("RELAYOUT_CHECK_COLLECTIVES", "0", 1);
+  CHECK(impl::read_agreement_settings().active());  // a default launch of a Release build is watched
+  setenv("RELAYOUT_COLLECTIVE_TIMEOUT", "0", 1);
+  s = impl::read_agreement_settings();
+  CHECK(s.timeout_s == 0);
+  CHECK_FALSE(s.active());
+  CHECK(s.exit_grace_s == 10);
+  unsetenv("RELAYOUT_CHECK_COLLECTIVES");
+  setenv("RELAYOUT_COLLECTIVE_TIMEOUT", "2", 1);  // set on purpose: the check names who never came
+  s = impl::read_agreement_settings();
+  CHECK(s.check);
+  CHECK(s.timeout_s == 2);
+  CHECK(s.exit_grace_s == 1);
+  setenv("RELAYOUT_COLLECTIVE_TIMEOUT", "600", 1);
+  CHECK(impl::read_agreement_settings().exit_grace_s == 10);
+  if (given) setenv("RELAYOUT_COLLECTIVE_TIMEOUT", kept.c_str(), 1);
+  else unsetenv("RELAYOUT_COLLECTIVE_TIMEOUT");
 }
 
 TEST_CASE("agreement: only plain numbers of seconds in [0, 1e6] are settings") {

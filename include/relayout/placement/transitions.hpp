@@ -1,12 +1,14 @@
 // The legal placement transitions on typed Rows. Each takes the ProcessGroups and the rows and
 // returns new rows in the new placement; the caller's rows are never written (all_reduce on an
 // rvalue reuses the storage it is handed). Every other combination does not compile: a rejecting
-// overload's static_assert says why and which call to make instead (rules.hpp).
+// overload's static_assert says why and which call to make instead (rules.hpp). The collectives'
+// argument errors, the agreement check and the watchdog name the caller's line (`site`).
 #pragma once
 
 #include <concepts>
 #include <cstdint>
 #include <ranges>
+#include <source_location>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,6 +21,12 @@ namespace relayout {
 namespace impl {
 template <Transition Op, class R>
 inline constexpr bool legal = transition_result(Op, std::remove_cvref_t<R>::placement).has_value();
+
+// The move context of a transition without an instance: the default one, the caller's site.
+template <class Sp>
+MoveCtx<Sp> at(std::source_location site) {
+  return MoveCtx<Sp>{.site = site};
+}
 
 template <Transition Op, class R>
 std::remove_cvref_t<R> reject(const R& x) {
@@ -42,13 +50,16 @@ concept IdRange = std::ranges::contiguous_range<const Ids&> && std::ranges::size
 // ---- all_reduce: Partial<G> -> Replicated<G>
 
 template <class C, class T, GroupTag G, RowScopeTag Sc, class Sp>
-Rows<T, Replicated<G>, Sc, Sp> all_reduce(const ProcessGroupsOf<C>& pg, const Rows<T, Partial<G>, Sc, Sp>& x) {
-  return Rows<T, Replicated<G>, Sc, Sp>(impl::all_reduce_rows(pg.comm(G::kind), x.data()));
+Rows<T, Replicated<G>, Sc, Sp> all_reduce(const ProcessGroupsOf<C>& pg, const Rows<T, Partial<G>, Sc, Sp>& x,
+                                          std::source_location site = std::source_location::current()) {
+  return Rows<T, Replicated<G>, Sc, Sp>(impl::all_reduce_rows(pg.comm(G::kind), x.data(), G::kind, impl::at<Sp>(site)));
 }
 // Hands the partial rows over: the sum is written into their storage.
 template <class C, class T, GroupTag G, RowScopeTag Sc, class Sp>
-Rows<T, Replicated<G>, Sc, Sp> all_reduce(const ProcessGroupsOf<C>& pg, Rows<T, Partial<G>, Sc, Sp>&& x) {
-  return Rows<T, Replicated<G>, Sc, Sp>(impl::all_reduce_rows_in_place(pg.comm(G::kind), std::move(x).data()));
+Rows<T, Replicated<G>, Sc, Sp> all_reduce(const ProcessGroupsOf<C>& pg, Rows<T, Partial<G>, Sc, Sp>&& x,
+                                          std::source_location site = std::source_location::current()) {
+  return Rows<T, Replicated<G>, Sc, Sp>(
+      impl::all_reduce_rows_in_place(pg.comm(G::kind), std::move(x).data(), G::kind, impl::at<Sp>(site)));
 }
 template <class C, RowsType R>
   requires(!impl::legal<Transition::all_reduce, R>)
@@ -59,8 +70,9 @@ std::remove_cvref_t<R> all_reduce(const ProcessGroupsOf<C>&, const R& x) {
 // ---- reduce_scatter: Partial<G> -> RowShard<G> (sum and tensor_split in one collective)
 
 template <class C, class T, GroupTag G, RowScopeTag Sc, class Sp>
-Rows<T, RowShard<G>, Sc, Sp> reduce_scatter(const ProcessGroupsOf<C>& pg, const Rows<T, Partial<G>, Sc, Sp>& x) {
-  return Rows<T, RowShard<G>, Sc, Sp>(impl::reduce_scatter_rows(pg.comm(G::kind), x.data()));
+Rows<T, RowShard<G>, Sc, Sp> reduce_scatter(const ProcessGroupsOf<C>& pg, const Rows<T, Partial<G>, Sc, Sp>& x,
+                                            std::source_location site = std::source_location::current()) {
+  return Rows<T, RowShard<G>, Sc, Sp>(impl::reduce_scatter_rows(pg.comm(G::kind), x.data(), G::kind, impl::at<Sp>(site)));
 }
 template <class C, RowsType R>
   requires(!impl::legal<Transition::reduce_scatter, R>)
@@ -71,8 +83,9 @@ std::remove_cvref_t<R> reduce_scatter(const ProcessGroupsOf<C>&, const R& x) {
 // ---- all_gather: RowShard<G> -> Replicated<G> (restores split rows; not a sum)
 
 template <class C, class T, GroupTag G, RowScopeTag Sc, class Sp>
-Rows<T, Replicated<G>, Sc, Sp> all_gather(const ProcessGroupsOf<C>& pg, const Rows<T, RowShard<G>, Sc, Sp>& x) {
-  return Rows<T, Replicated<G>, Sc, Sp>(impl::all_gather_rows(pg.comm(G::kind), x.data()));
+Rows<T, Replicated<G>, Sc, Sp> all_gather(const ProcessGroupsOf<C>& pg, const Rows<T, RowShard<G>, Sc, Sp>& x,
+                                          std::source_location site = std::source_location::current()) {
+  return Rows<T, Replicated<G>, Sc, Sp>(impl::all_gather_rows(pg.comm(G::kind), x.data(), G::kind, impl::at<Sp>(site)));
 }
 template <class C, RowsType R>
   requires(!impl::legal<Transition::all_gather, R>)
@@ -114,8 +127,9 @@ std::remove_cvref_t<R> split_rows(const ProcessGroupsOf<C>&, const R& x, const I
 template <class C, class T, class Sp>
 Rows<T, Replicated<group::Tp>, DpGlobal, Sp> dp_gather_replicate(const ProcessGroupsOf<C>& pg,
                                                                  const Rows<T, Replicated<AttnTp>, DpLocal, Sp>& x,
-                                                                 DpSlotsPtr slots) {
-  return Rows<T, Replicated<group::Tp>, DpGlobal, Sp>(impl::dp_gather_replicate_rows(pg, x.data(), std::move(slots)));
+                                                                 DpSlotsPtr slots, std::source_location site = std::source_location::current()) {
+  return Rows<T, Replicated<group::Tp>, DpGlobal, Sp>(
+      impl::dp_gather_replicate_rows(pg, x.data(), std::move(slots), impl::at<Sp>(site)));
 }
 template <class C, RowsType R>
   requires(!impl::legal<Transition::dp_gather_replicate, R>)
@@ -127,8 +141,9 @@ std::remove_cvref_t<R> dp_gather_replicate(const ProcessGroupsOf<C>&, const R& x
 template <class C, class T, class Sp>
 Rows<T, Replicated<group::Tp>, DpGlobal, Sp> dp_gather_partial(const ProcessGroupsOf<C>& pg,
                                                                const Rows<T, Partial<AttnTp>, DpLocal, Sp>& x,
-                                                               DpSlotsPtr slots) {
-  return Rows<T, Replicated<group::Tp>, DpGlobal, Sp>(impl::dp_gather_partial_rows(pg, x.data(), std::move(slots)));
+                                                               DpSlotsPtr slots, std::source_location site = std::source_location::current()) {
+  return Rows<T, Replicated<group::Tp>, DpGlobal, Sp>(
+      impl::dp_gather_partial_rows(pg, x.data(), std::move(slots), impl::at<Sp>(site)));
 }
 template <class C, RowsType R>
   requires(!impl::legal<Transition::dp_gather_partial, R>)
@@ -151,8 +166,9 @@ std::remove_cvref_t<R> dp_scatter(const ProcessGroupsOf<C>&, const R& x) {
 // Partial<Tp>, DpGlobal -> Replicated<AttnTp>, DpLocal: sums the expert partials (sum_len rows).
 template <class C, class T, class Sp>
 Rows<T, Replicated<AttnTp>, DpLocal, Sp> reduce_scatterv(const ProcessGroupsOf<C>& pg,
-                                                         const Rows<T, Partial<group::Tp>, DpGlobal, Sp>& x) {
-  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::reduce_scatterv_rows(pg, x.data()));
+                                                         const Rows<T, Partial<group::Tp>, DpGlobal, Sp>& x,
+                                                         std::source_location site = std::source_location::current()) {
+  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::reduce_scatterv_rows(pg, x.data(), impl::at<Sp>(site)));
 }
 template <class C, RowsType R>
   requires(!impl::legal<Transition::reduce_scatterv, R>)
@@ -163,8 +179,9 @@ std::remove_cvref_t<R> reduce_scatterv(const ProcessGroupsOf<C>&, const R& x) {
 // Partial<Tp>, DpGlobal -> Replicated<AttnTp>, DpLocal: sums the expert partials (max_len rows).
 template <class C, class T, class Sp>
 Rows<T, Replicated<AttnTp>, DpLocal, Sp> dp_reduce_scatter(const ProcessGroupsOf<C>& pg,
-                                                           const Rows<T, Partial<group::Tp>, DpGlobal, Sp>& x) {
-  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::dp_reduce_scatter_rows(pg, x.data()));
+                                                           const Rows<T, Partial<group::Tp>, DpGlobal, Sp>& x,
+                                                           std::source_location site = std::source_location::current()) {
+  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::dp_reduce_scatter_rows(pg, x.data(), impl::at<Sp>(site)));
 }
 template <class C, RowsType R>
   requires(!impl::legal<Transition::dp_reduce_scatter, R>)
@@ -177,8 +194,8 @@ std::remove_cvref_t<R> dp_reduce_scatter(const ProcessGroupsOf<C>&, const R& x) 
 
 namespace impl {
 template <class Sp>
-MoveCtx<Sp> ctx(const Sp& exec, TrafficLog* log) {
-  return MoveCtx<Sp>{exec, log};
+MoveCtx<Sp> ctx(const Sp& exec, TrafficLog* log, std::source_location site) {
+  return MoveCtx<Sp>{exec, log, site};
 }
 template <class Sp>
 concept ExecInstance = Kokkos::is_execution_space<Sp>::value;
@@ -186,14 +203,15 @@ concept ExecInstance = Kokkos::is_execution_space<Sp>::value;
 
 template <impl::ExecInstance Sp, class C, class T, GroupTag G, RowScopeTag Sc>
 Rows<T, Replicated<G>, Sc, Sp> all_reduce(const Sp& exec, const ProcessGroupsOf<C>& pg,
-                                          const Rows<T, Partial<G>, Sc, Sp>& x, TrafficLog* log = nullptr) {
-  return Rows<T, Replicated<G>, Sc, Sp>(impl::all_reduce_rows(pg.comm(G::kind), x.data(), G::kind, impl::ctx(exec, log)));
+                                          const Rows<T, Partial<G>, Sc, Sp>& x, TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+  return Rows<T, Replicated<G>, Sc, Sp>(
+      impl::all_reduce_rows(pg.comm(G::kind), x.data(), G::kind, impl::ctx(exec, log, site)));
 }
 template <impl::ExecInstance Sp, class C, class T, GroupTag G, RowScopeTag Sc>
 Rows<T, Replicated<G>, Sc, Sp> all_reduce(const Sp& exec, const ProcessGroupsOf<C>& pg,
-                                          Rows<T, Partial<G>, Sc, Sp>&& x, TrafficLog* log = nullptr) {
+                                          Rows<T, Partial<G>, Sc, Sp>&& x, TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
   return Rows<T, Replicated<G>, Sc, Sp>(
-      impl::all_reduce_rows_in_place(pg.comm(G::kind), std::move(x).data(), G::kind, impl::ctx(exec, log)));
+      impl::all_reduce_rows_in_place(pg.comm(G::kind), std::move(x).data(), G::kind, impl::ctx(exec, log, site)));
 }
 template <impl::ExecInstance Sp, class C, RowsType R>
   requires(!impl::legal<Transition::all_reduce, R>)
@@ -203,14 +221,16 @@ std::remove_cvref_t<R> all_reduce(const Sp&, const ProcessGroupsOf<C>&, const R&
 
 template <impl::ExecInstance Sp, class C, class T, GroupTag G, RowScopeTag Sc>
 Rows<T, RowShard<G>, Sc, Sp> reduce_scatter(const Sp& exec, const ProcessGroupsOf<C>& pg,
-                                            const Rows<T, Partial<G>, Sc, Sp>& x, TrafficLog* log = nullptr) {
-  return Rows<T, RowShard<G>, Sc, Sp>(impl::reduce_scatter_rows(pg.comm(G::kind), x.data(), G::kind, impl::ctx(exec, log)));
+                                            const Rows<T, Partial<G>, Sc, Sp>& x, TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+  return Rows<T, RowShard<G>, Sc, Sp>(
+      impl::reduce_scatter_rows(pg.comm(G::kind), x.data(), G::kind, impl::ctx(exec, log, site)));
 }
 
 template <impl::ExecInstance Sp, class C, class T, GroupTag G, RowScopeTag Sc>
 Rows<T, Replicated<G>, Sc, Sp> all_gather(const Sp& exec, const ProcessGroupsOf<C>& pg,
-                                          const Rows<T, RowShard<G>, Sc, Sp>& x, TrafficLog* log = nullptr) {
-  return Rows<T, Replicated<G>, Sc, Sp>(impl::all_gather_rows(pg.comm(G::kind), x.data(), G::kind, impl::ctx(exec, log)));
+                                          const Rows<T, RowShard<G>, Sc, Sp>& x, TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+  return Rows<T, Replicated<G>, Sc, Sp>(
+      impl::all_gather_rows(pg.comm(G::kind), x.data(), G::kind, impl::ctx(exec, log, site)));
 }
 template <impl::ExecInstance Sp, class C, RowsType R>
   requires(!impl::legal<Transition::all_gather, R>)
@@ -221,10 +241,10 @@ std::remove_cvref_t<R> all_gather(const Sp&, const ProcessGroupsOf<C>&, const R&
 template <impl::ExecInstance Sp, class C, class T, class Sc>
 Rows<T, Replicated<group::Tp>, DpGlobal, Sp> dp_gather_replicate(const Sp& exec, const ProcessGroupsOf<C>& pg,
                                                                  const Rows<T, Replicated<AttnTp>, Sc, Sp>& x,
-                                                                 DpSlotsPtr slots, TrafficLog* log = nullptr) {
+                                                                 DpSlotsPtr slots, TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
   static_assert(std::same_as<Sc, DpLocal>, "relayout: dp_gather_replicate gathers DpLocal rows");
   return Rows<T, Replicated<group::Tp>, DpGlobal, Sp>(
-      impl::dp_gather_replicate_rows(pg, x.data(), std::move(slots), impl::ctx(exec, log)));
+      impl::dp_gather_replicate_rows(pg, x.data(), std::move(slots), impl::ctx(exec, log, site)));
 }
 template <impl::ExecInstance Sp, class C, RowsType R>
   requires(!impl::legal<Transition::dp_gather_replicate, R>)
@@ -236,16 +256,16 @@ std::remove_cvref_t<R> dp_gather_replicate(const Sp&, const ProcessGroupsOf<C>&,
 template <impl::ExecInstance Sp, class C, class T>
 Rows<T, Replicated<group::Tp>, DpGlobal, Sp> dp_gather_partial(const Sp& exec, const ProcessGroupsOf<C>& pg,
                                                                const Rows<T, Partial<AttnTp>, DpLocal, Sp>& x,
-                                                               DpSlotsPtr slots, TrafficLog* log = nullptr) {
+                                                               DpSlotsPtr slots, TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
   return Rows<T, Replicated<group::Tp>, DpGlobal, Sp>(
-      impl::dp_gather_partial_rows(pg, x.data(), std::move(slots), impl::ctx(exec, log)));
+      impl::dp_gather_partial_rows(pg, x.data(), std::move(slots), impl::ctx(exec, log, site)));
 }
 
 template <impl::ExecInstance Sp, class C, class T>
 Rows<T, Replicated<AttnTp>, DpLocal, Sp> dp_scatter(const Sp& exec, const ProcessGroupsOf<C>& pg,
                                                     const Rows<T, Replicated<group::Tp>, DpGlobal, Sp>& x,
-                                                    TrafficLog* log = nullptr) {
-  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::dp_scatter_rows(pg, x.data(), impl::ctx(exec, log)));
+                                                    TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::dp_scatter_rows(pg, x.data(), impl::ctx(exec, log, site)));
 }
 template <impl::ExecInstance Sp, class C, RowsType R>
   requires(!impl::legal<Transition::dp_scatter, R>)
@@ -256,8 +276,8 @@ std::remove_cvref_t<R> dp_scatter(const Sp&, const ProcessGroupsOf<C>&, const R&
 template <impl::ExecInstance Sp, class C, class T>
 Rows<T, Replicated<AttnTp>, DpLocal, Sp> reduce_scatterv(const Sp& exec, const ProcessGroupsOf<C>& pg,
                                                          const Rows<T, Partial<group::Tp>, DpGlobal, Sp>& x,
-                                                         TrafficLog* log = nullptr) {
-  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::reduce_scatterv_rows(pg, x.data(), impl::ctx(exec, log)));
+                                                         TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::reduce_scatterv_rows(pg, x.data(), impl::ctx(exec, log, site)));
 }
 template <impl::ExecInstance Sp, class C, RowsType R>
   requires(!impl::legal<Transition::reduce_scatterv, R>)
@@ -268,8 +288,9 @@ std::remove_cvref_t<R> reduce_scatterv(const Sp&, const ProcessGroupsOf<C>&, con
 template <impl::ExecInstance Sp, class C, class T>
 Rows<T, Replicated<AttnTp>, DpLocal, Sp> dp_reduce_scatter(const Sp& exec, const ProcessGroupsOf<C>& pg,
                                                            const Rows<T, Partial<group::Tp>, DpGlobal, Sp>& x,
-                                                           TrafficLog* log = nullptr) {
-  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::dp_reduce_scatter_rows(pg, x.data(), impl::ctx(exec, log)));
+                                                           TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(
+      impl::dp_reduce_scatter_rows(pg, x.data(), impl::ctx(exec, log, site)));
 }
 template <impl::ExecInstance Sp, class C, RowsType R>
   requires(!impl::legal<Transition::dp_reduce_scatter, R>)
@@ -293,10 +314,10 @@ Rows<T, Replicated<AttnTp>, Sc, Sp> as_attn_tp(const ProcessGroupsOf<C>& pg, Row
 // attn_tp), so each share is one block of attn_tp ranks). Members of an attention-TP group must
 // report the same count; otherwise every rank throws the same error.
 template <class C>
-std::vector<std::int64_t> gather_num_tokens(const ProcessGroupsOf<C>& pg, std::int64_t local_tokens) {
+std::vector<std::int64_t> gather_num_tokens(const ProcessGroupsOf<C>& pg, std::int64_t local_tokens, std::source_location site = std::source_location::current()) {
   const int tp = pg.layout().size(), A = pg.layout().widths().attn_tp;
   std::vector<std::int64_t> mine{local_tokens}, all(static_cast<std::size_t>(tp));
-  all_gather(pg.tp(), mine, all);
+  all_gather(pg.tp(), mine, all, site);
   std::vector<std::int64_t> out;
   for (int r = 0; r < tp; ++r) {
     const std::int64_t lead = all[static_cast<std::size_t>(r - r % A)];

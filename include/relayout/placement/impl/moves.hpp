@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <source_location>
 #include <string>
 #include <utility>
 
@@ -24,6 +25,7 @@ template <class Space>
 struct MoveCtx {
   Space exec{};
   TrafficLog* log = nullptr;
+  std::source_location site = std::source_location::current();  // the caller's, for errors and the watchdog
 
   template <Communicator C>
   void count(TrafficOp op, const C& comm, GroupKind g, std::int64_t bytes) const {
@@ -66,7 +68,7 @@ RowsData<T, Space> all_reduce_rows(const C& comm, const RowsData<T, Space>& in, 
                                   hidden_of(in.view.extent(1)));
   cx.ready();
   cx.count(TrafficOp::all_reduce, comm, g, bytes_of(in.view));
-  all_reduce(cx.exec, comm, in.view, out);
+  all_reduce(cx.exec, comm, in.view, out, ReduceOp::sum, cx.site);
   return {out, in.full_rows, in.slots};
 }
 
@@ -75,7 +77,7 @@ RowsData<T, Space> all_reduce_rows_in_place(const C& comm, RowsData<T, Space>&& 
                                             const MoveCtx<Space>& cx = {}) {
   cx.ready();
   cx.count(TrafficOp::all_reduce, comm, g, bytes_of(in.view));
-  all_reduce_in_place(cx.exec, comm, in.view);
+  all_reduce_in_place(cx.exec, comm, in.view, ReduceOp::sum, cx.site);
   return std::move(in);
 }
 
@@ -88,8 +90,8 @@ RowsData<T, Space> reduce_scatter_rows(const C& comm, const RowsData<T, Space>& 
   auto out = alloc_rows<T, Space>("relayout::reduce_scatter", mine.count, h);
   cx.ready();
   cx.count(n % comm.size() == 0 ? TrafficOp::reduce_scatter : TrafficOp::reduce_scatterv, comm, g, bytes_of(in.view));
-  if (n % comm.size() == 0) reduce_scatter(cx.exec, comm, in.view, out);
-  else reduce_scatterv(cx.exec, comm, in.view, out, split_counts(n, comm.size(), h).span());
+  if (n % comm.size() == 0) reduce_scatter(cx.exec, comm, in.view, out, ReduceOp::sum, cx.site);
+  else reduce_scatterv(cx.exec, comm, in.view, out, split_counts(n, comm.size(), h).span(), ReduceOp::sum, cx.site);
   return {out, n, in.slots};
 }
 
@@ -107,8 +109,8 @@ RowsData<T, Space> all_gather_rows(const C& comm, const RowsData<T, Space>& in, 
   auto out = alloc_rows<T, Space>("relayout::all_gather", n, h);
   cx.ready();
   cx.count(n % comm.size() == 0 ? TrafficOp::all_gather : TrafficOp::all_gatherv, comm, g, bytes_of(out));
-  if (n % comm.size() == 0) all_gather(cx.exec, comm, in.view, out);
-  else all_gatherv(cx.exec, comm, in.view, out, split_counts(n, comm.size(), h).span());
+  if (n % comm.size() == 0) all_gather(cx.exec, comm, in.view, out, cx.site);
+  else all_gatherv(cx.exec, comm, in.view, out, split_counts(n, comm.size(), h).span(), cx.site);
   return {out, -1, in.slots};
 }
 
@@ -192,13 +194,13 @@ RowsData<T, Space> dp_gather_replicate_rows(const ProcessGroupsOf<C>& pg, const 
       counts[static_cast<std::size_t>(r)] = r % A == 0 ? static_cast<int>(slots->count(r / A) * h) : 0;
     cx.ready();
     cx.count(TrafficOp::all_gatherv, pg.tp(), GroupKind::tp, bytes_of(out));
-    all_gatherv(cx.exec, pg.tp(), t == 0 ? in.view : row_slice(in.view, 0, 0), out, counts.span());
+    all_gatherv(cx.exec, pg.tp(), t == 0 ? in.view : row_slice(in.view, 0, 0), out, counts.span(), cx.site);
   } else {
     const std::int64_t chunk = slots->slot_rows() / A;
     const auto mine = padded_copy(cx.exec, in.view, t * chunk, chunk);
     cx.ready();
     cx.count(TrafficOp::all_gather, pg.tp(), GroupKind::tp, bytes_of(out));
-    all_gather(cx.exec, pg.tp(), mine, out);
+    all_gather(cx.exec, pg.tp(), mine, out, cx.site);
   }
   return {out, -1, std::move(slots)};
 }
@@ -217,22 +219,22 @@ RowsData<T, Space> dp_gather_partial_rows(const ProcessGroupsOf<C>& pg, const Ro
     auto part = alloc_rows<T, Space>("relayout::dp_gather_partial.chunk", tensor_split_range(n, A, t).count, h);
     cx.ready();
     cx.count(TrafficOp::reduce_scatterv, pg.attn_tp(), GroupKind::attn_tp, bytes_of(in.view));
-    reduce_scatterv(cx.exec, pg.attn_tp(), in.view, part, split_counts(n, A, h).span());
+    reduce_scatterv(cx.exec, pg.attn_tp(), in.view, part, split_counts(n, A, h).span(), ReduceOp::sum, cx.site);
     IntCounts counts(static_cast<std::size_t>(tp));
     for (int r = 0; r < tp; ++r)
       counts[static_cast<std::size_t>(r)] =
           static_cast<int>(tensor_split_range(slots->count(r / A), A, r % A).count * h);
     cx.count(TrafficOp::all_gatherv, pg.tp(), GroupKind::tp, bytes_of(out));
-    all_gatherv(cx.exec, pg.tp(), part, out, counts.span());
+    all_gatherv(cx.exec, pg.tp(), part, out, counts.span(), cx.site);
   } else {
     const std::int64_t slot = slots->slot_rows();
     const auto padded = n == slot ? in.view : padded_copy(cx.exec, in.view, 0, slot);
     auto part = alloc_rows<T, Space>("relayout::dp_gather_partial.chunk", slot / A, h);
     cx.ready();
     cx.count(TrafficOp::reduce_scatter, pg.attn_tp(), GroupKind::attn_tp, bytes_of(padded));
-    reduce_scatter(cx.exec, pg.attn_tp(), padded, part);
+    reduce_scatter(cx.exec, pg.attn_tp(), padded, part, ReduceOp::sum, cx.site);
     cx.count(TrafficOp::all_gather, pg.tp(), GroupKind::tp, bytes_of(out));
-    all_gather(cx.exec, pg.tp(), part, out);
+    all_gather(cx.exec, pg.tp(), part, out, cx.site);
   }
   return {out, -1, std::move(slots)};
 }
@@ -267,12 +269,12 @@ RowsData<T, Space> reduce_scatterv_rows(const ProcessGroupsOf<C>& pg, const Rows
   cx.ready();
   cx.count(TrafficOp::reduce_scatterv, pg.tp(), GroupKind::tp, bytes_of(in.view));
   if (A == 1) {
-    reduce_scatterv(cx.exec, pg.tp(), in.view, out, counts.span());
+    reduce_scatterv(cx.exec, pg.tp(), in.view, out, counts.span(), ReduceOp::sum, cx.site);
   } else {
     auto part = alloc_rows<T, Space>("relayout::reduce_scatterv.chunk", tensor_split_range(s.count(g), A, t).count, h);
-    reduce_scatterv(cx.exec, pg.tp(), in.view, part, counts.span());
+    reduce_scatterv(cx.exec, pg.tp(), in.view, part, counts.span(), ReduceOp::sum, cx.site);
     cx.count(TrafficOp::all_gatherv, pg.attn_tp(), GroupKind::attn_tp, bytes_of(out));
-    all_gatherv(cx.exec, pg.attn_tp(), part, out, split_counts(s.count(g), A, h).span());
+    all_gatherv(cx.exec, pg.attn_tp(), part, out, split_counts(s.count(g), A, h).span(), cx.site);
   }
   return {out, -1, nullptr};
 }
@@ -288,11 +290,11 @@ RowsData<T, Space> dp_reduce_scatter_rows(const ProcessGroupsOf<C>& pg, const Ro
   auto part = alloc_rows<T, Space>("relayout::dp_reduce_scatter.chunk", s.slot_rows() / A, h);
   cx.ready();
   cx.count(TrafficOp::reduce_scatter, pg.tp(), GroupKind::tp, bytes_of(in.view));
-  reduce_scatter(cx.exec, pg.tp(), in.view, part);
+  reduce_scatter(cx.exec, pg.tp(), in.view, part, ReduceOp::sum, cx.site);
   if (A == 1) return {row_slice(part, 0, s.count(g)), -1, nullptr};
   auto full = alloc_rows<T, Space>("relayout::dp_reduce_scatter", s.slot_rows(), h);
   cx.count(TrafficOp::all_gather, pg.attn_tp(), GroupKind::attn_tp, bytes_of(full));
-  all_gather(cx.exec, pg.attn_tp(), part, full);
+  all_gather(cx.exec, pg.attn_tp(), part, full, cx.site);
   return {row_slice(full, 0, s.count(g)), -1, nullptr};
 }
 
