@@ -180,16 +180,23 @@ double stored(double v) {
   else return v;
 }
 
-// One rank's serving loop: a paged cache (of KvT: the rows' T, or bf16 under float rows) with the
-// slot allocator, the ledger, and the reference's own copy of every request's kv rows (all
-// positions, as one rank would hold them, as the cache stores them). `outs`: every output value
-// of this rank in step order.
+// A request table's store that holds nothing (plans only).
+struct NoStore {
+  void on_admit(int, std::int64_t) {}
+  void on_release(int) {}
+  void on_truncate(int, std::int64_t) {}
+};
+
+// One rank's serving loop: a paged cache (of KvT: the rows' T, or bf16 under float rows) kept by
+// a request table, and the reference's own copy of every request's kv rows (all positions, as one
+// rank would hold them, as the cache stores them). `outs`: every output value of this rank in step
+// order. Not copyable: the table's hook points at the cache.
 template <class T, class KvT = T>
 struct Server {
   const RuntimeLayout& layout;
   CpAttention<MpiCommunicator, T, Exec>& attn;
   kernels::PagedKvCache<KvT, Mem> cache;
-  CpKvLedger ledger;
+  RequestTable<kernels::PagedKvHook<KvT, Mem, Exec>> requests;
   std::map<std::int64_t, std::vector<std::vector<double>>> keys;  // the reference's
   int heads, h0;
   double err = 0;
@@ -197,26 +204,25 @@ struct Server {
   std::vector<double> outs;
 
   Server(const RuntimeLayout& l, CpAttention<MpiCommunicator, T, Exec>& a, int slots)
-      : layout(l), attn(a), cache(kernels::KvCacheShape{1, kDim, 4, 64, slots, 8}), ledger(a.ledger(slots)) {
+      : layout(l), attn(a), cache(kernels::KvCacheShape{1, kDim, 4, 64, slots, 8}),
+        requests(a.request_table(slots, cache.hook(Exec()))) {
     heads = kHeads / l.widths().attn_tp;
     h0 = a.groups().coords().attn_tp_rank * heads;
   }
+  Server(const Server&) = delete;
 
   // One step: (request id, new rows) in step order; ids not in the cache are admitted first.
   void step(const std::vector<std::pair<std::int64_t, int>>& rows, int salt) {
-    std::vector<ExtendRequest> req;
+    std::vector<RequestRows> req;
     for (const auto& [id, count] : rows) {
-      if (!cache.slots().holds(id)) {
-        const int slot = cache.admit(id);
-        ledger.clear(slot);
-      }
-      req.push_back({cache.slot_of(id), count});
+      if (!requests.holds(id)) requests.admit(id);
+      req.push_back({id, count});
     }
-    const ExtendPlan plan = ledger.extend(req, kWindow);
+    const ExtendPlan plan = requests.extend(req, kWindow);
     std::vector<double> q, kv;
     std::vector<std::int64_t> ids;
     for (int i = 0; i < plan.rows(); ++i) {
-      const std::int64_t id = cache.slots().id_in(plan.slot[std::size_t(i)]);
+      const std::int64_t id = requests.id_in(plan.slot[std::size_t(i)]);
       const int p = plan.position[std::size_t(i)];
       ids.push_back(id);
       for (int h = h0; h < h0 + heads; ++h)
@@ -248,13 +254,11 @@ struct Server {
     }
   }
   void rollback(std::int64_t id, int length) {
-    const int slot = cache.slot_of(id);
-    cache.truncate(Exec(), slot, ledger.truncate(slot, length));
+    requests.truncate(id, length);
     keys[id].resize(std::size_t(length));
   }
   void leave(std::int64_t id) {
-    ledger.clear(cache.slot_of(id));
-    cache.finish(Exec(), id);
+    requests.finish(id);
     keys.erase(id);
   }
 };
@@ -285,8 +289,8 @@ TEST_CASE_TEMPLATE("CpAttention extend: decode, prompt chunks, verify rows, join
     srv.step({{g + 4, 1}, {g + 1, 1}}, 6);
     CHECK(srv.rows_checked > 0);
     CHECK(srv.err < tol<T>());
-    CHECK(srv.cache.slot_of(g + 4) == 1);  // the slot g+2 left
-    CHECK(srv.ledger.length(srv.cache.slot_of(g + 1)) == 11);
+    CHECK(srv.requests.slot_of(g + 4) == 1);  // the slot g+2 left
+    CHECK(srv.requests.length(g + 1) == 11);
     const int cp = layout.widths().attn_cp;
     CHECK(log.calls_of(TrafficOp::all_gatherv, GroupKind::attn_cp) == (cp > 1 ? 6 : 0));
     CHECK(log.calls_of(TrafficOp::all_to_allv, GroupKind::attn_cp) == (cp > 1 ? 12 : 0));
@@ -294,6 +298,35 @@ TEST_CASE_TEMPLATE("CpAttention extend: decode, prompt chunks, verify rows, join
     std::int64_t rows = srv.rows_checked;
     all_reduce_in_place(pg.comm(GroupKind::attn_cp), std::span<std::int64_t>(&rows, 1));
     CHECK(rows == 6 + 1 + 2 + 7 + 4 + 4 + 2);
+  }
+}
+
+TEST_CASE_TEMPLATE("RequestTable under CP: a request in a reused slot gets the rows of a fresh run with it alone", T,
+                   float, double) {
+  for (const Setup& s : setups(test::world().size())) {
+    CAPTURE(s.name);
+    const RuntimeLayout layout(s.config);
+    const ProcessGroups pg(layout, test::world());
+    CpAttention<MpiCommunicator, T, Exec> attn(pg), attn_fresh(pg);
+    Server<T> srv(layout, attn, 2), fresh(layout, attn_fresh, 2);
+    const std::int64_t g = 100 * pg.coords().attn_dp_rank;
+    // g+1 caches 8 positions (spread over the CP ranks) in slot 0, then leaves; g+3 takes slot 0.
+    srv.step({{g + 1, 7}, {g + 2, 2}}, 1);
+    srv.step({{g + 1, 1}, {g + 2, 1}}, 2);
+    srv.leave(g + 1);
+    const std::size_t from = srv.outs.size();
+    srv.step({{g + 3, 5}}, 3);
+    srv.step({{g + 3, 1}, {g + 2, 1}}, 4);
+    CHECK(srv.requests.slot_of(g + 3) == 0);
+    CHECK(srv.requests.length(g + 3) == 6);
+    fresh.step({{g + 3, 5}}, 3);
+    fresh.step({{g + 3, 1}}, 4);
+    // g+3's rows come first in each step: the same values as with g+3 alone.
+    REQUIRE(srv.outs.size() - from >= fresh.outs.size());
+    CHECK(std::vector<double>(srv.outs.begin() + std::ptrdiff_t(from),
+                              srv.outs.begin() + std::ptrdiff_t(from + fresh.outs.size())) == fresh.outs);
+    CHECK(srv.err < tol<T>());
+    CHECK(fresh.err < tol<T>());
   }
 }
 
@@ -356,26 +389,30 @@ TEST_CASE("CpAttention extend over a bf16 cache under float rows: the fp32 cache
 TEST_CASE("attention_extend on one rank over a bf16 cache under float rows: append_extend rounds the kv rows") {
   kernels::PagedKvCache<bf16, Mem> half(kernels::KvCacheShape{1, kDim, 4, 32, 3, 6});
   kernels::PagedKvCache<float, Mem> full(kernels::KvCacheShape{1, kDim, 4, 32, 3, 6});
-  CpKvLedger ledger(3, 1, 0);
+  Exec exec;
+  struct BothCaches {  // one table, its requests' rows in both caches
+    kernels::PagedKvHook<bf16, Mem, Exec> half;
+    kernels::PagedKvHook<float, Mem, Exec> full;
+    void on_admit(int s, std::int64_t id) const { half.on_admit(s, id), full.on_admit(s, id); }
+    void on_release(int s) const { half.on_release(s), full.on_release(s); }
+    void on_truncate(int s, std::int64_t n) const { half.on_truncate(s, n), full.on_truncate(s, n); }
+  };
+  RequestTable requests(3, 1, 0, BothCaches{half.hook(exec), full.hook(exec)});
   std::map<std::int64_t, std::vector<std::vector<double>>> keys;  // rounded, as the bf16 cache holds them
   const kernels::AttentionParams params{kDim, 1.0 / std::sqrt(double(kDim)), kWindow};
-  Exec exec;
   double err = 0, diff = 0;
   std::int64_t checked = 0;
   const auto step = [&](const std::vector<std::pair<std::int64_t, int>>& rows, int salt) {
-    std::vector<ExtendRequest> req;
+    std::vector<RequestRows> req;
     for (const auto& [id, count] : rows) {
-      if (!half.slots().holds(id)) {
-        ledger.clear(half.admit(id));
-        full.admit(id);
-      }
-      req.push_back({half.slot_of(id), count});
+      if (!requests.holds(id)) requests.admit(id);
+      req.push_back({id, count});
     }
-    const ExtendPlan plan = ledger.extend(req, kWindow);
+    const ExtendPlan plan = requests.extend(req, kWindow);
     std::vector<double> q, kv;
     std::vector<std::int64_t> ids;
     for (int i = 0; i < plan.rows(); ++i) {
-      const std::int64_t id = half.slots().id_in(plan.slot[std::size_t(i)]);
+      const std::int64_t id = requests.id_in(plan.slot[std::size_t(i)]);
       const int p = plan.position[std::size_t(i)];
       ids.push_back(id);
       for (int h = 0; h < kHeads; ++h)
@@ -417,7 +454,7 @@ TEST_CASE("attention_extend on one rank over a bf16 cache under float rows: appe
   CHECK(diff < bf16_bound());
   CHECK(diff > 0);
   // The cache holds the rounded values.
-  const auto held = half.read(0, half.slot_of(1));
+  const auto held = half.read(0, requests.slot_of(1));
   CHECK(float(held(0, 1)) == float(bf16(float(kv_val(1, 0, 1, 1)))));
 }
 
@@ -427,18 +464,19 @@ TEST_CASE("CpAttention: a rank's rows must be the plan's; a plan for another CP 
   const RuntimeLayout layout({.tp = np, .cp = 2});
   const ProcessGroups pg(layout, test::world());
   CpAttention<MpiCommunicator, double, Exec> attn(pg);
-  CpKvLedger other(2, 1, 0);
-  std::vector<ExtendRequest> req{{0, 2}};
-  const ExtendPlan plan = other.extend(req);
+  RequestTable other(2, 1, 0, NoStore{});
+  other.admit(0);
+  const ExtendPlan plan = other.extend({{0, 2}});
   V<double> q("q", 2, kDim), out("out", 2, kDim);
   kernels::PagedKvCache<double, Mem> cache(kernels::KvCacheShape{1, kDim, 4, 8, 2, 2});
   CHECK_THROWS_WITH_AS(attn.extend(Exec(), plan, extend_rows(Exec(), plan), q, out, cache, 0, {kDim, 0.5, 0}),
                        doctest::Contains("the plan is for attn_cp 1, the layout has 2"), LayoutError);
   CHECK_THROWS_WITH_AS(CpBatch({3, 2}, CpTokenSplit::contiguous, 3).rank_of(2, 0), doctest::Contains("request 2 is not in [0, 2)"),
                        LayoutError);
-  CpKvLedger mine = attn.ledger(2);
-  const std::vector<ExtendRequest> twice{{1, 1}, {1, 2}};
-  CHECK_THROWS_WITH_AS(mine.extend(twice), doctest::Contains("slot 1 is listed twice"), LayoutError);
+  auto mine = attn.request_table(2, NoStore{});
+  mine.admit(0);
+  mine.admit(1);
+  CHECK_THROWS_WITH_AS(mine.extend({{1, 1}, {1, 2}}), doctest::Contains("request 1 is listed twice"), LayoutError);
   CHECK(mine.length(1) == 0);  // nothing changed
 }
 
@@ -558,23 +596,23 @@ TEST_CASE_TEMPLATE("attention_extend on one rank: prompt, decode and verify rows
                    float, double) {
   // No communication: every rank runs it alone, as an engine without CP would.
   kernels::PagedKvCache<T, Mem> cache(kernels::KvCacheShape{1, kDim, 4, 32, 3, 6});
-  CpKvLedger ledger(3, 1, 0);
+  Exec exec;
+  RequestTable requests(3, 1, 0, cache.hook(exec));
   std::map<std::int64_t, std::vector<std::vector<double>>> keys;  // the reference's copy
   const kernels::AttentionParams params{kDim, 1.0 / std::sqrt(double(kDim)), kWindow};
-  Exec exec;
   double err = 0;
   std::int64_t checked = 0;
   const auto step = [&](const std::vector<std::pair<std::int64_t, int>>& rows, int salt) {
-    std::vector<ExtendRequest> req;
+    std::vector<RequestRows> req;
     for (const auto& [id, count] : rows) {
-      if (!cache.slots().holds(id)) ledger.clear(cache.admit(id));
-      req.push_back({cache.slot_of(id), count});
+      if (!requests.holds(id)) requests.admit(id);
+      req.push_back({id, count});
     }
-    const ExtendPlan plan = ledger.extend(req, kWindow);
+    const ExtendPlan plan = requests.extend(req, kWindow);
     std::vector<double> q, kv;
     std::vector<std::int64_t> ids;
     for (int i = 0; i < plan.rows(); ++i) {
-      const std::int64_t id = cache.slots().id_in(plan.slot[std::size_t(i)]);
+      const std::int64_t id = requests.id_in(plan.slot[std::size_t(i)]);
       const int p = plan.position[std::size_t(i)];
       ids.push_back(id);
       for (int h = 0; h < kHeads; ++h)
@@ -607,9 +645,9 @@ TEST_CASE_TEMPLATE("attention_extend on one rank: prompt, decode and verify rows
   CHECK(err < tol<T>());
 
   // Rows split over CP ranks are not for the one-rank call.
-  CpKvLedger cp2(1, 2, 0);
-  const std::vector<ExtendRequest> two{{0, 2}};
-  const ExtendPlan split = cp2.extend(two);
+  RequestTable cp2(1, 2, 0, NoStore{});
+  cp2.admit(0);
+  const ExtendPlan split = cp2.extend({{0, 2}});
   V<T> q("q", std::size_t(split.rows()), kHeads * kDim), out("out", std::size_t(split.rows()), kHeads * kDim);
   CHECK_THROWS_WITH_AS(attention_extend(exec, cache, 0, extend_rows(exec, split), q, out, params),
                        doctest::Contains("the rows span several CP ranks; run them through CpAttention::extend"),

@@ -1,7 +1,8 @@
 // The paged KV cache: rows read back in order across block boundaries, truncate-then-append equals
 // never having appended (rollback), blocks returned to the pool, capacity and memory-limit errors
-// naming the request and the capacity; request ids to slots (admit, finish); decode attention through the block table (and split over
-// key ranges merged by log-sum-exp) against the reference on long caches.
+// naming the request and the capacity; decode attention through the block table (and split over
+// key ranges merged by log-sum-exp) against the reference on long caches. Request ids to slots:
+// test/attention/test_request_table.cpp.
 #include <algorithm>
 
 #include "support.hpp"
@@ -148,57 +149,6 @@ TEST_CASE_TEMPLATE_DEFINE("PagedKvCache: capacity and memory errors name the req
                        relayout::LayoutError);
 }
 TEST_CASE_TEMPLATE_APPLY(kv_errors, Cases);
-
-TEST_CASE("KvSlots: request ids to the lowest free slot, and back; double admit, unknown id and full refused") {
-  rk::KvSlots slots(3);
-  CHECK(slots.admit(70) == 0);
-  CHECK(slots.admit(71) == 1);
-  CHECK(slots.admit(72) == 2);
-  CHECK(slots.live() == 3);
-  CHECK_THROWS_WITH_AS(slots.admit(73), doctest::Contains("request 73: all 3 slots are taken"), relayout::LayoutError);
-  CHECK_THROWS_WITH_AS(slots.admit(71), doctest::Contains("request 71 already holds slot 1 (admitted twice)"),
-                       relayout::LayoutError);
-  CHECK(slots.finish(71) == 1);
-  CHECK_THROWS_WITH_AS(slots.finish(71), doctest::Contains("request 71 holds no slot (never admitted, or finished already)"),
-                       relayout::LayoutError);
-  CHECK_THROWS_WITH_AS(slots.slot_of(5), doctest::Contains("request 5 holds no slot"), relayout::LayoutError);
-  CHECK(slots.finish(70) == 0);
-  CHECK(slots.admit(74) == 0);  // the lowest free slot, not the last freed
-  CHECK(slots.admit(75) == 1);
-  CHECK(slots.id_in(1) == 75);
-  CHECK(slots.slot_of(72) == 2);
-  CHECK_FALSE(slots.holds(71));
-  CHECK_THROWS_WITH_AS(slots.admit(-1), doctest::Contains("an id must be >= 0"), relayout::LayoutError);
-}
-
-TEST_CASE_TEMPLATE_DEFINE("PagedKvCache admit / finish: a finished request's blocks and slot serve the next", C, kv_slots) {
-  const int dim = 2;
-  Cache<C> cache({1, dim, 4, 4, 2, 2});
-  const typename C::exec exec;
-  const int a = cache.admit(10), b = cache.admit(11);
-  CHECK(a == 0);
-  CHECK(b == 1);
-  append<C>(cache, 0, a, rows_of<C>(8, dim, 1));
-  append<C>(cache, 0, b, rows_of<C>(3, dim, 2));
-  CHECK(cache.free_blocks() == 1);
-  CHECK_THROWS_WITH_AS(cache.admit(12), doctest::Contains("all 2 slots are taken"), relayout::LayoutError);
-  cache.finish(exec, 10);
-  CHECK(cache.free_blocks() == 3);
-  const int c = cache.admit(12);
-  CHECK(c == 0);
-  CHECK(cache.length(0, c) == 0);  // the new request starts empty
-  const auto rows = rows_of<C>(5, dim, 3);
-  append<C>(cache, 0, c, rows);
-  check_equal(read<C>(cache, 0, c), rows.matrix);
-  CHECK(cache.slot_of(11) == 1);
-  CHECK_THROWS_WITH_AS(cache.finish(exec, 10), doctest::Contains("request 10 holds no slot"), relayout::LayoutError);
-  // A slot filled by number (without admit) is not handed to a new request while it holds rows.
-  cache.finish(exec, 12);
-  append<C>(cache, 0, 0, rows_of<C>(1, dim, 4));
-  CHECK_THROWS_WITH_AS(cache.admit(13), doctest::Contains("slot 0 still holds rows"), relayout::LayoutError);
-  CHECK_FALSE(cache.slots().holds(13));
-}
-TEST_CASE_TEMPLATE_APPLY(kv_slots, Cases);
 
 // Paged decode on long caches against the reference over the gathered rows, with the requests'
 // blocks interleaved in the pool and the keys split into 1, 3, 4, 7 or 8 ranges (or as many as the
