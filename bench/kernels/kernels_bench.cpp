@@ -202,7 +202,7 @@ void BM_ExpertFfn(benchmark::State& state) {
   const auto packed = rk::pack_experts(
       exec, Kokkos::subview(w13, Kokkos::ALL(), std::make_pair(0, inter), Kokkos::ALL()),
       Kokkos::subview(w13, Kokkos::ALL(), std::make_pair(inter, 2 * inter), Kokkos::ALL()), w2);
-  relayout::EpWorkspace<float, Exec> ws;
+  relayout::MoeScratch<float, Exec> ws;
   const auto groups = relayout::group_by_expert(exec, x, route, 0, experts, ws);
   const std::vector<std::int64_t> offsets = groups.batch.offsets;
   const std::int64_t rows = groups.batch.rows();
@@ -259,7 +259,7 @@ BENCHMARK(BM_ExpertFfn)
 
 // ---- expert grouping vs a plain counting sort -------------------------------------------------
 
-// relayout::group_by_expert (the grouping local_experts, ep_dispatch and the bridge run) against a
+// relayout::group_by_expert (the grouping local_experts, EpBuffer and the bridge run) against a
 // host counting sort with memcpy row gathers, on DeepSeek-sized routing: many experts, top-8.
 void BM_GroupByExpert(benchmark::State& state) {
   const int tokens = int(state.range(0)), experts = int(state.range(1)), top_k = int(state.range(2)),
@@ -273,7 +273,7 @@ void BM_GroupByExpert(benchmark::State& state) {
   for (int t = 0; t < tokens; ++t)
     for (int j = 0; j < top_k; ++j) ids_h(t, j) = int((t * 37 + j * (experts / top_k) + gen() % 3) % experts);
   Kokkos::deep_copy(route.ids, ids_h);
-  relayout::EpWorkspace<float, Exec> ws;
+  relayout::MoeScratch<float, Exec> ws;
   std::vector<std::int64_t> starts(std::size_t(experts) + 1), slot(std::size_t(tokens) * top_k);
   std::vector<float> gathered(std::size_t(tokens) * top_k * hidden);
   paired(

@@ -1,5 +1,5 @@
-// EP dispatch + combine alone (the experts copy their rows): a workspace made for every call
-// (ep_dispatch without one) against one EpWorkspace kept across calls, in one run. Rows and routing
+// EP dispatch + combine alone (the experts copy their rows): an EpBuffer made for every call
+// against one EpBuffer kept across calls, in one run. Rows and routing
 // are path B's per-rank chunk of the demo configuration: 512 rows x 512 floats, top-4 of 16 experts.
 // BM_EpVsFloor pairs the kept-workspace dispatch + combine with its floor in the same run.
 // And decode-sized dispatches (1 to 128 rows per rank) in normal mode against low-latency mode,
@@ -74,23 +74,23 @@ void BM_EpDispatchCombine(benchmark::State& state) {
   const auto& route = in.route;
   const Rows<float, RowShard<AttnTp>, DpLocal, Space> x(xv, kRows);
   const Space exec;
-  EpWorkspace<float, Space> ws;
+  EpBuffer<MpiCommunicator, float, Space> kept(pg, kExperts);
   const auto layer = [&] {
-    EpWorkspace<float, Space> fresh;
-    EpWorkspace<float, Space>& use = keep ? ws : fresh;
-    const Dispatched<float, Space> d = ep_dispatch(exec, pg, x, route, kExperts, use);
-    const auto y = use.expert_outputs(d.batch.rows(), kHidden);
-    Kokkos::deep_copy(exec, y, d.batch.x);
-    benchmark::DoNotOptimize(ep_combine(exec, pg, d, y).view().data());
+    EpBuffer<MpiCommunicator, float, Space> fresh(pg, kExperts);
+    EpBuffer<MpiCommunicator, float, Space>& use = keep ? kept : fresh;
+    const auto h = use.dispatch(exec, x, route);
+    const auto y = use.expert_outputs(h);
+    Kokkos::deep_copy(exec, y, h.batch().x);
+    benchmark::DoNotOptimize(use.combine(exec, h, y).view().data());
   };
   layer();  // warm-up
   bench::run_timed(state, world.native(), layer);
-  state.SetLabel(keep ? "workspace kept" : "workspace per call");
+  state.SetLabel(keep ? "buffer kept" : "buffer per call");
 }
 BENCHMARK(BM_EpDispatchCombine)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 // The floor of one dispatch + combine: the payload bytes they must move, moved the plainest way.
-// Each row goes once to every rank holding one of its experts (as ep_dispatch sends it), so the
+// Each row goes once to every rank holding one of its experts (as EpBuffer::dispatch sends it), so the
 // floor is one copy of the rows into a send buffer ordered by destination, a raw MPI_Alltoallv of
 // those rows, the same MPI_Alltoallv back (the experts' outputs) and one copy of the rows returned
 // into the output. Routing metadata and the count exchange are left out: a lower bound.
@@ -180,12 +180,12 @@ void BM_EpVsFloor(benchmark::State& state) {
   Kokkos::deep_copy(route.weights, wh);
   const Rows<float, RowShard<AttnTp>, DpLocal, Space> x(xv, kRows);
   const Space exec;
-  EpWorkspace<float, Space> ws;
+  EpBuffer<MpiCommunicator, float, Space> buf(pg, kExperts);
   // The experts are the identity (their outputs are the batch itself): the floor has no expert
   // stage either, so both sides time only the moving of rows.
   const auto layer = [&] {
-    const Dispatched<float, Space> d = ep_dispatch(exec, pg, x, route, kExperts, ws);
-    benchmark::DoNotOptimize(ep_combine(exec, pg, d, d.batch.x).view().data());
+    const auto h = buf.dispatch(exec, x, route);
+    benchmark::DoNotOptimize(buf.combine(exec, h, h.batch().x).view().data());
   };
   EpFloor floor(world.native(), ids, kRows, int(kHidden));
   const auto raw = [&] {
@@ -204,7 +204,7 @@ void BM_EpVsFloor(benchmark::State& state) {
   state.counters["floor_ms"] = benchmark::Counter(floor_s * 1e3 / double(state.iterations()));
   state.counters["vs_floor"] = floor_s > 0 ? relayout_s / floor_s : 0.0;
   state.counters["floor_MiB"] = double(floor.bytes()) / (1024.0 * 1024.0);
-  state.SetLabel("np " + std::to_string(np) + ", workspace kept");
+  state.SetLabel("np " + std::to_string(np) + ", buffer kept");
 }
 BENCHMARK(BM_EpVsFloor)->UseManualTime()->Unit(benchmark::kMillisecond);
 // One decode-sized dispatch: normal mode (counts, then rows) against low-latency mode (one
@@ -216,11 +216,11 @@ void BM_EpDecodeDispatch(benchmark::State& state) {
   const Inputs in = inputs(rows, world.rank());
   const Rows<float, RowShard<AttnTp>, DpLocal, Space> x(in.x, rows);
   const Space exec;
-  EpWorkspace<float, Space> ws = capacity > 0 ? EpWorkspace<float, Space>(EpMode::low_latency, capacity)
-                                              : EpWorkspace<float, Space>();
+  EpBuffer<MpiCommunicator, float, Space> buf(pg, kExperts, {.num_max_dispatch_tokens_per_rank = capacity > 0 ? capacity : 128});
   TrafficLog log;
+  const EpMode mode = capacity > 0 ? EpMode::low_latency : EpMode::normal;
   const auto dispatch = [&] {
-    benchmark::DoNotOptimize(ep_dispatch(exec, pg, x, in.route, kExperts, ws, EpOptions{&log}).batch.x.data());
+    benchmark::DoNotOptimize(buf.dispatch(exec, x, in.route, {.mode = mode, .traffic = &log}).batch().x.data());
   };
   dispatch();  // warm-up
   log.clear();

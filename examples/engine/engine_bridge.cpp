@@ -215,18 +215,16 @@ double run_case(MPI_Comm comm, const Case& c, std::string& path) {
   exec.fence();
 
   MoeBridge<MpiCommunicator, Scalar, Exec> bridge(pg, kExperts, c.options);
-  EpWorkspace<Scalar, Exec> ws;  // the engine's memory for the EP buffers, kept across layers
-  bridge.use_workspace(ws);
   const std::vector<std::int64_t> counts = gather_num_tokens(pg, n);  // once per step, for every layer
   Router router;
   Experts experts{w.moe_tp, k.moe_tp_rank};
-  // Two layers on the same rows: the second must find every EP buffer it needs in the workspace.
+  // Two layers on the same rows: the second must find every buffer it needs in the bridge's memory.
   double err = 0.0;
   std::int64_t allocs_after_first = 0;
   for (int layer = 0; layer < 2; ++layer) {
     const auto y = bridge.run(exec, Rows<Scalar, Replicated<AttnTp>, DpLocal, Exec>(x), router, experts,
                               {.global_num_tokens = counts});
-    if (layer == 0) allocs_after_first = ws.allocations();
+    if (layer == 0) allocs_after_first = bridge.allocations();
     if (y.rows() != n) {
       err = 1e30;
       continue;
@@ -241,9 +239,9 @@ double run_case(MPI_Comm comm, const Case& c, std::string& path) {
       }
     }
   }
-  if (ws.allocations() != allocs_after_first) {
+  if (bridge.allocations() != allocs_after_first) {
     std::fprintf(stderr, "engine: rank %d: the second layer allocated %lld EP buffer(s) the workspace already had\n",
-                 k.rank, static_cast<long long>(ws.allocations() - allocs_after_first));
+                 k.rank, static_cast<long long>(bridge.allocations() - allocs_after_first));
     err = 1e30;
   }
   all_reduce_in_place(world, std::span<double>(&err, 1), ReduceOp::max);

@@ -98,7 +98,7 @@ TEST_CASE("plan: attention CP: the CP shares' rows, the KV all-gather over attn_
   CHECK(c.global_num_tokens == std::vector<std::int64_t>{3, 2, 2, 2});
 }
 
-TEST_CASE("plan: a dispatched row is ep_dispatch's message") {
+TEST_CASE("plan: a dispatched row is EpBuffer's message") {
   cli::PlanInput in;  // hidden 64, top-2 by default
   in.dims.hidden = 64;
   in.dims.topk = 2;
@@ -115,7 +115,7 @@ TEST_CASE("plan: a dispatched row is ep_dispatch's message") {
   CHECK_THROWS_WITH_AS(cli::plan_layer(RuntimeLayout({.tp = 2}), in), doctest::Contains("--element-bytes must be 1, 2, 4 or 8"),
                        LayoutError);
   // --dispatch-dtype bf16: float weights and ids (2 x 8 B) and 64 bf16 values (128 B), as
-  // ep_dispatch<float, bf16> sends them; only on a path that dispatches rows.
+  // EpBuffer sends them with DispatchDtype::bf16; only on a path that dispatches rows.
   in.elem = 4;
   in.dispatch_dtype = "bf16";
   const cli::LayerPlan half = cli::plan_layer(RuntimeLayout({.tp = 2, .moe_a2a_backend = Backend::deepep}), in);

@@ -119,7 +119,7 @@ void run_moe_case(int tokens, int n_experts, int first_expert, int pool, int top
 
   // Groups: exactly the reference's stable counting sort, each batch row a copy of its token's row.
   const relayout::TopK<T, typename C::exec> route(ids_v, weights.view);
-  relayout::EpWorkspace<T, typename C::exec> ws;
+  relayout::MoeScratch<T, typename C::exec> ws;
   const auto groups = relayout::group_by_expert(exec, x.view, route, first_expert, n_experts, ws);
   const rr::Buckets want_b = rr::bucket(ids, top_k, n_experts, first_expert);
   REQUIRE(groups.batch.rows() == want_b.offsets.back());
@@ -139,7 +139,7 @@ void run_moe_case(int tokens, int n_experts, int first_expert, int pool, int top
   {
     // The same grouping by index: the reference's slot order, each batch row the index of its
     // token's row, no rows of its own.
-    relayout::EpWorkspace<T, typename C::exec> wsi;
+    relayout::MoeScratch<T, typename C::exec> wsi;
     const auto gi = relayout::group_by_expert(exec, x.view, route, first_expert, n_experts, wsi, true);
     CHECK(gi.batch.offsets == groups.batch.offsets);
     CHECK(gi.batch.x.extent(0) == 0);
@@ -333,19 +333,19 @@ TEST_CASE_TEMPLATE_DEFINE("experts reject bad shapes", C, moe_errors) {
   auto ids = ids_view<C>({0, 1, 2, 3}, 2, 2);
   auto x = relayout::RowsView<T, Mem>("x", 2, 8);
   const relayout::TopK<T, typename C::exec> route(ids, relayout::RowsView<T, Mem>("w", 2, 2));
-  relayout::EpWorkspace<T, typename C::exec> ws;
+  relayout::MoeScratch<T, typename C::exec> ws;
   const auto groups = relayout::group_by_expert(exec, x, route, 0, 4, ws);
   auto y = relayout::RowsView<T, Mem>("y", 4, 8);
   CHECK_NOTHROW(rk::expert_ffn(exec, groups.batch, packed, y));
   auto y_bad = relayout::RowsView<T, Mem>("y", 3, 8);
   CHECK_THROWS_WITH_AS(rk::expert_ffn(exec, groups.batch, packed, y_bad), doctest::Contains("batch.rows() x hidden"),
                        rk::KernelError);
-  relayout::EpWorkspace<T, typename C::exec> ws8;
+  relayout::MoeScratch<T, typename C::exec> ws8;
   const auto groups8 = relayout::group_by_expert(exec, x, route, 0, 8, ws8);
   CHECK_THROWS_WITH_AS(rk::expert_ffn(exec, groups8.batch, packed, y), doctest::Contains("8 local experts"),
                        rk::KernelError);
   auto x_bad = relayout::RowsView<T, Mem>("x", 2, 7);
-  relayout::EpWorkspace<T, typename C::exec> ws7;
+  relayout::MoeScratch<T, typename C::exec> ws7;
   CHECK_THROWS_WITH_AS(rk::expert_ffn(exec, relayout::group_by_expert(exec, x_bad, route, 0, 4, ws7).batch, packed, y),
                        doctest::Contains("hidden 8"), rk::KernelError);
   auto out = relayout::RowsView<T, Mem>("out", 2, 8);

@@ -108,7 +108,8 @@ struct Outcome {
   bool splits_match = true;  // each holds this rank's tensor_split chunk of its DP group's rows
 };
 
-Outcome run(const MpiCommunicator& world, const LayoutConfig& c, const BridgeOptions& bridge) {
+Outcome run(const MpiCommunicator& world, const LayoutConfig& c, const BridgeOptions& bridge,
+            BridgeFault inject = BridgeFault::none) {
   const RuntimeLayout layout(c);
   const ProcessGroups groups(layout, world);
   const Widths& w = layout.widths();
@@ -116,6 +117,7 @@ Outcome run(const MpiCommunicator& world, const LayoutConfig& c, const BridgeOpt
   if (w.attn_cp > 1 && !c.enable_prefill_cp) dims.window = 2;  // masks by global position across CP ranks
   const model::Workload work = workload(w.attn_dp);
   model::LayerOptions opts{bridge};
+  opts.inject = inject;
   opts.record_boundaries = true;
   model::DistributedModel<MpiCommunicator> net(groups, dims, opts);
   const model::LayerRows<> out = net.forward(work);
@@ -231,11 +233,9 @@ TEST_CASE("layer: each injected bug is caught (wrong rows, or broken row conserv
   for (const Case& c : cases) {
     if (c.inject == BridgeFault::gather_partial && np < 4) continue;  // needs attn_dp, attn_tp >= 2
     CAPTURE(to_string(c.inject));
-    BridgeOptions opts;
-    opts.fault = c.inject;
     bool caught = false;
     try {
-      const Outcome o = run(world, c.layout, opts);
+      const Outcome o = run(world, c.layout, BridgeOptions{}, c.inject);
       caught = o.max_abs_err > 100 * kTolerance || !o.owners_match;
     } catch (const LayoutError& e) {
       caught = std::string(e.what()).find("row conservation broken") != std::string::npos;
@@ -249,7 +249,7 @@ TEST_CASE("layer: an injected bug on a layout where it cannot show itself is ref
   const RuntimeLayout layout({.tp = world.size()});
   const ProcessGroups groups(layout, world);
   model::LayerOptions opts;
-  opts.fault = BridgeFault::no_split;  // tp_moe never splits rows
+  opts.inject = BridgeFault::no_split;  // tp_moe never splits rows
   CHECK_THROWS_WITH_AS(model::DistributedModel<MpiCommunicator>(groups, tiny_dims(), opts),
                        doctest::Contains("fault no_split needs path a2a_split"), LayoutError);
 }
@@ -266,14 +266,14 @@ TEST_CASE("layer: decode steps in DeepEP's low-latency mode give the normal mode
   const auto decode = [&](EpMode mode, std::int64_t capacity) {
     model::LayerOptions opts;
     opts.decode_ep_mode = mode;
-    opts.decode_ep_capacity = capacity;
+    opts.num_max_dispatch_tokens_per_rank = capacity;
     model::DistributedModel<MpiCommunicator> net(groups, tiny_dims(), opts);
     net.reserve_kv(work, 16);
     model::LayerRows<> x = net.forward(work);  // the prefill dispatches in normal mode either way
     for (int s = 1; s <= plan.steps; ++s) x = net.decode_step(work, plan, s, x);
     return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x.view());
   };
-  const auto normal = decode(EpMode::normal, 0);
+  const auto normal = decode(EpMode::normal, 128);
   const auto low = decode(EpMode::low_latency, work.requests());
   REQUIRE(normal.extent(0) == 5);
   REQUIRE(low.extent(0) == normal.extent(0));

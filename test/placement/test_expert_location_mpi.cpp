@@ -1,6 +1,6 @@
 // Expert locations on real ranks: every member must hold the same map (a member with another map
 // makes every member throw the same error, and the group stays usable); the per-step loads summed
-// over the ranks equal the counts of all ranks' tokens worked out on one rank; and ep_dispatch with
+// over the ranks equal the counts of all ranks' tokens worked out on one rank; and EpBuffer with
 // physical ids over a map with replicas gives the rows the logical experts would (replicas hold
 // the same weights: expert e multiplies by e + 1 here, written out in the expected sum).
 #include <doctest/doctest.h>
@@ -80,21 +80,21 @@ constexpr int kHidden = 3;
 
 // The engine's experts under a map with replicas: physical expert p computes logical_of(p), here
 // y = (logical + 1) x.
+// Expert e of the batch scales by its logical id + 1, read from the batch (the buffer's one map).
 struct LogicalScale {
-  const ExpertLocation* loc;
   void operator()(const Space& exec, const ExpertBatch<double, Space>& b, const RowsView<double, Space>& y) const {
     auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b.x);
     auto yh = Kokkos::create_mirror_view(y);
     for (int e = 0; e < b.experts(); ++e)
       for (std::int64_t r = b.offset(e); r < b.offset(e) + b.count(e); ++r)
-        for (int f = 0; f < kHidden; ++f) yh(r, f) = double(loc->logical_of(b.first_expert + e) + 1) * xh(r, f);
+        for (int f = 0; f < kHidden; ++f) yh(r, f) = double(b.logical_expert(e) + 1) * xh(r, f);
     Kokkos::deep_copy(exec, y, yh);
   }
 };
 
 }  // namespace
 
-TEST_CASE("ep_dispatch with physical ids: every replica choice gives the logical experts' rows") {
+TEST_CASE("EpBuffer with an expert location: every replica choice gives the logical experts' rows") {
   const auto& comm = world();
   const int np = comm.size(), s = comm.rank();
   const ProcessGroups pg(RuntimeLayout(LayoutConfig{.tp = np, .dp = np, .enable_dp_attention = true,
@@ -114,18 +114,27 @@ TEST_CASE("ep_dispatch with physical ids: every replica choice gives the logical
   Ids logical("logical", m, 2);
   zipf_topk_ids(exec, z, s * m, logical);
   auto lh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), logical);
+  const auto shared_loc = std::make_shared<const ExpertLocation>(loc);
   for (ReplicaChoice c : {ReplicaChoice::static_per_rank, ReplicaChoice::by_token}) {
+    // The router's logical ids; the buffer maps them to replicas (by_token: token s * m + i).
     TopK<double, Space> route(m, 2);
-    to_physical(exec, replica_table(exec, loc, s, c), logical, s * m, route.ids);
+    Kokkos::deep_copy(route.ids, logical);
+    EpBuffer<MpiCommunicator, double, Space> buf(pg, 8, {.expert_location = shared_loc, .replica_choice = c});
     Kokkos::deep_copy(route.weights, 0.0);
     auto wh = Kokkos::create_mirror_view(route.weights);
     for (std::int64_t i = 0; i < m; ++i)
       for (int k = 0; k < 2; ++k) wh(i, k) = weight_of(k);
     Kokkos::deep_copy(route.weights, wh);
-    const auto d = ep_dispatch(exec, pg, x, route, loc.physical());
-    RowsView<double, Space> y("y", std::size_t(d.batch.rows()), kHidden);
-    LogicalScale{&loc}(exec, d.batch, y);
-    const auto out = ep_combine(exec, pg, d, y);
+    const auto h = buf.dispatch(exec, x, route, {.first_token = s * m});
+    const auto y = buf.expert_outputs(h);
+    LogicalScale{}(exec, h.batch(), y);
+    for (int e = 0; e < h.batch().experts(); ++e)
+      CHECK(h.batch().logical_expert(e) == loc.logical_of(h.batch().first_expert + e));
+    const auto out = buf.combine(exec, h, y);
+    // The load the buffer counted: every (token, expert) pair of this rank once.
+    std::int64_t counted = 0;
+    for (auto v : buf.expert_load().physical) counted += v;
+    CHECK(counted == m * 2);
     auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.view());
     double worst = 0;
     for (std::int64_t i = 0; i < m; ++i)

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/files.hpp"
 #include "common/layout_flags.hpp"
 #include "common/memory_estimate.hpp"
 #include "demo_model/config.hpp"
@@ -54,40 +55,22 @@ struct PlanInput {
 
 // The per-expert loads of a load file: the library's format {"experts": E, "loads": [E numbers]}
 // (relayout/placement/expert_load_json.hpp, what an engine exports), or one list per layer,
-// {"experts": E, "layers": [[E numbers], ...]}.
+// {"experts": E, "layers": [[E numbers], ...]}; both parsed by the library's strict parser.
 inline std::vector<std::vector<double>> parse_load_layers(const std::string& text, const std::string& source) {
-  const auto bad = [&](const std::string& why) { return LayoutError("--expert-load", source + ": " + why); };
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (!j.is_discarded() && j.is_object() && j.contains("layers")) {
-    if (!j.contains("experts") || !j["experts"].is_number_integer() || j["experts"].get<std::int64_t>() < 1)
-      throw bad("\"experts\" must be a whole number >= 1");
-    const std::size_t E = j["experts"].get<std::size_t>();
-    if (!j["layers"].is_array() || j["layers"].empty()) throw bad("\"layers\" must be a non-empty list of load lists");
-    std::vector<std::vector<double>> out;
-    for (const nlohmann::json& l : j["layers"]) {
-      if (!l.is_array() || l.size() != E) throw bad("each layer's list must hold experts = " + std::to_string(E) + " loads");
-      std::vector<double> v;
-      for (const nlohmann::json& x : l) {
-        if (!x.is_number() || !(x.get<double>() >= 0)) throw bad("a load must be a finite number >= 0");
-        v.push_back(x.get<double>());
-      }
-      out.push_back(std::move(v));
-    }
-    return out;
-  }
   try {
-    return {parse_expert_load_json(text, -1, source)};
+    return parse_expert_load_layers_json(text, -1, source);
   } catch (const LayoutError& e) {
     throw LayoutError("--expert-load", e.what());
   }
 }
 
+// An expert-load file (cli::read_input_flag): a regular file, not a link, of at most 64 MiB (61
+// layers of 65536 experts at 16 characters a load).
+inline const io::InputRule kLoadFileRule{"an expert-load file", "a regular JSON file, as dsv4_layer --expert-load-out writes",
+                                         std::uintmax_t(64) << 20};
+
 inline std::vector<std::vector<double>> read_load_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw LayoutError("--expert-load", "--expert-load: cannot read '" + path + "'");
-  std::stringstream text;
-  text << f.rdbuf();
-  return parse_load_layers(text.str(), "--expert-load '" + path + "'");
+  return parse_load_layers(read_input_flag("--expert-load", path, kLoadFileRule), "--expert-load '" + path + "'");
 }
 
 // The expert-load factors of both plans (the demo layer's and the MLA presets'), from logical
@@ -112,7 +95,7 @@ ExpertLoadFactors expert_load_factors(const std::vector<std::vector<double>>& la
     const std::vector<double> member = expected_member_load(loc, load);
     double sum = 0;
     for (double x : member) sum += x;
-    for (std::size_t r = 0; r < f.per_rank.size(); ++r) f.per_rank[r] += sum > 0 ? member[r] * ep / sum : 1.0;
+    for (std::size_t r = 0; r < f.per_rank.size(); ++r) f.per_rank[r] += sum > 0 ? member[r] / sum * ep : 1.0;
     busiest += max_over_mean(member);
   }
   for (double& x : f.per_rank) x /= double(layers.size());
@@ -166,7 +149,7 @@ struct LayerPlan {
   std::vector<std::int64_t> group_rows;         // rows of each attention-DP group
   std::span<const PlanStep> steps;
   std::string dispatch_dtype = "fp32";
-  EpMessage message;  // one dispatched row (ep_dispatch's message, with elem-byte values)
+  EpMessage message;  // one dispatched row (EpBuffer's message, with elem-byte values)
   double destinations_per_row = 0;  // expected moe_ep ranks a row is dispatched to (uniform routing)
   std::vector<double> load_factors;  // per moe_ep rank: its (row, expert) pairs over the mean (1: uniform)
   double load_imbalance = 1.0;       // expert_load_factors' imbalance: the busiest rank of each layer
@@ -226,14 +209,14 @@ inline std::vector<double> plan_shares(LayerPlan& p, const RuntimeLayout& layout
   return longest_of;
 }
 
-// The dispatched row (ep_dispatch's message), its expected destinations and the experts' load
+// The dispatched row (EpBuffer's message), its expected destinations and the experts' load
 // factors (--expert-load).
 inline void plan_routing(LayerPlan& p, const RuntimeLayout& layout, const PlanInput& in, DispatchDtype rows_as) {
   const model::ModelDims& d = in.dims;
   const int ep = layout.widths().moe_ep;
   const double e = in.elem;
-  // The payload is the value type (ep_dispatch<T, T>) unless the rows are dispatched as bf16
-  // (ep_dispatch<T, bf16>) or fp8 (ep_dispatch<T, fp8_e4m3>: EpMessage::of_fp8); scalars are
+  // The payload is the value type (DispatchDtype::compute) unless the rows are dispatched as bf16
+  // (DispatchDtype::bf16) or fp8 (DispatchDtype::fp8: EpMessage::of_fp8); scalars are
   // aligned to their size. The router weights are compute_t<T>: fp32 for 16-bit (and 8-bit) values.
   const std::int64_t payload = rows_as == DispatchDtype::bf16 ? 2 : std::int64_t(e);
   const std::int64_t weight = e < 4 ? 4 : std::int64_t(e);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "relayout/bridge.hpp"
+#include "relayout/bridge/testing.hpp"
 #include "relayout/mesh/layout.hpp"
 #include "demo/model/traffic.hpp"
 #include "demo_model/workload.hpp"
@@ -25,15 +26,16 @@ namespace relayout::model {
 template <class ExecSpace = Kokkos::DefaultExecutionSpace>
 using LayerRows = trace::Tracked<relayout::Rows<float, Replicated<AttnTp>, DpLocal, ExecSpace>>;
 
-// The demo layer's options: the library's bridge options (padding, restore, an injected fault,
-// the dispatch dtype) and the demo's own bookkeeping.
+// The demo layer's options: the library's bridge options (padding, restore, the dispatch dtype,
+// the EP capacity) and the demo's own: an injected fault, the decode EP mode, bookkeeping.
 struct LayerOptions : relayout::BridgeOptions {
   bool track_owners = true;        // move row owners with the rows and check conservation
   bool record_boundaries = false;  // keep the owners this rank holds after every boundary
-  // Decode steps' EP mode (the prefill dispatches in normal mode) and, for low_latency, the most
-  // rows a rank dispatches in one decode step.
+  // Decode steps' EP mode (the prefill dispatches in normal mode); for low_latency the most rows a
+  // rank dispatches in one step is BridgeOptions::num_max_dispatch_tokens_per_rank.
   EpMode decode_ep_mode = EpMode::normal;
-  std::int64_t decode_ep_capacity = 0;
+  // A known bug wired into the bridge (relayout::testing::inject_fault), for the verification demos.
+  BridgeFault inject = BridgeFault::none;
   // SGLang's --enable-attn-tp-input-scattered: under attn_tp > 1 each attention-TP member computes
   // the replicated low-rank projections (attn norm, wq_a, wkv, q and kv norms) for its chunk of the
   // rows and the members all-gather the results (n x (q_lora + head_dim) values), instead of every

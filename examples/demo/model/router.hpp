@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "relayout/bridge.hpp"
+#include "relayout/bridge/testing.hpp"
 #include "relayout/kernels/convert.hpp"
 #include "relayout/kernels/moe.hpp"
 #include "relayout/kernels/reference.hpp"
@@ -120,7 +121,7 @@ std::vector<std::int64_t> routed_owners(const MoeBridge<C, T, ExecSpace>& bridge
   switch (bridge.path()) {
     case BridgePath::a2a_split:
     case BridgePath::direct: {
-      if (bridge.options().fault == BridgeFault::no_split) return owners;
+      if (testing::injected_fault(bridge) == BridgeFault::no_split) return owners;
       const OwnerView chunk = split_rows(pg, rows).view();
       return column(chunk, 0, std::int64_t(chunk.extent(0)));
     }

@@ -13,5 +13,10 @@ void inject_fault(MoeBridge<C, T, Space>& bridge, BridgeFault fault) {
   check_fault(fault, bridge.pg_.layout());
   bridge.fault_ = fault;
 }
+// The fault wired into the bridge (BridgeFault::none: none).
+template <class C, class T, class Space>
+BridgeFault injected_fault(const MoeBridge<C, T, Space>& bridge) {
+  return bridge.fault_;
+}
 
 }  // namespace relayout::testing

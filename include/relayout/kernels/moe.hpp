@@ -1,5 +1,5 @@
 // Routed experts: one SwiGLU FFN pass per expert over the rows grouped for it (an ExpertBatch from
-// relayout::group_by_expert, ep_dispatch or the bridge: gate and up projections as one GEMM, the
+// relayout::group_by_expert, EpBuffer::dispatch or the bridge: gate and up projections as one GEMM, the
 // activation, the down projection); relayout::combine_experts weighs and sums them per row, or
 // expert_ffn_into adds each expert's weighted outputs straight into their rows (local_experts'
 // path for float and double rows). The expert intermediate dimension may be a moe_tp shard (a rank
@@ -248,7 +248,7 @@ void swiglu_expert(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch
 }  // namespace impl
 
 // SwiGLU experts on rows already grouped by local expert (an ExpertBatch from group_by_expert,
-// ep_dispatch or the bridge): y(i) = FFN_e(x(i)) for the rows of group e, unweighted. An indexed
+// EpBuffer::dispatch or the bridge): y(i) = FFN_e(x(i)) for the rows of group e, unweighted. An indexed
 // batch is read through its index (the gate/up GEMM reads the rows where they are).
 template <class ExecSpace, class T, class W, MutableRowMatrixView Y>
 void expert_ffn(const ExecSpace& exec, const ExpertBatch<T, ExecSpace>& batch, const ExpertWeights<W, ExecSpace>& w,
