@@ -142,11 +142,22 @@ TEST_CASE("expert moves: maps of different shapes are refused with the rule") {
 
 namespace {
 
+// An engine's weights as a table of Views: by_slot[s][t] is tensor t of local slot s.
+template <class T>
+struct WeightTable {
+  using value_type = T;
+  using Tensor = Kokkos::View<T*, Space::memory_space>;
+  std::vector<std::vector<Tensor>> by_slot;
+  int slots() const { return static_cast<int>(by_slot.size()); }
+  int tensors() const { return by_slot.empty() ? 0 : static_cast<int>(by_slot.front().size()); }
+  Tensor tensor(int slot, int t) const { return by_slot.at(static_cast<std::size_t>(slot)).at(static_cast<std::size_t>(t)); }
+};
+
 // Tensor t of logical expert l, element i: distinct for every (l, t, i).
 double value(int l, int t, std::size_t i) { return 1000.0 * l + 100.0 * t + double(i); }
 
-ExpertWeightTable<double, Space> table(const ExpertLocation& loc, std::vector<std::size_t> extents) {
-  ExpertWeightTable<double, Space> w;
+WeightTable<double> table(const ExpertLocation& loc, std::vector<std::size_t> extents) {
+  WeightTable<double> w;
   for (int s = 0; s < loc.per_rank(); ++s) {
     w.by_slot.emplace_back();
     for (std::size_t t = 0; t < extents.size(); ++t) {
@@ -161,7 +172,7 @@ ExpertWeightTable<double, Space> table(const ExpertLocation& loc, std::vector<st
 }
 
 // Whether every slot holds its expert under loc.
-bool holds(const ExpertWeightTable<double, Space>& w, const ExpertLocation& loc) {
+bool holds(const WeightTable<double>& w, const ExpertLocation& loc) {
   bool ok = true;
   for (int s = 0; s < w.slots(); ++s)
     for (int t = 0; t < w.tensors(); ++t) {
@@ -183,7 +194,7 @@ struct Unloaded {
   }
 };
 static_assert(ExpertWeightsFor<Unloaded, Space>);
-static_assert(ExpertWeightsFor<ExpertWeightTable<bf16, Space>, Space>);
+static_assert(ExpertWeightsFor<WeightTable<bf16>, Space>);
 static_assert(!ExpertWeightsFor<int, Space>);
 
 }  // namespace

@@ -50,9 +50,20 @@ std::vector<ExpertLocation> chain(int ep) {
   return maps;
 }
 
+// An engine's weights as a table of Views: by_slot[s][t] is tensor t of local slot s.
+template <class T>
+struct WeightTable {
+  using value_type = T;
+  using Tensor = Kokkos::View<T*, Mem>;
+  std::vector<std::vector<Tensor>> by_slot;
+  int slots() const { return static_cast<int>(by_slot.size()); }
+  int tensors() const { return by_slot.empty() ? 0 : static_cast<int>(by_slot.front().size()); }
+  Tensor tensor(int slot, int t) const { return by_slot.at(static_cast<std::size_t>(slot)).at(static_cast<std::size_t>(t)); }
+};
+
 // bf16 weights as a table of Views, one per (slot, tensor).
-ExpertWeightTable<bf16, Space> bf16_weights(const ExpertLocation& loc, int member, std::vector<std::size_t> extents) {
-  ExpertWeightTable<bf16, Space> w;
+WeightTable<bf16> bf16_weights(const ExpertLocation& loc, int member, std::vector<std::size_t> extents) {
+  WeightTable<bf16> w;
   for (int s = 0; s < loc.per_rank(); ++s) {
     w.by_slot.emplace_back();
     const int l = loc.logical_of(member * loc.per_rank() + s);

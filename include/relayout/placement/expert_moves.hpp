@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <numeric>
 #include <source_location>
 #include <span>
 #include <string>
@@ -48,9 +49,6 @@ struct MemberMoves {
   friend bool operator==(const MemberMoves&, const MemberMoves&) = default;
 };
 
-class ExpertMovePlan;
-ExpertMovePlan expert_moves(const ExpertLocation& from, const ExpertLocation& to);
-
 // Every slot whose logical expert changes, ascending by destination physical slot; slots that keep
 // their expert move nothing. Made by expert_moves; the same maps give the same plan on every rank.
 class ExpertMovePlan {
@@ -64,12 +62,8 @@ class ExpertMovePlan {
   std::vector<MemberMoves> per_member() const {
     std::vector<MemberMoves> out(static_cast<std::size_t>(ep_));
     for (const ExpertMove& m : moves_) {
-      if (m.local()) {
-        ++out[static_cast<std::size_t>(m.dst_rank)].local;
-      } else {
-        ++out[static_cast<std::size_t>(m.src_rank)].sent;
-        ++out[static_cast<std::size_t>(m.dst_rank)].received;
-      }
+      ++(m.local() ? out[static_cast<std::size_t>(m.dst_rank)].local : out[static_cast<std::size_t>(m.src_rank)].sent);
+      if (!m.local()) ++out[static_cast<std::size_t>(m.dst_rank)].received;
     }
     return out;
   }
@@ -95,7 +89,7 @@ class ExpertMovePlan {
       for (int v : {m.logical, m.src_rank, m.src_slot, m.dst_rank, m.dst_slot}) mix(v);
     return h;
   }
-  // "5 slots change (3 between members, 2 local copies; busiest member 2 slots = 24 MiB): member 0
+  // "5 slots change (3 between members, 2 local copies; busiest member 2 slots = 4096 bytes): member 0
   // sends 1, receives 2, copies 0 | ..." (the bytes only when slot_bytes > 0).
   std::string describe(std::int64_t slot_bytes = 0) const {
     const int r = remote();
@@ -122,17 +116,6 @@ class ExpertMovePlan {
 
 namespace impl {
 
-inline void require_same_slots(const ExpertLocation& from, const ExpertLocation& to) {
-  if (from.routed() == to.routed() && from.ep() == to.ep() && from.physical() == to.physical()) return;
-  const auto shape = [](const ExpertLocation& l) {
-    return std::to_string(l.routed()) + " routed experts onto " + std::to_string(l.physical()) +
-           " physical slots over moe_ep = " + std::to_string(l.ep());
-  };
-  throw LayoutError("expert_location", "expert_moves: `from` maps " + shape(from) + ", `to` maps " + shape(to) +
-                                           "; a rebalance keeps the routed experts, the physical slots and moe_ep "
-                                           "(only the logical expert each slot holds changes)");
-}
-
 // The physical slot (in `from`) that sends `logical` to member dst: the lowest one on dst itself
 // (a local copy); else one on the member that has sent the fewest slots so far, the lowest
 // member and slot on ties, so the sends of a replicated expert are spread over its holders.
@@ -146,12 +129,26 @@ inline int move_source(const ExpertLocation& from, int logical, int dst, const s
   return best;
 }
 
+// A writable 1-D View of T that Space can reach (by value or reference).
+template <class V, class T, class Space>
+concept ExpertTensorView = Kokkos::is_view<std::remove_cvref_t<V>>::value && std::remove_cvref_t<V>::rank == 1 &&
+                           std::same_as<typename std::remove_cvref_t<V>::value_type, T> &&
+                           bool(Kokkos::SpaceAccessibility<Space, typename std::remove_cvref_t<V>::memory_space>::accessible);
+
 }  // namespace impl
 
 // The moves that turn the weights laid out by `from` into those laid out by `to`. Pure host code;
 // both maps must have the same routed experts, physical slots and moe_ep (a LayoutError otherwise).
 inline ExpertMovePlan expert_moves(const ExpertLocation& from, const ExpertLocation& to) {
-  impl::require_same_slots(from, to);
+  if (from.routed() != to.routed() || from.ep() != to.ep() || from.physical() != to.physical()) {
+    const auto shape = [](const ExpertLocation& l) {
+      return std::to_string(l.routed()) + " routed experts onto " + std::to_string(l.physical()) +
+             " physical slots over moe_ep = " + std::to_string(l.ep());
+    };
+    throw LayoutError("expert_location", "expert_moves: `from` maps " + shape(from) + ", `to` maps " + shape(to) +
+                                             "; a rebalance keeps the routed experts, the physical slots and moe_ep "
+                                             "(only the logical expert each slot holds changes)");
+  }
   const int per = from.per_rank();
   std::vector<int> sent(static_cast<std::size_t>(from.ep()), 0);
   std::vector<ExpertMove> moves;
@@ -165,16 +162,6 @@ inline ExpertMovePlan expert_moves(const ExpertLocation& from, const ExpertLocat
   return ExpertMovePlan(from.routed(), from.ep(), per, std::move(moves));
 }
 
-namespace impl {
-
-template <class V, class T, class Space>
-concept ExpertTensorView =
-    Kokkos::is_view<std::remove_cvref_t<V>>::value && std::remove_cvref_t<V>::rank == 1 &&
-    std::same_as<typename std::remove_cvref_t<V>::value_type, T> &&
-    bool(Kokkos::SpaceAccessibility<Space, typename std::remove_cvref_t<V>::memory_space>::accessible);
-
-}  // namespace impl
-
 // An engine's expert weights on one moe_ep member, for execution space Space: slots() local slots
 // (the map's per_rank), each made of tensors() contiguous 1-D Views tensor(slot, t) of one element
 // type, value_type; tensor t has the same extent in every slot. The engine owns the memory (an
@@ -187,18 +174,6 @@ concept ExpertWeightsFor = Kokkos::is_execution_space<Space>::value && CommScala
                              { w.tensor(slot, t) } -> impl::ExpertTensorView<typename W::value_type, Space>;
                            };
 
-// A ready-made ExpertWeightsFor: by_slot[s][t] is tensor t of local slot s.
-template <CommScalar T, class Space>
-struct ExpertWeightTable {
-  using value_type = T;
-  using Tensor = Kokkos::View<T*, typename Space::memory_space>;
-  std::vector<std::vector<Tensor>> by_slot;
-
-  int slots() const { return static_cast<int>(by_slot.size()); }
-  int tensors() const { return by_slot.empty() ? 0 : static_cast<int>(by_slot.front().size()); }
-  Tensor tensor(int slot, int t) const { return by_slot.at(static_cast<std::size_t>(slot)).at(static_cast<std::size_t>(t)); }
-};
-
 // Bytes of one slot's weights (every tensor of slot 0): times MemberMoves counts, what a plan costs.
 template <class W>
 std::int64_t expert_slot_bytes(const W& w) {
@@ -210,36 +185,34 @@ std::int64_t expert_slot_bytes(const W& w) {
 
 namespace impl {
 
-// What each member says about its weights before any moves, all_gather-ed as int64 words: the
-// plan's fingerprint, the element type's name, slots, tensors, elements per slot, a digest of the
-// extents and the first kShownExtents of them, then its own problem (text, empty when fine).
+// What each member says about its arguments before any weights move, all_gather-ed as int64
+// words: the plan's fingerprint, the element type's name, the tensors per slot and their extents,
+// then its own problem with them (text; empty when fine).
 struct MoveRecord {
-  static constexpr int kShownExtents = 8, kProblemWords = 32, kWords = 6 + kShownExtents + kProblemWords;
-  enum Field { plan = 0, dtype, slots, tensors, elements, digest, extents };
-  static constexpr int kProblem = extents + kShownExtents;
+  static constexpr int kMaxTensors = 16, kProblemWords = 32;
+  static constexpr int plan = 0, dtype = 1, tensors = 2, extents = 3, problem = extents + kMaxTensors;
+  static constexpr int kWords = problem + kProblemWords;
 };
 
-inline std::int64_t pack_text(std::string_view s) {
-  char b[8] = {};
-  std::memcpy(b, s.data(), std::min<std::size_t>(s.size(), 8));
-  return std::bit_cast<std::int64_t>(b);
-}
-inline std::string unpack_text(const std::int64_t* words, int n) {
-  std::string s(reinterpret_cast<const char*>(words), static_cast<std::size_t>(n) * 8);
+inline std::string record_text(const std::int64_t* words, int n) {
+  const std::string s(reinterpret_cast<const char*>(words), static_cast<std::size_t>(n) * 8);
   return s.substr(0, s.find('\0'));
 }
 
 // This member's own problem with its arguments ("" when none): plan and group sizes, slot count,
-// contiguity, each slot's extents against slot 0's.
+// tensors per slot, contiguity, each slot's extents against slot 0's, the elements of a slot.
 template <class C, class W>
-std::string local_move_problem(const C& comm, const ExpertMovePlan& plan, const W& w, std::int64_t& elements) {
+std::string local_move_problem(const C& comm, const ExpertMovePlan& plan, const W& w) {
   if (plan.ep() != comm.size())
     return "the plan is for moe_ep = " + std::to_string(plan.ep()) + " members, the communicator has " +
            std::to_string(comm.size()) + " (pass the moe_ep communicator)";
   if (w.slots() != plan.per_rank())
     return "the weights have " + std::to_string(w.slots()) + " local slots, the map has " +
            std::to_string(plan.per_rank()) + " per member";
-  if (w.tensors() < 1) return "the weights have no tensors per slot; each slot needs at least one";
+  if (w.tensors() < 1 || w.tensors() > MoveRecord::kMaxTensors)
+    return "the weights have " + std::to_string(w.tensors()) + " tensors per slot; 1 to " +
+           std::to_string(MoveRecord::kMaxTensors) + " are supported";
+  std::int64_t elements = 0;
   for (int t = 0; t < w.tensors(); ++t) {
     const auto n0 = w.tensor(0, t).extent(0);
     elements += static_cast<std::int64_t>(n0);
@@ -253,7 +226,7 @@ std::string local_move_problem(const C& comm, const ExpertMovePlan& plan, const 
     }
   }
   if (elements > INT_MAX)
-    return "a slot holds " + std::to_string(elements) + " elements, more than one message can carry (" +
+    return "a slot holds " + std::to_string(elements) + " elements, more than one message carries (" +
            std::to_string(INT_MAX) + ")";
   return {};
 }
@@ -261,41 +234,29 @@ std::string local_move_problem(const C& comm, const ExpertMovePlan& plan, const 
 template <class C, class W>
 std::vector<std::int64_t> move_record(const C& comm, const ExpertMovePlan& plan, const W& w) {
   std::vector<std::int64_t> r(MoveRecord::kWords, 0);
+  r[MoveRecord::plan] = std::bit_cast<std::int64_t>(plan.fingerprint());
+  const std::string_view dtype = scalar_name<typename W::value_type>();
+  std::memcpy(&r[MoveRecord::dtype], dtype.data(), std::min<std::size_t>(dtype.size(), 7));
   std::string problem;
   try {
-    problem = local_move_problem(comm, plan, w, r[MoveRecord::elements]);
+    problem = local_move_problem(comm, plan, w);
     if (problem.empty()) {
-      r[MoveRecord::slots] = w.slots();
       r[MoveRecord::tensors] = w.tensors();
-      std::uint64_t h = 0xcbf29ce484222325ull;
-      for (int t = 0; t < w.tensors(); ++t) {
-        const auto n = static_cast<std::int64_t>(w.tensor(0, t).extent(0));
-        h = (h ^ static_cast<std::uint64_t>(n)) * 0x100000001b3ull;
-        if (t < MoveRecord::kShownExtents) r[static_cast<std::size_t>(MoveRecord::extents + t)] = n;
-      }
-      r[MoveRecord::digest] = std::bit_cast<std::int64_t>(h);
+      for (int t = 0; t < w.tensors(); ++t)
+        r[static_cast<std::size_t>(MoveRecord::extents + t)] = static_cast<std::int64_t>(w.tensor(0, t).extent(0));
     }
   } catch (const std::exception& e) {
     problem = std::string("describing its weights threw: ") + e.what();
   }
-  r[MoveRecord::plan] = std::bit_cast<std::int64_t>(plan.fingerprint());
-  r[MoveRecord::dtype] = pack_text(scalar_name<typename W::value_type>());
-  problem = problem.substr(0, MoveRecord::kProblemWords * 8 - 1);
-  std::memcpy(r.data() + MoveRecord::kProblem, problem.data(), problem.size());
+  std::memcpy(&r[MoveRecord::problem], problem.data(), std::min<std::size_t>(problem.size(), MoveRecord::kProblemWords * 8 - 1));
   return r;
 }
 
 // "2 tensors of [5 3] bf16 elements"
 inline std::string record_shape(const std::int64_t* r) {
   std::string out = std::to_string(r[MoveRecord::tensors]) + " tensors of [";
-  for (std::int64_t t = 0; t < r[MoveRecord::tensors]; ++t) {
-    if (t == MoveRecord::kShownExtents) {
-      out += " ...";
-      break;
-    }
-    out += (t ? " " : "") + std::to_string(r[MoveRecord::extents + t]);
-  }
-  return out + "] " + unpack_text(r + MoveRecord::dtype, 1) + " elements";
+  for (std::int64_t t = 0; t < r[MoveRecord::tensors]; ++t) out += (t ? " " : "") + std::to_string(r[MoveRecord::extents + t]);
+  return out + "] " + record_text(r + MoveRecord::dtype, 1) + " elements";
 }
 
 // The members whose record fields [first, last) differ from member 0's.
@@ -312,14 +273,14 @@ inline std::string move_verdict(const std::vector<std::int64_t>& all) {
   const std::size_t n = all.size() / MoveRecord::kWords;
   std::string problems;
   for (std::size_t m = 0; m < n; ++m) {
-    const std::string p = unpack_text(all.data() + m * MoveRecord::kWords + MoveRecord::kProblem, MoveRecord::kProblemWords);
+    const std::string p = record_text(all.data() + m * MoveRecord::kWords + MoveRecord::problem, MoveRecord::kProblemWords);
     if (!p.empty()) problems += (problems.empty() ? "member " : "; member ") + std::to_string(m) + ": " + p;
   }
   if (!problems.empty()) return problems;
   if (const auto d = differing(all, MoveRecord::plan, MoveRecord::plan + 1); !d.empty())
     return "members " + member_list(d) +
            " pass another plan than member 0 (every member passes expert_moves of the same two maps)";
-  if (const auto d = differing(all, MoveRecord::dtype, MoveRecord::kProblem); !d.empty())
+  if (const auto d = differing(all, MoveRecord::dtype, MoveRecord::problem); !d.empty())
     return "members " + member_list(d) + " describe a slot as " +
            record_shape(all.data() + static_cast<std::size_t>(d.front()) * MoveRecord::kWords) + ", member 0 as " +
            record_shape(all.data()) + " (every member's slots have the same tensors)";
@@ -327,7 +288,7 @@ inline std::string move_verdict(const std::vector<std::int64_t>& all) {
 }
 
 // Gathers every member's record over comm and throws the same LayoutError on every member unless
-// all are fine and agree. Returns the elements of one slot.
+// all are fine and agree. Returns the elements of one slot (its tensors' extents summed).
 template <class E, class C, class W>
 std::int64_t agree_on_moves(const E& exec, const C& comm, const ExpertMovePlan& plan, const W& w, std::source_location site) {
   const std::vector<std::int64_t> mine = move_record(comm, plan, w);
@@ -338,31 +299,32 @@ std::int64_t agree_on_moves(const E& exec, const C& comm, const ExpertMovePlan& 
     throw LayoutError("expert_weights", "move_expert_weights (called at " + std::string(short_file(site.file_name())) +
                                             ":" + std::to_string(site.line()) + "): " + verdict +
                                             "; no member moved any weights");
-  return mine[MoveRecord::elements];
+  return std::accumulate(mine.begin() + MoveRecord::extents, mine.begin() + MoveRecord::problem, std::int64_t(0));
 }
 
-// One direction of this member's remote moves laid out for the exchange: round r carries, to (or
-// from) each peer in rank order, that peer's moves [r * per_round, (r + 1) * per_round) in plan
-// order, so both ends of a pair place each slot alike.
+// This member's moves of one role laid out in a staging buffer: round r carries, to (or from) each
+// peer in rank order, that pair's moves [r * per_round, (r + 1) * per_round) in plan order, so both
+// ends of a pair place each slot alike. Local copies are one round with this member as the peer.
+enum class MoveRole { send, receive, local };
 struct MoveSide {
   std::vector<std::pair<std::size_t, std::int64_t>> at;  // (index in plan.moves(), slot position)
   std::vector<std::vector<int>> counts;                  // per round, per peer: slots
   std::vector<std::int64_t> base{0};                     // per round: first slot position; back(): total
 };
 
-inline MoveSide move_side(const ExpertMovePlan& plan, int me, bool sending, int rounds, std::int64_t per_round) {
+inline MoveSide move_side(const ExpertMovePlan& plan, int me, MoveRole role, int rounds, std::int64_t per_round) {
   std::vector<std::vector<std::size_t>> by_peer(static_cast<std::size_t>(plan.ep()));
   for (std::size_t i = 0; i < plan.moves().size(); ++i) {
     const ExpertMove& m = plan.moves()[i];
-    if (m.local() || (sending ? m.src_rank : m.dst_rank) != me) continue;
-    by_peer[static_cast<std::size_t>(sending ? m.dst_rank : m.src_rank)].push_back(i);
+    const int mine = role == MoveRole::send ? m.src_rank : m.dst_rank, peer = role == MoveRole::send ? m.dst_rank : m.src_rank;
+    if (mine == me && m.local() == (role == MoveRole::local)) by_peer[static_cast<std::size_t>(peer)].push_back(i);
   }
   MoveSide s;
   for (std::int64_t r = 0; r < rounds; ++r) {
     std::int64_t pos = s.base.back();
     std::vector<int> c(by_peer.size(), 0);
     for (std::size_t j = 0; j < by_peer.size(); ++j)
-      for (std::int64_t n = r * per_round; n < static_cast<std::int64_t>(by_peer[j].size()) && n < (r + 1) * per_round; ++n) {
+      for (std::int64_t n = r * per_round; n < static_cast<std::int64_t>(by_peer[j].size()) && n - r * per_round < per_round; ++n) {
         s.at.emplace_back(by_peer[j][static_cast<std::size_t>(n)], pos++);
         ++c[j];
       }
@@ -375,12 +337,11 @@ inline MoveSide move_side(const ExpertMovePlan& plan, int me, bool sending, int 
 // Rounds every member makes (the same on all: from the plan): each message of a round holds at most
 // per_round slots, so its element count fits an int.
 inline int move_rounds(const ExpertMovePlan& plan, std::int64_t per_round) {
-  std::vector<std::int64_t> pair(static_cast<std::size_t>(plan.ep()) * static_cast<std::size_t>(plan.ep()), 0);
+  const auto ep = static_cast<std::size_t>(plan.ep());
+  std::vector<std::int64_t> pair(ep * ep, 0);
   std::int64_t most = 0;
   for (const ExpertMove& m : plan.moves())
-    if (!m.local())
-      most = std::max(most, ++pair[static_cast<std::size_t>(m.src_rank) * static_cast<std::size_t>(plan.ep()) +
-                                   static_cast<std::size_t>(m.dst_rank)]);
+    if (!m.local()) most = std::max(most, ++pair[static_cast<std::size_t>(m.src_rank) * ep + static_cast<std::size_t>(m.dst_rank)]);
   return static_cast<int>((most + per_round - 1) / per_round);
 }
 
@@ -407,20 +368,17 @@ void carry_out_moves(const E& exec, const C& comm, const ExpertMovePlan& plan, c
   using Buf = Kokkos::View<T*, typename E::memory_space>;
   const int me = comm.rank();
   const int rounds = move_rounds(plan, per_round);
-  const MoveSide out = move_side(plan, me, true, rounds, per_round);
-  const MoveSide in = move_side(plan, me, false, rounds, per_round);
-  std::vector<std::size_t> local;
-  for (std::size_t i = 0; i < plan.moves().size(); ++i)
-    if (plan.moves()[i].local() && plan.moves()[i].dst_rank == me) local.push_back(i);
-  const auto alloc = [&](const char* label, std::int64_t slots) {
-    return Buf(Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(slots * S));
+  const MoveSide out = move_side(plan, me, MoveRole::send, rounds, per_round);
+  const MoveSide in = move_side(plan, me, MoveRole::receive, rounds, per_round);
+  const MoveSide local = move_side(plan, me, MoveRole::local, 1, plan.per_rank());
+  const auto alloc = [&](const char* label, const MoveSide& side) {
+    return Buf(Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, std::string(label)),
+               static_cast<std::size_t>(side.base.back() * S));
   };
-  const Buf send = alloc("relayout::expert_moves.send", out.base.back());
-  const Buf recv = alloc("relayout::expert_moves.recv", in.base.back());
-  const Buf copies = alloc("relayout::expert_moves.local", static_cast<std::int64_t>(local.size()));
+  const Buf send = alloc("relayout::expert_moves.send", out), recv = alloc("relayout::expert_moves.recv", in);
+  const Buf copies = alloc("relayout::expert_moves.local", local);
   for (const auto& [i, pos] : out.at) copy_slot(exec, weights, plan.moves()[i].src_slot, send, pos * S, true);
-  for (std::size_t n = 0; n < local.size(); ++n)
-    copy_slot(exec, weights, plan.moves()[local[n]].src_slot, copies, static_cast<std::int64_t>(n) * S, true);
+  for (const auto& [i, pos] : local.at) copy_slot(exec, weights, plan.moves()[i].src_slot, copies, pos * S, true);
   for (int r = 0; r < rounds; ++r) {
     const auto elems = [S](std::vector<int> c) {
       for (int& v : c) v = static_cast<int>(v * S);
@@ -433,8 +391,7 @@ void carry_out_moves(const E& exec, const C& comm, const ExpertMovePlan& plan, c
                 Kokkos::subview(recv, range(in)), elems(in.counts[static_cast<std::size_t>(r)]), site);
   }
   for (const auto& [i, pos] : in.at) copy_slot(exec, weights, plan.moves()[i].dst_slot, recv, pos * S, false);
-  for (std::size_t n = 0; n < local.size(); ++n)
-    copy_slot(exec, weights, plan.moves()[local[n]].dst_slot, copies, static_cast<std::int64_t>(n) * S, false);
+  for (const auto& [i, pos] : local.at) copy_slot(exec, weights, plan.moves()[i].dst_slot, copies, pos * S, false);
   exec.fence();  // the staging buffers end with this call
 }
 
