@@ -215,8 +215,8 @@ void run_rounds(const Options& o, const RuntimeLayout& layout, const MpiCommunic
     trace_lock.acquire(world, o.trace);
     const std::string& id = trace_lock.run_id();
     if (layout.config().draft == Draft::moe)
-      cli::open_trace(draft_sink.file, o.trace + "/draft", world.rank(), world.size(), "dspark_step draft", id);
-    cli::open_trace(target_sink.file, o.trace + "/target", world.rank(), world.size(), "dspark_step target", id);
+      cli::open_trace(world, draft_sink.file, o.trace + "/draft", "dspark_step draft", id);
+    cli::open_trace(world, target_sink.file, o.trace + "/target", "dspark_step target", id);
   }
   {  // every round's forwards, and the target's attention over its cache, which grows each round
     const model::ModelDims& d = o.cfg.target_dims;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/files_mpi.hpp"
 #include "common/gather_all.hpp"
 #include "common/huge_pages.hpp"
 #include "common/layout_flags.hpp"
@@ -210,21 +211,20 @@ DecodeRun decode(Net& net, const model::Workload& work, const model::DecodePlan&
 }
 
 // The last layer's measured expert load over the domain: max / mean tokens per moe_ep member on
-// rank 0, and the per-logical loads as the file `relayout plan --expert-load` reads.
+// rank 0, and the per-logical loads as the file `relayout plan --expert-load` reads (--expert-load-out,
+// checked before the work by run(), replaced whole).
 ExpertLoad report_expert_load(const Options& o, const Exec& exec, const MpiCommunicator& world, const ExpertLocation& loc,
                               const ExpertLoad& mine) {
   const ExpertLoad total = sum_expert_load(exec, world, loc, mine);
-  if (world.rank() != 0) return total;
-  std::int64_t pairs = 0;
-  for (std::int64_t v : total.members) pairs += v;
-  std::fprintf(stderr, "expert load (last layer, %d physical experts): max/mean tokens per moe_ep member %.3f over %lld (token, expert) pairs\n",
-               loc.physical(), total.imbalance(), static_cast<long long>(pairs));
-  if (o.expert_load_out.empty()) return total;
-  std::FILE* f = std::fopen(o.expert_load_out.c_str(), "w");
-  if (!f) throw LayoutError("--expert-load-out", "--expert-load-out: cannot write '" + o.expert_load_out + "'");
-  const std::string text = expert_load_json(total.logical);
-  std::fputs(text.c_str(), f);
-  std::fclose(f);
+  if (world.rank() == 0) {
+    std::int64_t pairs = 0;
+    for (std::int64_t v : total.members) pairs += v;
+    std::fprintf(stderr, "expert load (last layer, %d physical experts): max/mean tokens per moe_ep member %.3f over %lld (token, expert) pairs\n",
+                 loc.physical(), total.imbalance(), static_cast<long long>(pairs));
+  }
+  if (!o.expert_load_out.empty())  // rank 0 writes; a failure ends every rank together
+    cli::write_output_on_root(world, "--expert-load-out", o.expert_load_out,
+                              world.rank() == 0 ? expert_load_json(total.logical) : std::string());
   return total;
 }
 
@@ -903,14 +903,16 @@ int run(const Options& o, const MpiCommunicator& world) {
   const model::Workload work = make_workload(o, w);
   const model::DecodePlan plan = decode_plan(o, work, opts);
   const cli::MemoryEstimate need = require_size(o, w, work, plan, world);
-  const ProcessGroups groups(layout, world);
-  model::DistributedModel<MpiCommunicator, Exec, cli::RunSink> net(groups, o.dims, opts, exec);
+  // The files the run writes, checked on every rank before the model is built.
+  cli::require_output(world, "--expert-load-out", o.expert_load_out);
   cli::TraceDirLock trace_lock;  // held until the sink below is closed
   cli::RunSink sink;             // its file stays closed without --trace
   if (!o.trace.empty()) {
     trace_lock.acquire(world, o.trace);
-    cli::open_trace(sink.file, o.trace, world.rank(), world.size(), "dsv4_layer", trace_lock.run_id());
+    cli::open_trace(world, sink.file, o.trace, "dsv4_layer", trace_lock.run_id());
   }
+  const ProcessGroups groups(layout, world);
+  model::DistributedModel<MpiCommunicator, Exec, cli::RunSink> net(groups, o.dims, opts, exec);
   {  // the prefill and each decode step (one row per request), then --repeat: forwards, and prefill + decode again
     const long L = o.dims.layers, S = plan.steps, R = o.repeat;
     const long forwards = L * (1 + S) + R * L + (S > 0 ? R * L * (1 + S) : 0);

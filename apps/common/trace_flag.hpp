@@ -1,7 +1,8 @@
 // The examples' --trace DIR flag. Collective over the job: rank 0 takes DIR's lock (a live run
 // writing there, inside it or around it is refused, naming it) and makes the run id every rank's
-// header carries, then each rank opens its JSON Lines file. A directory that cannot be created or a file that cannot be
-// opened is a LayoutError naming --trace; a failed write ends the run at JsonlSink::close (exit 1).
+// header carries, then each rank opens its JSON Lines file. A directory that cannot be created, a lock
+// or rank file that is a link or not a regular file, or a file that cannot be opened is a LayoutError
+// naming --trace on every rank; a failed write ends the run at JsonlSink::close (exit 1).
 #pragma once
 
 #include <unistd.h>
@@ -14,22 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "common/files_mpi.hpp"
 #include "relayout/comm.hpp"
 #include "relayout/mesh/error.hpp"
 #include "relayout/trace/dir_lock.hpp"
 #include "relayout/trace/jsonl.hpp"
 
 namespace relayout::cli {
-
-// Rank 0's text on every rank (a length, then the characters as int32).
-inline std::string broadcast_text(const MpiCommunicator& world, const std::string& text) {
-  std::int64_t n = static_cast<std::int64_t>(text.size());
-  broadcast(world, std::span<std::int64_t>(&n, 1), 0);
-  std::vector<std::int32_t> chars(text.begin(), text.end());
-  chars.resize(static_cast<std::size_t>(n));
-  if (n > 0) broadcast(world, std::span<std::int32_t>(chars), 0);
-  return std::string(chars.begin(), chars.end());
-}
 
 // DIR's lock (trace::DirLock), taken by rank 0 while the run writes DIR: refused while a live run
 // writes DIR, a directory inside it or one around it, naming that run.
@@ -71,13 +63,21 @@ class TraceDirLock {
   std::string run_id_;
 };
 
-inline void open_trace(trace::JsonlSink& sink, const std::string& dir, int rank, int world_size,
+// Collective: every rank opens its file DIR/rank<R>.jsonl (a link or non-regular file there is
+// refused, never written through); when any rank cannot, every rank throws LayoutError("--trace")
+// with the lowest such rank's reason, so none is left waiting.
+inline void open_trace(const MpiCommunicator& world, trace::JsonlSink& sink, const std::string& dir,
                        const std::string& program, const std::string& run_id) {
+  std::string error;
   try {
-    sink.open(dir, rank, world_size, program, run_id);
+    sink.open(dir, world.rank(), world.size(), program, run_id);
   } catch (const std::exception& e) {
-    throw LayoutError("--trace", "--trace " + dir + ": cannot write the trace there (" + e.what() + ")");
+    error = "--trace " + dir + ": cannot write the trace there (" + e.what() + ")";
   }
+  error = agree_error(world, error);
+  if (error.empty()) return;
+  sink.abandon();  // no file of a run that did not start
+  throw LayoutError("--trace", error);
 }
 
 }  // namespace relayout::cli

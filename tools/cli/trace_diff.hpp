@@ -120,7 +120,8 @@ struct BoundaryAgg {
   RowState sharing = RowState::replicated;
   int copies = 0, hidden = 0;
   RowHolders rows;
-  std::map<int, const trace::Record*> records;  // by rank
+  // By (rank, step of its rows; -1 for a record without rows): each step's own counts.
+  std::map<std::pair<int, int>, const trace::Record*> records;
   std::vector<const trace::Record*> errors;
 };
 struct LayerAgg {
@@ -181,7 +182,7 @@ inline std::map<int, LayerAgg> aggregate(const TraceRun& run) {
       b.sharing = r.sharing;
       b.copies = std::max(b.copies, r.copies);
       b.hidden = std::max(b.hidden, r.hidden);
-      b.records.try_emplace(r.global_rank, &r);
+      b.records.try_emplace({r.global_rank, r.rows.empty() ? -1 : r.rows.front().step}, &r);
       if (!r.error.empty()) b.errors.push_back(&r);
       for (const trace::Row& w : r.rows) b.rows.add(r.global_rank, w);
     }
@@ -240,8 +241,11 @@ inline std::string row_name(const RowKey& k) {
          "), position " + std::to_string(std::get<1>(k)) + ", step " + std::to_string(std::get<2>(k));
 }
 
-inline std::string rank_info(const BoundaryAgg& b, int rank) {
-  const auto it = b.records.find(rank);
+// A holder of a row of step `step`, with the row count and global_num_tokens of its record of that
+// step (else of its record without rows: the step's rows were not there).
+inline std::string rank_info(const BoundaryAgg& b, int rank, int step) {
+  auto it = b.records.find({rank, step});
+  if (it == b.records.end()) it = b.records.find({rank, -1});
   if (it == b.records.end()) return "rank " + std::to_string(rank);
   const trace::Record& r = *it->second;
   std::string s = "rank " + std::to_string(rank) + " (attn_dp " + std::to_string(r.attn_dp_rank) +
@@ -517,7 +521,7 @@ inline std::string row_problem(const LayerAgg& B, const BoundaryAgg* b, const Bo
   const std::span<const Holding> held = c.rows.find(k);
   const auto holders = [&] {
     std::string s;
-    for (std::size_t i = 0; i < held.size() && i < kListed; ++i) s += "\n    " + rank_info(c, held[i].rank);
+    for (std::size_t i = 0; i < held.size() && i < kListed; ++i) s += "\n    " + rank_info(c, held[i].rank, std::get<2>(k));
     if (held.size() > kListed) s += "\n    ... and " + std::to_string(held.size() - kListed) + " more";
     return "  held by:" + (held.empty() ? std::string(" none") : s) + "\n";
   };
@@ -703,8 +707,14 @@ inline void measure(const std::string& dir, TraceSize& size) {
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.rfind("rank", 0) != 0 || !it->is_regular_file(ec)) continue;
-    std::ifstream in(it->path(), std::ios::binary);
+    if (name.rfind("rank", 0) != 0) continue;
+    std::optional<io::InputFile> file;  // a file refused here is refused, named, by the reader
+    try {
+      file.emplace(it->path().string(), trace::rank_file_rule());
+    } catch (const io::FileError&) {
+      continue;
+    }
+    std::istream in(&*file);
     std::vector<char> buf(std::size_t(1) << 20);
     std::uintmax_t bytes = 0, line = 0, brackets = 0;  // brackets: of the line being read
     const auto end_line = [&] {

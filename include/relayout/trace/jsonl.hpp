@@ -10,6 +10,8 @@
 // integer field exact and non-negative, every record of the file's rank, one header and one end line.
 #pragma once
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -159,6 +161,12 @@ class JsonlSink {
     put(end_line(records_) + "\n");
     if (::close(fd_.release()) != 0 && error_.empty()) error_ = std::strerror(errno);
     if (!error_.empty()) throw std::runtime_error("trace: cannot write " + path_ + " (" + error_ + "); the trace is incomplete");
+  }
+  // Closes without the end line and removes the file: for a run refused before it began.
+  void abandon() {
+    if (!active()) return;
+    fd_.reset();
+    ::unlink(path_.c_str());
   }
   const std::string& path() const { return path_; }
 
