@@ -103,6 +103,14 @@ struct Experts {
 struct KvStore {
   std::vector<std::vector<std::vector<Scalar>>> rows;  // [slot][held row][dim]
 };
+// What the request table tells the store (relayout::KvStoreHook): a slot changes hands, empties,
+// or is rolled back to its first rows.
+struct StoreHook {
+  KvStore* store;
+  void on_admit(int slot, std::int64_t) const { store->rows[std::size_t(slot)].clear(); }
+  void on_release(int slot) const { store->rows[std::size_t(slot)].clear(); }
+  void on_truncate(int slot, std::int64_t rows) const { store->rows[std::size_t(slot)].resize(std::size_t(rows)); }
+};
 struct MyAttention {
   const KvStore* store;
   int heads;
@@ -208,7 +216,7 @@ int main(int argc, char** argv) {
     MPI_Comm_split(MPI_COMM_WORLD, 0, world_rank, &engine);
     using namespace relayout;
     try {
-      // ---- set-up: layout, groups, the attention side, the bridge, the KV store and slots
+      // ---- set-up: layout, groups, the attention side, the bridge, the KV store and its request table
       const MpiCommunicator world = MpiCommunicator::adopt(engine);
       const LayoutConfig config{.tp = size, .cp = size >= 2 ? 2 : 1};
       const ProcessGroups pg(RuntimeLayout(config), world);
@@ -219,9 +227,9 @@ int main(int argc, char** argv) {
       TrafficLog log;
       CpAttention<MpiCommunicator, Scalar, Exec> attn(pg, &log);
       MoeBridge<MpiCommunicator, Scalar, Exec> bridge(pg, kExperts);
-      kernels::KvSlots slots(4);
-      CpKvLedger ledger = attn.ledger(slots.capacity());
-      KvStore store{std::vector<std::vector<std::vector<Scalar>>>(std::size_t(slots.capacity()))};
+      constexpr int kSlots = 4;
+      KvStore store{std::vector<std::vector<std::vector<Scalar>>>(kSlots)};
+      auto requests = attn.request_table(kSlots, StoreHook{&store});  // slots, CP positions, the store
       trace::JsonlSink sink;
       if (!trace_dir.empty()) sink.open(trace_dir, k.rank, size, "engine_attention");
       std::vector<std::int64_t> counts;  // this step's global_num_tokens, stamped on every record
@@ -231,13 +239,13 @@ int main(int argc, char** argv) {
       const Experts experts{w.moe_tp, k.moe_tp_rank};
 
       for (std::size_t s = 0; s < kSteps.size(); ++s) {
-        // ---- the step's rows: joins, the ledger's plan (this rank's rows under CP)
-        std::vector<ExtendRequest> step;
+        // ---- the step's rows: joins, the table's plan (this rank's rows under CP)
+        std::vector<RequestRows> step;
         for (const auto& [request, count] : kSteps[s].rows) {
-          if (!slots.holds(request)) ledger.clear(slots.admit(request));
-          step.push_back({slots.slot_of(request), count});
+          if (!requests.holds(request)) requests.admit(request);  // a reused slot comes back empty
+          step.push_back({request, count});
         }
-        const ExtendPlan plan = ledger.extend(step);
+        const ExtendPlan plan = requests.extend(step);
         const std::size_t n = std::size_t(plan.rows()), HD = std::size_t(heads * kDim);
         // ---- the engine's projections; kv into its own store
         View x("x", n, kHidden), q("q", n, HD), o("o", n, HD), part("attn_partial", n, kHidden);
@@ -246,7 +254,7 @@ int main(int argc, char** argv) {
         std::vector<int> request_of(n);
         std::vector<std::int64_t> owners(n);  // the rows' (request, position), for the trace
         for (std::size_t i = 0; i < n; ++i) {
-          request_of[i] = int(slots.id_in(plan.slot[i]));
+          request_of[i] = int(requests.id_in(plan.slot[i]));
           owners[i] = trace::RowOwner::pack(request_of[i], plan.position[i]);
           for (int f = 0; f < kHidden; ++f) xh(i, f) = embed(request_of[i], plan.position[i], f);
           for (int h = 0; h < heads; ++h)
@@ -287,7 +295,7 @@ int main(int argc, char** argv) {
         double err = 0;
         for (const auto& [request, count] : kSteps[s].rows)
           for (int c = 0; c < count; ++c) {
-            const int p = int(ledger.length(slots.slot_of(request))) - count + c;
+            const int p = int(requests.length(request)) - count + c;
             const std::vector<Scalar> ref = serial.row(request, p);
             for (std::size_t i = 0; i < n; ++i)
               if (request_of[i] == request && plan.position[i] == p)
@@ -301,11 +309,7 @@ int main(int argc, char** argv) {
         if (k.rank == 0)
           std::printf("engine_attention: step %zu  attn_cp %d attn_tp %d  %lld rows  double  max_err %.3g  %s\n", s,
                       w.attn_cp, w.attn_tp, static_cast<long long>(rows), err, ok ? "OK" : "MISMATCH");
-        if (kSteps[s].leaving >= 0) {
-          const int slot = slots.finish(kSteps[s].leaving);
-          ledger.clear(slot);
-          store.rows[std::size_t(slot)].clear();
-        }
+        if (kSteps[s].leaving >= 0) requests.finish(kSteps[s].leaving);
       }
       if (sink.active()) sink.close();
     } catch (const std::exception& e) {

@@ -5,8 +5,8 @@
 // attention-TP all-reduce) is the library's relayout::CpAttention (docs/cp.md).
 // With a KV cache (reserve_kv) the prefill keeps every layer's shared KV rows (under CP each CP rank
 // those of the positions it holds) and decode_step runs one new row per live request against them;
-// extend appends several rows per request, each attending causally (a speculative verify); which
-// positions each rank caches is the library's CpKvLedger (docs/kv_cache.md).
+// extend appends several rows per request, each attending causally (a speculative verify); the
+// slots, the positions each rank caches and the cache are kept by one RequestTable (docs/kv_cache.md).
 // A trace sink (relayout/trace; none by default) receives a record after every boundary, including
 // the attention all-reduce and each layer's output.
 #pragma once
@@ -118,7 +118,8 @@ class DistributedModel {
     step_ = ExtendPlan{};
     if (has_cache()) {  // the prefill fills the cache: request j of the group is slot j, with the positions held here
       for (int j = 0; j < batch.requests(); ++j) {
-        with_cache([&](auto& cache) { cache.release(exec_, j); });
+        requests_.finish(j);  // every other slot is held: admit gives slot j back, emptied
+        requests_.admit(j);
         std::vector<int> held = batch.positions_of(k.attn_cp_rank, j);
         for (int p : held) {
           step_.slot.push_back(j);
@@ -126,7 +127,7 @@ class DistributedModel {
         }
         step_.append_slot.push_back(j);
         step_.append_cu.push_back(step_.append_cu.back() + int(held.size()));
-        ledger_.prefilled(j, std::move(held), batch.lengths()[std::size_t(j)]);
+        requests_.prefilled(j, std::move(held), batch.lengths()[std::size_t(j)]);
       }
     }
     x = run_layers(x, false);
@@ -148,7 +149,8 @@ class DistributedModel {
     cache16_.reset();
     if (kv_cache_bf16(dims_)) cache16_ = std::make_unique<CacheBf16>(shape);
     else cache_ = std::make_unique<Cache>(shape);
-    ledger_ = attn_.ledger(n);
+    requests_ = attn_.request_table(n, KvHook{cache_.get(), cache16_.get(), exec_});
+    for (int j = 0; j < n; ++j) requests_.admit(j);  // request j of the group holds slot j
   }
   // The KV cache's element type ("fp32", "bf16"), and its device bytes (0 before reserve_kv).
   const char* kv_dtype() const { return kv_cache_dtype(dims_); }
@@ -197,11 +199,11 @@ class DistributedModel {
     }
     at.assign(reqs.size(), -1);
     for (std::size_t i = 0; i < order.size(); ++i) at[std::size_t(order[i])] = int(i);
-    // One new row per live request, at position p on CP rank p mod attn_cp (the ledger's rule).
-    std::vector<ExtendRequest> live;
+    // One new row per live request, at position p on CP rank p mod attn_cp (the request table's rule).
+    std::vector<RequestRows> live;
     for (int j = 0; j < int(reqs.size()); ++j)
       if (plan.live(reqs[std::size_t(j)], step)) live.push_back({j, 1});
-    step_ = ledger_.extend(live, W);
+    step_ = requests_.extend(live, W);
     std::vector<float> rows;
     std::vector<std::int64_t> owners;
     for (int i = 0; i < step_.rows(); ++i) {
@@ -240,24 +242,24 @@ class DistributedModel {
   // like forward: a group or CP rank with no rows joins every collective with zero rows.
   Tracked extend(const std::vector<int>& counts, const View& inputs, const std::vector<std::int64_t>& owners) {
     if (!has_cache()) throw LayoutError("decode", "extend needs a KV cache: call reserve_kv first");
-    if (int(counts.size()) > ledger_.slots())
+    if (int(counts.size()) > requests_.capacity())
       throw LayoutError("decode", "extend: counts for " + std::to_string(counts.size()) + " requests; the cache holds " +
-                                      std::to_string(ledger_.slots()));
-    std::vector<ExtendRequest> step;
+                                      std::to_string(requests_.capacity()));
+    std::vector<RequestRows> step;
     std::size_t held = 0;  // the new rows this rank holds
     for (int j = 0; j < int(counts.size()); ++j) {
       if (counts[std::size_t(j)] < 0)
         throw LayoutError("decode", "extend: request " + std::to_string(j) + " has " +
                                         std::to_string(counts[std::size_t(j)]) + " new rows; a count must be >= 0");
       step.push_back({j, counts[std::size_t(j)]});
-      for (std::int64_t p = ledger_.length(j); p < ledger_.length(j) + counts[std::size_t(j)]; ++p)
-        held += ledger_.rank_of(p) == ledger_.cp_rank();
+      for (std::int64_t p = requests_.length(j); p < requests_.length(j) + counts[std::size_t(j)]; ++p)
+        held += requests_.rank_of(p) == requests_.cp_rank();
     }
     if (inputs.extent(0) != held || owners.size() != held)
       throw LayoutError("decode", "extend: " + std::to_string(inputs.extent(0)) + " input rows and " +
                                       std::to_string(owners.size()) + " owners for the " + std::to_string(held) +
                                       " new rows held here");
-    step_ = ledger_.extend(step, dims_.window);
+    step_ = requests_.extend(step, dims_.window);
     Tracked x(Typed(inputs), opts_.track_owners ? owners : std::vector<std::int64_t>{});
     new_rows(owners);
     gather_counts(std::int64_t(held));
@@ -268,18 +270,17 @@ class DistributedModel {
     return x;
   }
   // The CP rank that holds position p of a request in extend (decode places its rows after the prompt so).
-  int extend_cp_rank(int p) const { return ledger_.rank_of(p); }
+  int extend_cp_rank(int p) const { return requests_.rank_of(p); }
   // Keeps the first `length` positions of slot j in every layer: rolls back rejected speculative
   // rows. Under CP each CP rank keeps those of its held positions below `length`.
   void truncate_kv(int slot, std::int64_t length) {
-    if (slot < 0 || slot >= ledger_.slots())
+    if (slot < 0 || slot >= requests_.capacity())
       throw LayoutError("decode", "truncate_kv: slot " + std::to_string(slot) + " is not in [0, " +
-                                      std::to_string(ledger_.slots()) + ")");
-    const std::int64_t keep = ledger_.truncate(slot, length);
-    with_cache([&](auto& cache) { cache.truncate(exec_, slot, keep); });
+                                      std::to_string(requests_.capacity()) + ")");
+    requests_.truncate(slot, length);  // the cache too, through the table's hook
   }
   // Positions of slot j cached over the DP group (under CP spread over the CP ranks).
-  std::int64_t kv_length(int slot) const { return ledger_.length(slot); }
+  std::int64_t kv_length(int slot) const { return requests_.length(slot); }
   // The kv rows of slot j this rank's cache holds (kv_length(j) without CP).
   std::int64_t kv_held(int slot) const {
     return with_cache([&](const auto& cache) { return cache.length(0, slot); });
@@ -560,7 +561,21 @@ class DistributedModel {
   }
   CpAttention<C, float, ExecSpace> attn_{groups_, &traffic_};
   CpAttention<C, relayout::bf16, ExecSpace> attn16_{groups_, &traffic_};  // bf16_rows()
-  CpKvLedger ledger_{0, 1, 0};                       // the positions of each slot cached here (reserve_kv)
+  // The table's store: the cache reserve_kv made (heap objects, stable while the model lives).
+  struct KvHook {
+    Cache* f32 = nullptr;
+    CacheBf16* b16 = nullptr;
+    ExecSpace exec{};
+    template <class F>
+    void each(F&& f) const {
+      if (f32) f(*f32);
+      if (b16) f(*b16);
+    }
+    void on_admit(int slot, std::int64_t) const { each([&](auto& c) { c.release(exec, slot); }); }
+    void on_release(int slot) const { each([&](auto& c) { c.release(exec, slot); }); }
+    void on_truncate(int slot, std::int64_t rows) const { each([&](auto& c) { c.truncate(exec, slot, rows); }); }
+  };
+  RequestTable<KvHook> requests_{0, 1, 0, KvHook{}};  // request j of the group in slot j (reserve_kv)
   PrefillKeys<typename ExecSpace::memory_space> keys_;  // this prefill's keys
   ExtendPlan step_;                                   // this forward's new rows (the prefill's: to cache)
   ExtendRows<typename ExecSpace::memory_space> rows_;  // decode / extend: the rows attended here
