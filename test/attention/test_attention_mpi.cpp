@@ -1,8 +1,9 @@
 // CpAttention on real MPI ranks against plain single-rank loops written here: the prefill's KV
 // all-gather and attention under both CP token splits, decode and extend rows under attn_cp
-// (query all-gather, partials, merge) through the paged cache, requests joining mid-run and
-// leaving, a speculative rollback, the attention-TP all-reduce as the typed transition, the
-// prefill with an engine's own kernel, and the one-rank attention_extend over the paged cache.
+// (query all-gather, partials, merge) through the paged cache kept by a RequestTable, requests
+// joining mid-run and leaving, a reused slot against a fresh run, a speculative rollback, the
+// attention-TP all-reduce as the typed transition, the prefill with an engine's own kernel, and
+// the one-rank attention_extend over the paged cache.
 // At np 2 the layout is tp 2, cp 2 (attn_tp 1); at np 4 tp 4, cp 2 (attn_tp 2, heads split);
 // every rank count also runs DP attention without CP. Float and double.
 #include <doctest/doctest.h>
