@@ -34,9 +34,7 @@ namespace relayout {
 // One slot's weights to copy: logical expert `logical`, held before the move by local slot
 // src_slot of member src_rank, goes to local slot dst_slot of member dst_rank.
 struct ExpertMove {
-  int logical = 0;
-  int src_rank = 0, src_slot = 0;
-  int dst_rank = 0, dst_slot = 0;
+  int logical = 0, src_rank = 0, src_slot = 0, dst_rank = 0, dst_slot = 0;
   bool local() const { return src_rank == dst_rank; }  // a copy within one member, no communication
   friend bool operator==(const ExpertMove&, const ExpertMove&) = default;
 };
@@ -68,9 +66,7 @@ class ExpertMovePlan {
     return out;
   }
   // Slots that cross between members (local copies excluded).
-  int remote() const {
-    return static_cast<int>(std::count_if(moves_.begin(), moves_.end(), [](const ExpertMove& m) { return !m.local(); }));
-  }
+  int remote() const { return static_cast<int>(std::ranges::count_if(moves_, [](const ExpertMove& m) { return !m.local(); })); }
   // The most slots one member sends or receives: times the bytes of a slot (expert_slot_bytes),
   // what the busiest member's link carries in one direction.
   int busiest() const {
@@ -81,9 +77,7 @@ class ExpertMovePlan {
   // A 64-bit digest of the plan: equal plans give equal digests on every machine.
   std::uint64_t fingerprint() const {
     std::uint64_t h = 0xcbf29ce484222325ull;
-    const auto mix = [&h](int v) {
-      for (int i = 0; i < 4; ++i) h = (h ^ ((static_cast<std::uint32_t>(v) >> (8 * i)) & 0xffu)) * 0x100000001b3ull;
-    };
+    const auto mix = [&h](int v) { h = (h ^ static_cast<std::uint32_t>(v)) * 0x100000001b3ull; };
     for (int v : {routed_, ep_, per_rank_, static_cast<int>(moves_.size())}) mix(v);
     for (const ExpertMove& m : moves_)
       for (int v : {m.logical, m.src_rank, m.src_slot, m.dst_rank, m.dst_slot}) mix(v);
@@ -92,12 +86,10 @@ class ExpertMovePlan {
   // "5 slots change (3 between members, 2 local copies; busiest member 2 slots = 4096 bytes): member 0
   // sends 1, receives 2, copies 0 | ..." (the bytes only when slot_bytes > 0).
   std::string describe(std::int64_t slot_bytes = 0) const {
-    const int r = remote();
+    const int r = remote(), b = busiest();
     std::string out = std::to_string(moves_.size()) + " slots change (" + std::to_string(r) + " between members, " +
                       std::to_string(static_cast<int>(moves_.size()) - r) + " local copies; busiest member " +
-                      std::to_string(busiest()) + " slots";
-    if (slot_bytes > 0) out += " = " + std::to_string(busiest() * slot_bytes) + " bytes";
-    out += ")";
+                      std::to_string(b) + " slots" + (slot_bytes > 0 ? " = " + std::to_string(b * slot_bytes) + " bytes)" : ")");
     const auto pm = per_member();
     for (std::size_t m = 0; m < pm.size(); ++m)
       out += (m ? " | member " : ": member ") + std::to_string(m) + " sends " + std::to_string(pm[m].sent) +
@@ -109,7 +101,6 @@ class ExpertMovePlan {
   friend ExpertMovePlan expert_moves(const ExpertLocation& from, const ExpertLocation& to);
   ExpertMovePlan(int routed, int ep, int per_rank, std::vector<ExpertMove> moves)
       : routed_(routed), ep_(ep), per_rank_(per_rank), moves_(std::move(moves)) {}
-
   int routed_ = 0, ep_ = 1, per_rank_ = 0;
   std::vector<ExpertMove> moves_;
 };
@@ -135,72 +126,21 @@ concept ExpertTensorView = Kokkos::is_view<std::remove_cvref_t<V>>::value && std
                            std::same_as<typename std::remove_cvref_t<V>::value_type, T> &&
                            bool(Kokkos::SpaceAccessibility<Space, typename std::remove_cvref_t<V>::memory_space>::accessible);
 
-}  // namespace impl
-
-// The moves that turn the weights laid out by `from` into those laid out by `to`. Pure host code;
-// both maps must have the same routed experts, physical slots and moe_ep (a LayoutError otherwise).
-inline ExpertMovePlan expert_moves(const ExpertLocation& from, const ExpertLocation& to) {
-  if (from.routed() != to.routed() || from.ep() != to.ep() || from.physical() != to.physical()) {
-    const auto shape = [](const ExpertLocation& l) {
-      return std::to_string(l.routed()) + " routed experts onto " + std::to_string(l.physical()) +
-             " physical slots over moe_ep = " + std::to_string(l.ep());
-    };
-    throw LayoutError("expert_location", "expert_moves: `from` maps " + shape(from) + ", `to` maps " + shape(to) +
-                                             "; a rebalance keeps the routed experts, the physical slots and moe_ep "
-                                             "(only the logical expert each slot holds changes)");
-  }
-  const int per = from.per_rank();
-  std::vector<int> sent(static_cast<std::size_t>(from.ep()), 0);
-  std::vector<ExpertMove> moves;
-  for (int p = 0; p < to.physical(); ++p) {
-    const int l = to.logical_of(p);
-    if (from.logical_of(p) == l) continue;
-    const int dst = to.rank_of(p), q = impl::move_source(from, l, dst, sent), src = from.rank_of(q);
-    if (src != dst) ++sent[static_cast<std::size_t>(src)];
-    moves.push_back(ExpertMove{l, src, q - src * per, dst, p - dst * per});
-  }
-  return ExpertMovePlan(from.routed(), from.ep(), per, std::move(moves));
-}
-
-// An engine's expert weights on one moe_ep member, for execution space Space: slots() local slots
-// (the map's per_rank), each made of tensors() contiguous 1-D Views tensor(slot, t) of one element
-// type, value_type; tensor t has the same extent in every slot. The engine owns the memory (an
-// unmanaged View over it is fine); move_expert_weights writes only into receiving slots.
-template <class W, class Space>
-concept ExpertWeightsFor = Kokkos::is_execution_space<Space>::value && CommScalar<typename W::value_type> &&
-                           requires(const W& w, int slot, int t) {
-                             { w.slots() } -> std::convertible_to<int>;
-                             { w.tensors() } -> std::convertible_to<int>;
-                             { w.tensor(slot, t) } -> impl::ExpertTensorView<typename W::value_type, Space>;
-                           };
-
-// Bytes of one slot's weights (every tensor of slot 0): times MemberMoves counts, what a plan costs.
-template <class W>
-std::int64_t expert_slot_bytes(const W& w) {
-  std::int64_t n = 0;
-  if (w.slots() > 0)
-    for (int t = 0; t < w.tensors(); ++t) n += static_cast<std::int64_t>(w.tensor(0, t).extent(0));
-  return n * static_cast<std::int64_t>(sizeof(typename W::value_type));
-}
-
-namespace impl {
-
 // What each member says about its arguments before any weights move, all_gather-ed as int64
 // words: the plan's fingerprint, the element type's name, the tensors per slot and their extents,
 // then its own problem with them (text; empty when fine).
 struct MoveRecord {
-  static constexpr int kMaxTensors = 16, kProblemWords = 32;
-  static constexpr int plan = 0, dtype = 1, tensors = 2, extents = 3, problem = extents + kMaxTensors;
-  static constexpr int kWords = problem + kProblemWords;
+  static constexpr int kMaxTensors = 16, kProblemWords = 32, plan = 0, dtype = 1, tensors = 2, extents = 3;
+  static constexpr int problem = extents + kMaxTensors, kWords = problem + kProblemWords;
 };
 
-inline std::string record_text(const std::int64_t* words, int n) {
-  const std::string s(reinterpret_cast<const char*>(words), static_cast<std::size_t>(n) * 8);
-  return s.substr(0, s.find('\0'));
+inline std::string record_text(const std::int64_t* words, int n) {  // up to the first '\0'
+  const std::string_view v(reinterpret_cast<const char*>(words), static_cast<std::size_t>(n) * 8);
+  return std::string(v.substr(0, v.find('\0')));
 }
 
 // This member's own problem with its arguments ("" when none): plan and group sizes, slot count,
-// tensors per slot, contiguity, each slot's extents against slot 0's, the elements of a slot.
+// tensors per slot, contiguity, each slot's extents against slot 0's.
 template <class C, class W>
 std::string local_move_problem(const C& comm, const ExpertMovePlan& plan, const W& w) {
   if (plan.ep() != comm.size())
@@ -212,10 +152,8 @@ std::string local_move_problem(const C& comm, const ExpertMovePlan& plan, const 
   if (w.tensors() < 1 || w.tensors() > MoveRecord::kMaxTensors)
     return "the weights have " + std::to_string(w.tensors()) + " tensors per slot; 1 to " +
            std::to_string(MoveRecord::kMaxTensors) + " are supported";
-  std::int64_t elements = 0;
   for (int t = 0; t < w.tensors(); ++t) {
     const auto n0 = w.tensor(0, t).extent(0);
-    elements += static_cast<std::int64_t>(n0);
     for (int s = 0; s < w.slots(); ++s) {
       const auto v = w.tensor(s, t);
       if (!v.span_is_contiguous())
@@ -225,9 +163,6 @@ std::string local_move_problem(const C& comm, const ExpertMovePlan& plan, const 
                " elements, slot 0's has " + std::to_string(n0) + " (every slot's tensor t has the same extent)";
     }
   }
-  if (elements > INT_MAX)
-    return "a slot holds " + std::to_string(elements) + " elements, more than one message carries (" +
-           std::to_string(INT_MAX) + ")";
   return {};
 }
 
@@ -302,47 +237,63 @@ std::int64_t agree_on_moves(const E& exec, const C& comm, const ExpertMovePlan& 
   return std::accumulate(mine.begin() + MoveRecord::extents, mine.begin() + MoveRecord::problem, std::int64_t(0));
 }
 
-// This member's moves of one role laid out in a staging buffer: round r carries, to (or from) each
-// peer in rank order, that pair's moves [r * per_round, (r + 1) * per_round) in plan order, so both
-// ends of a pair place each slot alike. Local copies are one round with this member as the peer.
+// This member's moves of one role laid out in a staging buffer, S elements per slot: peer by peer
+// in rank order, each pair's moves in plan order, so both ends of a pair place each slot alike
+// (local copies: this member is the peer).
 enum class MoveRole { send, receive, local };
 struct MoveSide {
-  std::vector<std::pair<std::size_t, std::int64_t>> at;  // (index in plan.moves(), slot position)
-  std::vector<std::vector<int>> counts;                  // per round, per peer: slots
-  std::vector<std::int64_t> base{0};                     // per round: first slot position; back(): total
+  std::vector<std::pair<std::size_t, std::int64_t>> at;  // (index in plan.moves(), first element)
+  std::vector<std::int64_t> first, count;                // per peer: first element, elements
+  std::int64_t total() const { return first.back() + count.back(); }
 };
 
-inline MoveSide move_side(const ExpertMovePlan& plan, int me, MoveRole role, int rounds, std::int64_t per_round) {
-  std::vector<std::vector<std::size_t>> by_peer(static_cast<std::size_t>(plan.ep()));
+inline MoveSide move_side(const ExpertMovePlan& plan, int me, MoveRole role, std::int64_t S) {
+  const auto ep = static_cast<std::size_t>(plan.ep());
+  MoveSide s{{}, std::vector<std::int64_t>(ep, 0), std::vector<std::int64_t>(ep, 0)};
+  std::vector<std::vector<std::size_t>> by_peer(ep);
   for (std::size_t i = 0; i < plan.moves().size(); ++i) {
     const ExpertMove& m = plan.moves()[i];
     const int mine = role == MoveRole::send ? m.src_rank : m.dst_rank, peer = role == MoveRole::send ? m.dst_rank : m.src_rank;
     if (mine == me && m.local() == (role == MoveRole::local)) by_peer[static_cast<std::size_t>(peer)].push_back(i);
   }
-  MoveSide s;
-  for (std::int64_t r = 0; r < rounds; ++r) {
-    std::int64_t pos = s.base.back();
-    std::vector<int> c(by_peer.size(), 0);
-    for (std::size_t j = 0; j < by_peer.size(); ++j)
-      for (std::int64_t n = r * per_round; n < static_cast<std::int64_t>(by_peer[j].size()) && n - r * per_round < per_round; ++n) {
-        s.at.emplace_back(by_peer[j][static_cast<std::size_t>(n)], pos++);
-        ++c[j];
-      }
-    s.counts.push_back(std::move(c));
-    s.base.push_back(pos);
+  std::int64_t pos = 0;
+  for (std::size_t j = 0; j < ep; ++j) {
+    s.first[j] = pos;
+    for (std::size_t i : by_peer[j]) s.at.emplace_back(i, std::exchange(pos, pos + S));
+    s.count[j] = pos - s.first[j];
   }
   return s;
 }
 
-// Rounds every member makes (the same on all: from the plan): each message of a round holds at most
-// per_round slots, so its element count fits an int.
-inline int move_rounds(const ExpertMovePlan& plan, std::int64_t per_round) {
-  const auto ep = static_cast<std::size_t>(plan.ep());
-  std::vector<std::int64_t> pair(ep * ep, 0);
-  std::int64_t most = 0;
-  for (const ExpertMove& m : plan.moves())
-    if (!m.local()) most = std::max(most, ++pair[static_cast<std::size_t>(m.src_rank) * ep + static_cast<std::size_t>(m.dst_rank)]);
-  return static_cast<int>((most + per_round - 1) / per_round);
+// The exchange of the packed slots, collective over comm: one all_to_allv when no member sends or
+// receives more than `limit` elements in all (the collectives count and place elements with ints),
+// else shift by shift (member i sends to i + d) in pieces of at most `limit` elements. Every member
+// takes the same steps: they follow from the plan.
+template <class E, class C, class Buf>
+void exchange_moves(const E& exec, const C& comm, const ExpertMovePlan& plan, std::int64_t S, std::int64_t limit,
+                    const MoveSide& out, const MoveSide& in, const Buf& send, const Buf& recv, std::source_location site) {
+  const auto ep = static_cast<std::size_t>(plan.ep()), me = static_cast<std::size_t>(comm.rank());
+  std::vector<std::int64_t> pair(ep * ep, 0), sent(ep, 0), received(ep, 0);
+  for (const ExpertMove& m : plan.moves()) {
+    const auto i = static_cast<std::size_t>(m.src_rank), j = static_cast<std::size_t>(m.dst_rank);
+    if (!m.local()) pair[i * ep + j] += S, sent[i] += S, received[j] += S;
+  }
+  const std::int64_t most = std::max(std::ranges::max(sent), std::ranges::max(received));
+  if (most == 0) return;  // nothing crosses between members
+  if (most <= limit) return all_to_allv(exec, comm, send, out.count, recv, in.count, site);
+  for (std::size_t d = 1; d < ep; ++d) {
+    std::int64_t pieces = 0;
+    for (std::size_t i = 0; i < ep; ++i) pieces = std::max(pieces, (pair[i * ep + (i + d) % ep] + limit - 1) / limit);
+    const std::size_t to = (me + d) % ep, from = (me + ep - d) % ep;
+    for (std::int64_t c = 0; c < pieces; ++c) {
+      std::vector<std::int64_t> sc(ep, 0), rc(ep, 0);
+      sc[to] = std::clamp<std::int64_t>(out.count[to] - c * limit, 0, limit);
+      rc[from] = std::clamp<std::int64_t>(in.count[from] - c * limit, 0, limit);
+      const std::int64_t s0 = out.first[to] + c * limit, r0 = in.first[from] + c * limit;
+      all_to_allv(exec, comm, Kokkos::subview(send, Kokkos::make_pair(s0, s0 + sc[to])), sc,
+                  Kokkos::subview(recv, Kokkos::make_pair(r0, r0 + rc[from])), rc, site);
+    }
+  }
 }
 
 // Copies slot `slot`'s tensors to (out = true) or from a staging buffer at element offset `at`, on exec.
@@ -358,61 +309,91 @@ void copy_slot(const E& exec, const W& w, int slot, const Buf& buf, std::int64_t
   }
 }
 
-// The moves of an agreed plan, S elements per slot, at most per_round slots per message: every
-// outgoing and locally copied slot is packed into staging buffers on exec before any slot is
-// written, then the rounds of all_to_allv, then the receiving slots are written. Fences exec.
+// The moves of an agreed plan, S elements per slot, in messages of at most `limit` elements: every
+// slot sent or copied is packed into staging buffers on exec before any slot is written (the
+// exchange fences exec before reading them), then the receiving slots are written. Fences exec.
 template <class E, class C, class W>
 void carry_out_moves(const E& exec, const C& comm, const ExpertMovePlan& plan, const W& weights, std::int64_t S,
-                     std::int64_t per_round, std::source_location site) {
-  using T = typename W::value_type;
-  using Buf = Kokkos::View<T*, typename E::memory_space>;
+                     std::int64_t limit, std::source_location site) {
+  using Buf = Kokkos::View<typename W::value_type*, typename E::memory_space>;
   const int me = comm.rank();
-  const int rounds = move_rounds(plan, per_round);
-  const MoveSide out = move_side(plan, me, MoveRole::send, rounds, per_round);
-  const MoveSide in = move_side(plan, me, MoveRole::receive, rounds, per_round);
-  const MoveSide local = move_side(plan, me, MoveRole::local, 1, plan.per_rank());
+  const MoveSide out = move_side(plan, me, MoveRole::send, S), in = move_side(plan, me, MoveRole::receive, S);
+  const MoveSide local = move_side(plan, me, MoveRole::local, S);
   const auto alloc = [&](const char* label, const MoveSide& side) {
-    return Buf(Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, std::string(label)),
-               static_cast<std::size_t>(side.base.back() * S));
+    return Buf(Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(side.total()));
   };
   const Buf send = alloc("relayout::expert_moves.send", out), recv = alloc("relayout::expert_moves.recv", in);
   const Buf copies = alloc("relayout::expert_moves.local", local);
-  for (const auto& [i, pos] : out.at) copy_slot(exec, weights, plan.moves()[i].src_slot, send, pos * S, true);
-  for (const auto& [i, pos] : local.at) copy_slot(exec, weights, plan.moves()[i].src_slot, copies, pos * S, true);
-  for (int r = 0; r < rounds; ++r) {
-    const auto elems = [S](std::vector<int> c) {
-      for (int& v : c) v = static_cast<int>(v * S);
-      return c;
-    };
-    const auto range = [&](const MoveSide& s) {
-      return Kokkos::make_pair(s.base[static_cast<std::size_t>(r)] * S, s.base[static_cast<std::size_t>(r) + 1] * S);
-    };
-    all_to_allv(exec, comm, Kokkos::subview(send, range(out)), elems(out.counts[static_cast<std::size_t>(r)]),
-                Kokkos::subview(recv, range(in)), elems(in.counts[static_cast<std::size_t>(r)]), site);
-  }
-  for (const auto& [i, pos] : in.at) copy_slot(exec, weights, plan.moves()[i].dst_slot, recv, pos * S, false);
-  for (const auto& [i, pos] : local.at) copy_slot(exec, weights, plan.moves()[i].dst_slot, copies, pos * S, false);
+  for (const auto& [i, at] : out.at) copy_slot(exec, weights, plan.moves()[i].src_slot, send, at, true);
+  for (const auto& [i, at] : local.at) copy_slot(exec, weights, plan.moves()[i].src_slot, copies, at, true);
+  exchange_moves(exec, comm, plan, S, limit, out, in, send, recv, site);
+  for (const auto& [i, at] : in.at) copy_slot(exec, weights, plan.moves()[i].dst_slot, recv, at, false);
+  for (const auto& [i, at] : local.at) copy_slot(exec, weights, plan.moves()[i].dst_slot, copies, at, false);
   exec.fence();  // the staging buffers end with this call
 }
 
 }  // namespace impl
 
-// Carries out `plan` on this member's weights. Collective over comm, the moe_ep group (member r of
-// comm is member r of the plan's maps): every member calls it, with nothing to move too. First the
-// members agree on their arguments (one all_gather): a problem on any member (slot count, shapes,
-// element type, another plan) is the same LayoutError on every member and nothing is written. Then
-// every slot a member sends or copies is packed into staging buffers (allocated here in exec's
-// memory: the slots it sends, receives and copies locally) before any slot is overwritten, so swaps
-// and cycles are safe; the sends go by all_to_allv on exec (in rounds when a message would exceed
-// an int count), local copies without communication, and only receiving slots are written.
-// Preconditions: work on the weights is finished or ordered on exec. Returns with exec fenced.
+// The moves that turn the weights laid out by `from` into those laid out by `to`. Pure host code;
+// both maps must have the same routed experts, physical slots and moe_ep (a LayoutError otherwise).
+inline ExpertMovePlan expert_moves(const ExpertLocation& from, const ExpertLocation& to) {
+  if (from.routed() != to.routed() || from.ep() != to.ep() || from.physical() != to.physical()) {
+    const auto shape = [](const ExpertLocation& l) {
+      return std::to_string(l.routed()) + " routed experts onto " + std::to_string(l.physical()) +
+             " physical slots over moe_ep = " + std::to_string(l.ep());
+    };
+    throw LayoutError("expert_location", "expert_moves: `from` maps " + shape(from) + ", `to` maps " + shape(to) +
+                                             "; a rebalance keeps the routed experts, the physical slots and moe_ep "
+                                             "(only the logical expert each slot holds changes)");
+  }
+  const int per = from.per_rank();
+  std::vector<int> sent(static_cast<std::size_t>(from.ep()), 0);
+  std::vector<ExpertMove> moves;
+  for (int p = 0; p < to.physical(); ++p) {
+    const int l = to.logical_of(p);
+    if (from.logical_of(p) == l) continue;
+    const int dst = to.rank_of(p), q = impl::move_source(from, l, dst, sent), src = from.rank_of(q);
+    if (src != dst) ++sent[static_cast<std::size_t>(src)];
+    moves.push_back(ExpertMove{l, src, q - src * per, dst, p - dst * per});
+  }
+  return ExpertMovePlan(from.routed(), from.ep(), per, std::move(moves));
+}
+
+// An engine's expert weights on one moe_ep member, for execution space Space: slots() local slots
+// (the map's per_rank), each made of tensors() contiguous 1-D Views tensor(slot, t) of one element
+// type, value_type; tensor t has the same extent in every slot. The engine owns the memory (an
+// unmanaged View over it is fine); move_expert_weights writes only into receiving slots.
+template <class W, class Space>
+concept ExpertWeightsFor = Kokkos::is_execution_space<Space>::value && CommScalar<typename W::value_type> &&
+                           requires(const W& w, int slot, int t) {
+                             { w.slots() } -> std::convertible_to<int>;
+                             { w.tensors() } -> std::convertible_to<int>;
+                             { w.tensor(slot, t) } -> impl::ExpertTensorView<typename W::value_type, Space>;
+                           };
+
+// Bytes of one slot's weights (every tensor of slot 0): times MemberMoves counts, what a plan costs.
+template <class W>
+std::int64_t expert_slot_bytes(const W& w) {
+  std::int64_t n = 0;
+  for (int t = 0; w.slots() > 0 && t < w.tensors(); ++t) n += static_cast<std::int64_t>(w.tensor(0, t).extent(0));
+  return n * static_cast<std::int64_t>(sizeof(typename W::value_type));
+}
+
+// Carries out `plan` on this member's weights; collective over comm, the moe_ep group (member r of
+// comm is member r of the maps), called by every member, with nothing to move too. The members
+// first agree on their arguments (one all_gather): a problem on any member (slot count, shapes,
+// element type, another plan) is the same LayoutError on every member, and nothing is written.
+// Every slot sent or copied is packed into staging buffers allocated in exec's memory before any
+// slot is written, so swaps and cycles are safe; sends go by all_to_allv on exec (peer by peer, in
+// pieces, past an int count), local copies without communication. Only receiving slots are written.
+// Precondition: work on the weights is finished or ordered on exec. Returns with exec fenced.
 template <ExecutionSpaceInstance E, Communicator C, class W>
   requires ExpertWeightsFor<W, E>
 void move_expert_weights(const E& exec, const C& comm, const ExpertMovePlan& plan, const W& weights,
                          std::source_location site = std::source_location::current()) {
   const std::int64_t S = impl::agree_on_moves(exec, comm, plan, weights, site);
   if (plan.empty() || S == 0) return;
-  impl::carry_out_moves(exec, comm, plan, weights, S, std::max<std::int64_t>(1, INT_MAX / S), site);
+  impl::carry_out_moves(exec, comm, plan, weights, S, INT_MAX, site);
 }
 
 }  // namespace relayout
