@@ -254,3 +254,25 @@ TEST_CASE("move_expert_weights: one member's mistake is the same error on every 
   move_expert_weights(exec, comm, plan, w);
   CHECK(wrong_slots(w, maps[1], me) == 0);
 }
+
+TEST_CASE("move_expert_weights: a member whose weights have another element type is named on every member") {
+  const auto& comm = world();
+  const Space exec;
+  const int ep = comm.size(), me = comm.rank(), bad = ep - 1;
+  if (ep < 2) return;
+  const auto maps = chain(ep);
+  const auto plan = expert_moves(maps[0], maps[1]);
+  const auto doubles = double_weights(maps[0], me, {5, 3});
+  const auto halves = bf16_weights(maps[0], me, {5, 3});
+  const auto here = std::source_location::current();
+  const std::string want = "move_expert_weights (called at placement/test_expert_moves_mpi.cpp:" +
+                           std::to_string(here.line()) + "): members [" + std::to_string(bad) +
+                           "] describe a slot as 2 tensors of [5 3] double elements, member 0 as 2 tensors of [5 3] "
+                           "bf16 elements (every member's slots have the same tensors); no member moved any weights";
+  if (me == bad)
+    CHECK_THROWS_WITH_AS(move_expert_weights(exec, comm, plan, doubles, here), want.c_str(), LayoutError);
+  else
+    CHECK_THROWS_WITH_AS(move_expert_weights(exec, comm, plan, halves, here), want.c_str(), LayoutError);
+  CHECK(wrong_slots(doubles, maps[0], me) == 0);
+  CHECK(wrong_slots(halves, maps[0], me) == 0);
+}
