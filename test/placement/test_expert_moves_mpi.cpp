@@ -2,9 +2,10 @@
 // element, in bf16 (a table of Views) and double (unmanaged Views over one engine allocation),
 // follow a chain of maps (static -> rebalanced for a skewed load -> rotated across members ->
 // reversed -> static), and after each move every slot of every member holds its new logical
-// expert's weights, checked against the formula. Members with nothing to move still take part;
-// a member whose weights or plan differ makes every member throw the same error, nothing is
-// written, and the group stays usable.
+// expert's weights, checked against the formula; the same with messages cut peer by peer into
+// pieces of a few elements. Members with nothing to move still take part; a member whose weights
+// (shape, one slot, element type) or plan differ makes every member throw the same error, nothing
+// is written, and the group stays usable.
 #include <doctest/doctest.h>
 #include <mpi.h>
 
