@@ -12,13 +12,14 @@
 // MPI forbids for collectives anyway). A private duplicate was the alternative; it would make
 // adopt() collective, which an engine calling world() on some ranks only cannot afford.
 //
-// Deadline. With RELAYOUT_COLLECTIVE_TIMEOUT=0 each collective is the blocking MPI call. With a
-// deadline (the default, kDefaultCollectiveTimeout, or the variable's value) the collective is the
-// nonblocking call (MPI_Iallreduce, ...) tested until it completes or the
-// deadline passes: a member that stopped inside the collective (after the arrival check) then does
-// not hang the others; the first member whose deadline passes asks the others which of them are
-// still waiting, prints the communicator, the call site and the members not heard from, and aborts
-// the job (exit code 3).
+// Deadline (agreement.hpp: on by default, RELAYOUT_COLLECTIVE_TIMEOUT=0 turns it off). With the
+// agreement check on, each collective is the nonblocking call (MPI_Iallreduce, ...) tested until it
+// completes or the deadline passes: a member that stopped inside the collective (after the arrival
+// check) then does not hang the others; the first member whose deadline passes asks the others
+// which of them are still waiting, prints the communicator, the call site and the members not
+// heard from, and aborts the job (exit code 3). With the check off (a Release build's default) the
+// collective stays the blocking call, at its speed, and a watch thread (impl/watchdog.hpp) aborts
+// the job past the deadline naming the call site, not the member. Without a deadline: blocking.
 //
 // Nonblocking forms (start_all_to_all, start_all_to_allv; the free all_to_all_start and
 // all_to_allv_start in all_to_all.hpp / all_to_allv.hpp): always the nonblocking MPI call, returned
@@ -41,6 +42,7 @@
 #include "relayout/comm/agreement.hpp"
 #include "relayout/comm/impl/mpi_agreement.hpp"
 #include "relayout/comm/impl/mpi_types.hpp"
+#include "relayout/comm/impl/watchdog.hpp"
 #include "relayout/comm/request.hpp"
 #include "relayout/comm/scalar.hpp"
 
@@ -115,7 +117,7 @@ class MpiCommunicator {
     MPI_Comm out = MPI_COMM_NULL;
     {
       const ErrorsReturn scope(*this);
-      arrive(CollectiveKind::comm_dup, site);
+      agree(CollectiveCall{.kind = CollectiveKind::comm_dup, .site = site});
       const double timeout_s = agreement_settings().timeout_s;
       if (timeout_s <= 0 || size_ == 1) {
         RELAYOUT_MPI_CHECK(MPI_Comm_dup(comm_, &out));
@@ -132,14 +134,15 @@ class MpiCommunicator {
   }
   // Collective over this communicator: ranks with the same color form one new communicator,
   // ordered by key (then by rank here). MPI has no nonblocking split: the arrival check names a
-  // member that never comes, and a watch thread (impl::BlockingWatch) ends the job when the split
+  // member that never comes, and the watch thread (impl/watchdog.hpp) ends the job when the split
   // itself outlives the deadline.
   MpiCommunicator split(int color, int key, std::source_location site = std::source_location::current()) const {
     MPI_Comm out = MPI_COMM_NULL;
     {
       const ErrorsReturn scope(*this);
-      arrive(CollectiveKind::comm_split, site);
-      const impl::BlockingWatch watch = watch_blocking("MPI_Comm_split", CollectiveKind::comm_split, site);
+      const CollectiveCall what{.kind = CollectiveKind::comm_split, .site = site};
+      agree(what);
+      const impl::WatchScope watch(watched_after_arrival("MPI_Comm_split", what), watch_limit());
       RELAYOUT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &out));
     }
     return MpiCommunicator(out, true).with_agreement_channel();
@@ -149,8 +152,9 @@ class MpiCommunicator {
     MPI_Comm out = MPI_COMM_NULL;
     {
       const ErrorsReturn scope(*this);
-      arrive(CollectiveKind::comm_split_shared, site);
-      const impl::BlockingWatch watch = watch_blocking("MPI_Comm_split_type", CollectiveKind::comm_split_shared, site);
+      const CollectiveCall what{.kind = CollectiveKind::comm_split_shared, .site = site};
+      agree(what);
+      const impl::WatchScope watch(watched_after_arrival("MPI_Comm_split_type", what), watch_limit());
       RELAYOUT_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &out));
     }
     return MpiCommunicator(out, true).with_agreement_channel();
@@ -289,15 +293,23 @@ class MpiCommunicator {
     }
   }
 
-  // One collective: the blocking call, or with a deadline the nonblocking one tested until it
-  // completes or the deadline passes. `text`/`itext` are the calls as written, for CommError.
+  // One collective: the blocking call (no deadline; or with the check off, under the process's
+  // watch), or with the check and a deadline the nonblocking one tested until it completes or the
+  // deadline passes. `text`/`itext` are the calls as written, for CommError.
   template <class Blocking, class Nonblocking>
   void collective(const char* text, const char* iname, const char* itext, int line, Blocking&& blocking,
                   Nonblocking&& nonblocking) const {
     const ErrorsReturn scope(*this);
-    const double timeout_s = agreement_settings().timeout_s;
+    const AgreementSettings& s = agreement_settings();
+    const double timeout_s = s.timeout_s;
     const impl::Signature* call = agreement_ ? agreement_->take_pending() : nullptr;
+    const std::uint64_t noted = agreement_ ? agreement_->take_noted() : 0;
     if (timeout_s <= 0 || size_ == 1) {
+      impl::mpi_check(blocking(), text, __FILE__, line);
+      return;
+    }
+    if (!s.check) {
+      const impl::WatchScope watch(watched(text, noted ? &agreement_->noted() : nullptr, noted, false), timeout_s);
       impl::mpi_check(blocking(), text, __FILE__, line);
       return;
     }
@@ -346,6 +358,7 @@ class MpiCommunicator {
   template <class Nonblocking>
   CollectiveRequest start(const char* iname, const char* itext, int line, Nonblocking&& nonblocking) const {
     const ErrorsReturn scope(*this);
+    if (agreement_) agreement_->take_noted();  // a started call is waited for, not watched
     auto pending = std::make_unique<MpiPending>(*this, iname, itext, line, agreement_ ? agreement_->take_pending() : nullptr);
     impl::mpi_check(nonblocking(&pending->request), itext, __FILE__, line);
     return CollectiveRequest(std::move(pending));
@@ -363,10 +376,7 @@ class MpiCommunicator {
       waiting = agreement_->ask_who_is_waiting(rank_, size_, call->seq, impl::inquiry_window(timeout_s), silent);
     if (!silent.empty() || !waiting.empty()) {
       waiting.insert(std::lower_bound(waiting.begin(), waiting.end(), rank_), rank_);
-      // Only the check's exchange knows that every member arrived; without it a member not
-      // heard from may never have come.
-      msg += std::string(agreement_settings().check ? "; every member had arrived at the call" : "") +
-             "; still waiting inside it: " + g.members(waiting) +
+      msg += "; every member had arrived at the call; still waiting inside it: " + g.members(waiting) +
              "; not heard from (stopped or stuck, or already past this call): " + g.members(silent);
     } else {
       msg += "; which member is holding it up is not known";
@@ -376,25 +386,16 @@ class MpiCommunicator {
   static bool makes_communicator(CollectiveKind k) {
     return k == CollectiveKind::comm_dup || k == CollectiveKind::comm_split || k == CollectiveKind::comm_split_shared;
   }
-  // The arrival check of a call that makes a communicator (see agree()).
-  void arrive(CollectiveKind kind, std::source_location site) const {
-    agree(CollectiveCall{.kind = kind, .site = site});
+  // What the watch thread reports for a blocking call (watchdog.hpp).
+  impl::WatchedCall watched(const char* mpi_call, const CollectiveCall* call, std::uint64_t seq, bool arrived) const {
+    return impl::WatchedCall{call, seq, mpi_call, comm_, &name_, rank_, size_, arrived};
   }
-  // The watch over a blocking call that makes a communicator (none without a deadline).
-  impl::BlockingWatch watch_blocking(const char* call, CollectiveKind kind, std::source_location site) const {
-    const double timeout_s = agreement_settings().timeout_s;
-    if (timeout_s <= 0 || size_ == 1) return impl::BlockingWatch(impl::kForever, {});
-    const impl::Signature* arrived = agreement_ ? agreement_->take_pending() : nullptr;  // the arrival check's
-    const impl::Signature sig = arrived ? *arrived : impl::make_signature(CollectiveCall{.kind = kind, .site = site}, 0);
-    return impl::BlockingWatch(
-        timeout_s + impl::inquiry_window(timeout_s),
-        "relayout watchdog: member " + std::to_string(rank_) + " of " +
-            impl::MpiAgreement::group_text(comm_, name()).header(static_cast<std::size_t>(size_)) + " waited " +
-            impl::seconds_text(timeout_s) + " s (RELAYOUT_COLLECTIVE_TIMEOUT) inside " + call + " at " +
-            impl::describe(sig) +
-            "; every member had arrived at the call (MPI has no nonblocking form of it: which member is holding it "
-            "up is not known). Aborting the job.");
+  // A call that makes a communicator, after agree() passed its arrival check (when one ran).
+  impl::WatchedCall watched_after_arrival(const char* mpi_call, const CollectiveCall& what) const {
+    const impl::Signature* arrived = agreement_ ? agreement_->take_pending() : nullptr;
+    return watched(mpi_call, &what, arrived ? arrived->seq : 0, arrived != nullptr);
   }
+  double watch_limit() const { return size_ == 1 ? 0 : agreement_settings().timeout_s; }
   // A new communicator's members are all in the call that made it: open the agreement check's
   // channel there (an adopted one opens it at its first checked collective instead).
   MpiCommunicator&& with_agreement_channel() && {

@@ -194,7 +194,7 @@ std::remove_cvref_t<R> dp_reduce_scatter(const ProcessGroupsOf<C>&, const R& x) 
 
 namespace impl {
 template <class Sp>
-MoveCtx<Sp> ctx(const Sp& exec, TrafficLog* log, std::source_location site) {
+MoveCtx<Sp> ctx(const Sp& exec, TrafficLog* log, std::source_location site = std::source_location::current()) {
   return MoveCtx<Sp>{exec, log, site};
 }
 template <class Sp>

@@ -9,12 +9,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <limits>
 #include <cstdio>
-#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "relayout/comm/agreement.hpp"
@@ -93,38 +92,6 @@ inline std::string seconds_text(double s) {
   std::snprintf(buf, sizeof buf, "%g", s);
   return buf;
 }
-
-// For a blocking MPI call with no nonblocking form (MPI_Comm_split): while it lives, a helper
-// thread waits `limit_s` seconds (kForever: no thread); if the call has not returned by then it
-// prints `message` and ends the job (MPI_Abort from that thread, exit code kWatchdogExitCode).
-class BlockingWatch {
- public:
-  BlockingWatch(double limit_s, std::string message) {
-    if (!(limit_s < kForever)) return;
-    thread_ = std::thread([this, limit_s, text = std::move(message)] {
-      std::unique_lock<std::mutex> lock(mutex_);
-      if (!returned_.wait_for(lock, std::chrono::duration<double>(limit_s), [&] { return done_; }))
-        abort_job(text, kWatchdogExitCode);
-    });
-  }
-  BlockingWatch(const BlockingWatch&) = delete;
-  BlockingWatch& operator=(const BlockingWatch&) = delete;
-  ~BlockingWatch() {
-    if (!thread_.joinable()) return;
-    {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      done_ = true;
-    }
-    returned_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable returned_;
-  bool done_ = false;
-  std::thread thread_;
-};
 
 class MpiAgreement {
  public:
@@ -219,12 +186,15 @@ class MpiAgreement {
       throw CollectiveMismatch(v);
   }
 
-  // With the check off but a deadline on: this call is recorded, not exchanged, so the watchdog
-  // inside the collective that follows can name it (members count calls alike, so `seq` agrees).
+  // With the check off but a deadline on: this call is recorded, not exchanged, so the watch
+  // over the collective that follows can name it (watchdog.hpp). Its spans stay the caller's.
   void note(const CollectiveCall& call) {
-    pending_ = make_signature(call, ++seq_);
-    has_pending_ = true;
+    noted_ = call;
+    noted_seq_ = ++seq_;
   }
+  // The call note() recorded and its number, once (0: none, e.g. a direct MpiCommunicator call).
+  const CollectiveCall& noted() const { return noted_; }
+  std::uint64_t take_noted() { return std::exchange(noted_seq_, 0); }
 
   // Makes the private duplicate now: for a communicator just made by a split or dup, whose members
   // are all here, so the watchdog can name missing members from the first call on.
@@ -337,6 +307,8 @@ class MpiAgreement {
   std::uint64_t seq_ = 0;
   Signature pending_;
   bool has_pending_ = false;
+  CollectiveCall noted_{};
+  std::uint64_t noted_seq_ = 0;
 };
 
 }  // namespace relayout::impl
