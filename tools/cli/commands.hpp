@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -148,6 +149,49 @@ inline void refuse_ranked_flags(const CLI::App& plan, int gpus, const std::vecto
                                   "unchanged); give no layout flags with it");
 }
 
+// Every number a plan prints must be finite. The first that is not is refused, naming the load file
+// when one was read (its numbers are the plan's only input without a range); `where` names the field.
+inline void require_finite(const nlohmann::json& j, const std::string& load_file, const std::string& where = "") {
+  if (j.is_number_float() && !std::isfinite(j.get<double>())) {
+    const std::string value = std::isnan(j.get<double>()) ? "nan" : "inf";
+    if (!load_file.empty())
+      throw LayoutError("--expert-load", "--expert-load '" + load_file + "': the plan's " + where + " comes out " + value +
+                                             " from these loads; every number of a plan must be finite (give loads "
+                                             "of the size of token counts)");
+    throw LayoutError("relayout plan", "relayout plan: the plan's " + where + " comes out " + value +
+                                           "; every number of a plan must be finite");
+  }
+  if (j.is_object())
+    for (auto it = j.begin(); it != j.end(); ++it) require_finite(it.value(), load_file, where.empty() ? it.key() : where + "." + it.key());
+  if (j.is_array())
+    for (std::size_t i = 0; i < j.size(); ++i) require_finite(j[i], load_file, where + "[" + std::to_string(i) + "]");
+}
+
+// The placements of --expert-load a plan computes: every layer's physical experts, once for each
+// expert-parallel width it tries (a ranking: each divisor >= 2 of the GPUs that divides the physical
+// experts). Above kMaxLoadPlacements (about 12 s of one core) the plan is refused before any work.
+inline constexpr double kMaxLoadPlacements = 1e8;
+inline void check_load_work(const DeployInput& in, int gpus, const std::string& load_file) {
+  if (!in.load) return;
+  const int physical = in.model.experts + in.redundant_experts;
+  int widths = 1;
+  if (gpus > 0) {
+    widths = 0;
+    for (int d : divisors(gpus)) widths += d >= 2 && physical % d == 0;
+  }
+  const double work = double(in.load->size()) * physical * std::max(widths, 1);
+  if (work <= kMaxLoadPlacements) return;
+  char n[64];
+  std::snprintf(n, sizeof n, "%.2g", work);
+  throw LayoutError("--expert-load", "--expert-load '" + load_file + "': " +
+                                         (gpus > 0 ? "ranking " + std::to_string(gpus) + " GPUs places " : "the plan places ") +
+                                         std::to_string(in.load->size()) + " layers x " + std::to_string(physical) +
+                                         " physical experts" +
+                                         (gpus > 0 ? " for each of " + std::to_string(widths) + " expert-parallel widths" : "") +
+                                         ": " + n + " expert placements, over the bound of 1e8 (about 12 s); give fewer "
+                                         "layers or --ep-num-redundant-experts" + (gpus > 0 ? ", or plan one layout without --gpus" : ""));
+}
+
 // A single layout asked for by its flags: the plan is printed whole, and when its fullest rank does
 // not fit in --gpu-memory the command says so on stderr and exits 2 (as the ranking does when no
 // layout fits): the layout as given cannot run.
@@ -174,13 +218,16 @@ inline void check_deepep_mode(const CLI::App& plan, const RuntimeLayout& layout)
 // `relayout plan --preset deepseek-v3|deepseek-r1`: one deployment over the world, or with --gpus the ranking.
 inline int deploy_command(const CLI::App& plan, LayoutFlags& flags, const DeployInput& in, int gpus, int top,
                           double gpu_memory, const Cluster& cluster, const std::string& format, std::ostream& out,
-                          std::ostream& err) {
+                          std::ostream& err, const std::string& load_file = "") {
   if (format == "svg") throw LayoutError("--format", "--format svg draws the demo layer's plan; use text or json with --preset " + in.model.name);
+  check_load_work(in, gpus, load_file);
   if (gpus > 0) {
     refuse_ranked_flags(plan, gpus);
     const DeployRanking r = rank_deployments(gpus, in, cluster, gpu_memory);
+    const nlohmann::json j = deploy_ranking_json(r, in);
+    require_finite(j, load_file);
     if (format == "json") {
-      out << deploy_ranking_json(r, in).dump(2) << "\n";
+      out << j.dump(2) << "\n";
     } else {
       std::string head = "ranking: " + std::to_string(gpus) + " GPUs, " + in.model.name + " " +
                          (in.phase == Phase::prefill ? "prefill, " + std::to_string(in.batch_tokens) + " tokens in requests of " +
@@ -212,8 +259,10 @@ inline int deploy_command(const CLI::App& plan, LayoutFlags& flags, const Deploy
   const bool nnodes_given = plan.count("--nnodes") > 0;
   const Cluster timed = world_cluster(world, nnodes_given, cluster);
   const Deployment d = plan_deployment(world, in, timed, nnodes_given);
+  const nlohmann::json j = deployment_json(d, in);
+  require_finite(j, load_file);
   if (format == "json")
-    out << deployment_json(d, in).dump(2) << "\n";
+    out << j.dump(2) << "\n";
   else
     out << deployment_text(d, in) << cluster_text(timed);
   return misfit_exit(d.memory.total(), gpu_memory, err);
@@ -230,7 +279,7 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
     throw LayoutError("--batch-tokens", "--batch-tokens and --requests both give the batch: give one of them");
   if (is_mla_preset(preset))
     return deploy_command(plan, flags, deploy_input(plan, deploy, preset, in, batch_tokens, request_tokens), gpus, top,
-                          gpu_memory, cluster, format, out, err);
+                          gpu_memory, cluster, format, out, err, plan.count("--expert-load") > 0 ? deploy.load_file : "");
   if (!preset.empty() && preset != "demo") mla_preset(preset);  // names the presets
   for (const char* name : DeployFlags::kNames)
     if (plan.count(name) > 0)
@@ -246,8 +295,10 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
     refuse_ranked_flags(plan, gpus, {"--requests", "--placement", "--padding"});
     if (batch_tokens == 0) throw LayoutError("--batch-tokens", "--gpus needs --batch-tokens (the tokens of one forward over all GPUs)");
     const Ranking r = rank_layouts(gpus, batch_tokens, request_tokens, in, cluster, gpu_memory);
+    const nlohmann::json j = ranking_json(r);
+    require_finite(j, in.load ? deploy.load_file : "");
     if (format == "json") {
-      out << ranking_json(r).dump(2) << "\n";
+      out << j.dump(2) << "\n";
     } else if (format == "svg") {
       out << ranking_svg(r, std::size_t(top));
     } else {
@@ -282,8 +333,10 @@ inline int plan_command(const CLI::App& plan, LayoutFlags& flags, PlanInput in, 
     in.requests = batch_requests((per_replica + world.pp() - 1) / world.pp(), request_tokens);
   }
   const WorldPlan wp = plan_world(world, in, cluster, plan.count("--nnodes") > 0);
+  const nlohmann::json j = world_plan_json(wp);
+  require_finite(j, in.load ? deploy.load_file : "");
   if (format == "json")
-    out << world_plan_json(wp).dump(2) << "\n";
+    out << j.dump(2) << "\n";
   else if (format == "svg")
     out << plan_svg(wp.plans.front(), wp.cluster);
   else
@@ -299,7 +352,29 @@ struct SglangWords {
   std::vector<std::string> flags, read, ignored;
   std::string model;  // --model-path / --model as given ("" when the command has none)
   bool model_known = false;  // it names a preset (DeepSeek-V3 or R1)
+  std::string error;  // what SGLang's own argument parser refuses in the command ("" when nothing)
 };
+
+// The models of the presets, by repository name (the last part of --model-path, compared without
+// regard to case, so a local copy in a directory of that name counts): the 671B DeepSeek-V3
+// architecture only, never a distilled or another model whose name merely contains one of them.
+inline constexpr std::pair<const char*, const char*> kPresetModels[] = {
+    {"DeepSeek-V3", "deepseek-v3"},      {"DeepSeek-V3-Base", "deepseek-v3"},      {"DeepSeek-V3-0324", "deepseek-v3"},
+    {"DeepSeek-V3.1", "deepseek-v3"},    {"DeepSeek-V3.1-Base", "deepseek-v3"},    {"DeepSeek-V3.1-Terminus", "deepseek-v3"},
+    {"DeepSeek-R1", "deepseek-r1"},      {"DeepSeek-R1-0528", "deepseek-r1"},      {"DeepSeek-R1-Zero", "deepseek-r1"}};
+
+// The preset of a --model-path ("" when none): its last path component, trailing slashes dropped.
+inline std::string preset_of_model(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const std::string name = path.substr(path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);
+  const auto lower = [](std::string s) {
+    for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    return s;
+  };
+  for (const auto& [repo, preset] : kPresetModels)
+    if (lower(name) == lower(repo)) return preset;
+  return "";
+}
 
 // The SGLang flags the plan reads, as the direct flags of apps/common/layout_flags.hpp and
 // DeployFlags spell them (each alias SGLang has): valued, and switches.
@@ -332,18 +407,26 @@ inline SglangWords sglang_flags(const std::vector<std::string>& words, const std
     }
     const std::string shown = flag + (value.empty() ? "" : " " + value);
     std::string mapped = flag;
+    if (in(kSwitches, flag) && out.error.empty()) {
+      // argparse's store_true: "--flag=value" is refused, and a word after the switch is a stray argument.
+      if (words[i].find('=') != std::string::npos)
+        out.error = flag + "=" + value + ": " + flag + " is a switch and takes no value; SGLang's argument parser " +
+                    "refuses the command (argument " + flag + ": ignored explicit argument '" + value + "'): give " +
+                    flag + " alone to turn it on, leave it out to keep it off";
+      else if (i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0)
+        out.error = flag + " " + words[i + 1] + ": " + flag + " is a switch and takes no value; SGLang's argument " +
+                    "parser refuses the command (unrecognized arguments: " + words[i + 1] + ")";
+    }
     if (flag == "--model-path" || flag == "--model") {
-      std::string lower = value;
-      for (char& ch : lower) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-      const bool r1 = lower.find("deepseek-r1") != std::string::npos, v3 = lower.find("deepseek-v3") != std::string::npos;
+      const std::string preset = preset_of_model(value);
       out.model = value;
-      out.model_known = r1 || v3;
-      if (!r1 && !v3) {
+      out.model_known = !preset.empty();
+      if (preset.empty()) {
         out.ignored.push_back(shown + " (no preset for this model)");
         continue;
       }
       mapped = "--preset";
-      value = r1 ? "deepseek-r1" : "deepseek-v3";
+      value = preset;
     } else if (flag == "--disaggregation-mode" && (value == "prefill" || value == "decode")) {
       mapped = "--phase";
     } else if (!in(kValued, flag) && !in(kSwitches, flag)) {
@@ -356,11 +439,7 @@ inline SglangWords sglang_flags(const std::vector<std::string>& words, const std
     }
     out.read.push_back(shown + (mapped != flag ? " (" + mapped + " " + value + ")" : ""));
     out.flags.push_back(mapped);
-    if (in(kSwitches, flag)) {
-      if (!value.empty()) out.ignored.push_back(flag + "=" + value + " (a switch: its value is not read)");
-    } else {
-      out.flags.push_back(value);
-    }
+    if (!in(kSwitches, flag)) out.flags.push_back(value);
   }
   return out;
 }
@@ -375,6 +454,10 @@ inline std::optional<int> sglang_command(int argc, const char* const* argv, std:
     if (std::string(argv[dash]) != "--") continue;
     std::vector<std::string> words(argv + dash + 1, argv + argc), given(argv + 2, argv + dash);
     const SglangWords sg = sglang_flags(words, given);
+    if (!sg.error.empty()) {
+      err << "error: " << sg.error << "\n";
+      return 2;
+    }
     // The model: a preset the path names, or one given before `--`; never the demo layer by default.
     const bool preset_given = std::any_of(given.begin(), given.end(), [](const std::string& w) {
       return w == "--preset" || w.rfind("--preset=", 0) == 0;
@@ -384,6 +467,11 @@ inline std::optional<int> sglang_command(int argc, const char* const* argv, std:
                                                          : " " + sg.model + ": no preset for this model")
           << "; relayout plan knows deepseek-ai/DeepSeek-V3 and DeepSeek-R1 (--preset deepseek-v3, deepseek-r1) "
              "and the demo layer (--preset demo): give --preset before -- to plan another\n";
+      if (!sg.model.empty())
+        err << "note: a model is known by its repository name (the last part of --model-path):";
+      for (std::size_t k = 0; !sg.model.empty() && k < std::size(kPresetModels); ++k)
+        err << (k ? ", " : " ") << kPresetModels[k].first;
+      if (!sg.model.empty()) err << "\n";
       return 2;
     }
     std::vector<std::string> args{argv[0], "plan"};

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli/plan_rank.hpp"
@@ -95,8 +96,16 @@ inline Phase parse_phase(const std::string& s) {
 // as the library places them, contiguously without redundant experts, by its rebalancer
 // (ExpertLocation::rebalanced: groups onto nodes, hot experts replicated, replicas packed onto
 // ranks) with them; each expert's load split evenly over its replicas.
+// A ranking asks again for every layout of the same moe_ep: the answers are kept (per thread, the
+// last kImbalanceMemo inputs).
+inline constexpr std::size_t kImbalanceMemo = 32;
 inline double imbalance_of(const std::vector<std::vector<double>>& layers, int ep, int redundant, int nodes, int groups) {
-  return expert_load_factors(layers, ep, [&](const std::vector<double>& load) {
+  using Key = std::tuple<int, int, int, int, std::vector<std::vector<double>>>;
+  thread_local std::map<Key, double> memo;
+  Key key{ep, redundant, nodes, groups, layers};
+  if (const auto it = memo.find(key); it != memo.end()) return it->second;
+  if (memo.size() >= kImbalanceMemo) memo.clear();
+  return memo[std::move(key)] = expert_load_factors(layers, ep, [&](const std::vector<double>& load) {
            const int routed = int(load.size());
            if ((routed + redundant) % ep != 0)
              throw LayoutError("--expert-load", "--expert-load: " + std::to_string(routed) + " experts + " +

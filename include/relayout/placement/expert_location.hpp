@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <queue>
 #include <span>
 #include <string>
 #include <vector>
@@ -162,21 +163,22 @@ class ExpertLocation {
 
   // Static choice per (source member, logical): a replica on the source itself (the lowest), else
   // the members without one, in order, are dealt over the replicas starting at logical mod count.
+  // Each member's static choice: its own replica (the lowest), else the replicas dealt in turn.
+  // O(routed * ep + physical): first_on holds one expert's lowest replica on each member.
   void build_static() {
     static_.assign(static_cast<std::size_t>(ep_) * static_cast<std::size_t>(routed_), -1);
+    std::vector<int> first_on(static_cast<std::size_t>(ep_), -1);
     for (int l = 0; l < routed_; ++l) {
       const auto& r = log_to_phys_[static_cast<std::size_t>(l)];
+      for (int p : r)
+        if (first_on[static_cast<std::size_t>(rank_of(p))] < 0) first_on[static_cast<std::size_t>(rank_of(p))] = p;
       int dealt = 0;
       for (int src = 0; src < ep_; ++src) {
-        int pick = -1;
-        for (int p : r)
-          if (rank_of(p) == src) {
-            pick = p;
-            break;
-          }
+        int pick = first_on[static_cast<std::size_t>(src)];
         if (pick < 0) pick = r[static_cast<std::size_t>((l + dealt++) % static_cast<int>(r.size()))];
         static_[static_cast<std::size_t>(src) * static_cast<std::size_t>(routed_) + static_cast<std::size_t>(l)] = pick;
       }
+      for (int p : r) first_on[static_cast<std::size_t>(rank_of(p))] = -1;
     }
   }
 
@@ -203,14 +205,20 @@ inline Packing balanced_packing(std::span<const double> w, int packs) {
   Packing out{std::vector<int>(w.size(), -1), std::vector<int>(w.size(), -1)};
   std::vector<double> load(static_cast<std::size_t>(packs), 0.0);
   std::vector<int> items(static_cast<std::size_t>(packs), 0);
+  // The packs with room, lightest (then lowest) on top: O(n log packs) rather than a scan per item.
+  const auto lighter_last = [&](int a, int b) {
+    const double la = load[static_cast<std::size_t>(a)], lb = load[static_cast<std::size_t>(b)];
+    return lb < la || (!(la < lb) && b < a);
+  };
+  std::priority_queue<int, std::vector<int>, decltype(lighter_last)> room(lighter_last);
+  for (int p = 0; p < packs && per > 0; ++p) room.push(p);
   for (int i : order) {
-    int best = -1;
-    for (int p = 0; p < packs; ++p)
-      if (items[static_cast<std::size_t>(p)] < per && (best < 0 || load[static_cast<std::size_t>(p)] < load[static_cast<std::size_t>(best)]))
-        best = p;
+    const int best = room.top();
+    room.pop();
     out.pack[static_cast<std::size_t>(i)] = best;
     out.slot[static_cast<std::size_t>(i)] = items[static_cast<std::size_t>(best)]++;
     load[static_cast<std::size_t>(best)] += w[static_cast<std::size_t>(i)];
+    if (items[static_cast<std::size_t>(best)] < per) room.push(best);
   }
   return out;
 }
@@ -220,11 +228,20 @@ inline Packing balanced_packing(std::span<const double> w, int packs) {
 // per replica.
 inline std::vector<int> replica_counts(std::span<const double> w, int slots) {
   std::vector<int> count(w.size(), 1);
+  if (w.empty()) return count;
+  // The expert with the largest load per replica on top (w[a]/count[a] compared as w[a]*count[b]),
+  // the lower id on ties: O(slots log experts) rather than a scan per extra replica.
+  const auto worse = [&](std::size_t a, std::size_t b) {
+    const double a_over_b = w[a] * count[b], b_over_a = w[b] * count[a];
+    return b_over_a > a_over_b || (!(a_over_b > b_over_a) && b < a);
+  };
+  std::priority_queue<std::size_t, std::vector<std::size_t>, decltype(worse)> top(worse);
+  for (std::size_t e = 0; e < w.size(); ++e) top.push(e);
   for (int extra = static_cast<int>(w.size()); extra < slots; ++extra) {
-    std::size_t best = 0;
-    for (std::size_t e = 1; e < w.size(); ++e)
-      if (w[e] * count[best] > w[best] * count[e]) best = e;  // w[e]/count[e] > w[best]/count[best]
+    const std::size_t best = top.top();
+    top.pop();
     ++count[best];
+    top.push(best);
   }
   return count;
 }
