@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <relayout/bridge.hpp>
+#include <relayout/bridge/testing.hpp>
 #include <relayout/comm.hpp>
 #include <relayout/placement.hpp>
 #include <string>
@@ -172,7 +173,7 @@ TEST_CASE("MoeBridge two_batch_overlap: the one-batch rows exactly, and the form
       for (int q = 0; q < c.layout.widths().attn_dp; ++q) most = std::max(most, rows_in(workload, q));
       for (const EpMode mode : {EpMode::normal, EpMode::low_latency}) {
         CAPTURE(to_string(mode));
-        BridgeOptions one_o{.ep_mode = mode, .ep_capacity = mode == EpMode::low_latency ? most : 0};
+        BridgeOptions one_o{.ep_mode = mode, .num_max_dispatch_tokens_per_rank = mode == EpMode::low_latency ? most : 128};
         BridgeOptions two_o = one_o;
         two_o.two_batch_overlap = true;
         Bridge one(pg, kExperts, one_o), two(pg, kExperts, two_o);
@@ -213,9 +214,12 @@ TEST_CASE("MoeBridge two_batch_expert_chunks: experts called in groups, the exch
       CAPTURE(workload);
       const std::int64_t rows = rows_in(workload, g);
       const In x = rows_of_group(g, rows);
-      for (const int chunks : {2, 3, 16}) {
+      for (const int chunks : {2, 3, 16})
+      for (const EpMode mode : {EpMode::normal, EpMode::low_latency}) {
         CAPTURE(chunks);
-        Bridge one(pg, kExperts), two(pg, kExperts, {.two_batch_overlap = true, .two_batch_expert_chunks = chunks});
+        CAPTURE(to_string(mode));
+        Bridge one(pg, kExperts, {.ep_mode = mode}),
+            two(pg, kExperts, {.ep_mode = mode, .two_batch_overlap = true, .two_batch_expert_chunks = chunks});
         ScaleExperts e1, e2;
         const In y1 = one.run(exec, x, router, e1), y2 = two.run(exec, x, router, e2);
         CHECK(error_of(y2, g, rows) <= 1e-6);
@@ -259,16 +263,20 @@ TEST_CASE("MoeBridge two_batch_overlap: owners, boundaries, dispatch dtypes and 
     };
     std::vector<std::int64_t> in_owners;
     for (std::int64_t i = 0; i < rows; ++i) in_owners.push_back(1000 * g + i);
-    Seen s1, s2;
-    std::vector<std::int64_t> o1 = in_owners, o2 = in_owners;
-    Bridge one(pg, kExperts), two(pg, kExperts, {.two_batch_overlap = true});
-    ScaleExperts e1, e2;
-    const In y1 = one.run(exec, x, router, e1, {.owners = &o1, .observer = observe(s1)});
-    const In y2 = two.run(exec, x, router, e2, {.owners = &o2, .observer = observe(s2)});
-    CHECK(same_rows(y1, y2));
-    CHECK(o2 == in_owners);
-    CHECK(s2.names == s1.names);
-    CHECK(s2.owners == s1.owners);
+    for (const EpMode mode : {EpMode::normal, EpMode::low_latency}) {
+      CAPTURE(to_string(mode));
+      Seen s1, s2;
+      std::vector<std::int64_t> o1 = in_owners, o2 = in_owners;
+      Bridge one(pg, kExperts, {.ep_mode = mode}), two(pg, kExperts, {.ep_mode = mode, .two_batch_overlap = true});
+      ScaleExperts e1, e2;
+      const In y1 = one.run(exec, x, router, e1, {.owners = &o1, .observer = observe(s1)});
+      const In y2 = two.run(exec, x, router, e2, {.owners = &o2, .observer = observe(s2)});
+      CHECK(error_of(y2, g, rows) <= 1e-6);
+      CHECK(same_rows(y1, y2));
+      CHECK(o2 == in_owners);
+      CHECK(s2.names == s1.names);
+      CHECK(s2.owners == s1.owners);
+    }
 
     // bf16 and fp8 rows: the one-batch rows exactly (each row is rounded the same way).
     for (const DispatchDtype dt : {DispatchDtype::bf16, DispatchDtype::fp8}) {
@@ -418,7 +426,8 @@ TEST_CASE("MoeBridge scattered rows: refused with a LayoutError on dp_gather, an
                          doctest::Contains("rows split over attn_tp (RowShard<AttnTp>) need path a2a_split, direct or tp_moe"),
                          LayoutError);
     const ProcessGroups a2a(RuntimeLayout(LayoutConfig{.tp = np, .moe_a2a_backend = Backend::deepep}), world());
-    Bridge faulty(a2a, kExperts, {.fault = BridgeFault::no_split});
+    Bridge faulty(a2a, kExperts);
+    testing::inject_fault(faulty, BridgeFault::no_split);
     CHECK_THROWS_WITH_AS(faulty.run(exec, split_rows(a2a, x), router, e),
                          doctest::Contains("fault no_split wires the split before the dispatch"), LayoutError);
     // A chunk other than tensor_split's (every member one row too many here): the dispatch would

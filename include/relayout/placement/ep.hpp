@@ -54,6 +54,9 @@ struct EpDispatchOptions {
   // This member's own reason to refuse the call (a caller's check that failed here): it travels as
   // a verdict with the counts, so every member throws together and none waits in the exchange.
   std::string_view refuse = {};
+  // The refusal is of rows that disagree with the step's token counts: every member's error then
+  // names global_num_tokens (LayoutError input "global_num_tokens"), not the call.
+  bool refuse_counts = false;
 };
 
 template <class C, class T, class Space>

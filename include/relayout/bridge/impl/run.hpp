@@ -54,6 +54,7 @@ class BridgeRun {
   std::size_t at = 0;
   std::vector<std::int64_t> gathered;  // the step's counts, when the engine gave none
   std::string refusal;                 // this rank's reason to refuse the run (agreed in the dispatch)
+  bool refusal_counts = false;         // the refusal is of rows that disagree with global_num_tokens
   EpMode mode = EpMode::normal;
 
   const ProcessGroupsOf<C>& pg() const { return b.pg_; }

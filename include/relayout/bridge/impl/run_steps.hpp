@@ -15,7 +15,8 @@ auto BridgeRun<C, T, Space, R, E>::counts(std::int64_t group_rows) -> std::span<
 }
 
 // Paths that dispatch: this run's EP mode and this rank's refusal of the counts it was given
-// (agreed in the dispatch, with the counts' digest, so no rank waits on another's mistake).
+// (agreed in the dispatch, with the counts' digest, so no rank waits on another's mistake; the
+// dispatch names the call site).
 template <class C, class T, class Space, class R, class E>
 auto BridgeRun<C, T, Space, R, E>::prepare_dispatch(std::int64_t group_rows) -> void {
   const auto& forced = run_opts.ep_mode ? run_opts.ep_mode : b.opts_.ep_mode;
@@ -23,13 +24,23 @@ auto BridgeRun<C, T, Space, R, E>::prepare_dispatch(std::int64_t group_rows) -> 
   const std::span<const std::int64_t> c = need ? counts(group_rows) : std::span<const std::int64_t>{};
   mode = forced ? *forced : auto_ep_mode(c, widths().attn_tp, b.ep_->low_latency_capacity());
   if (run_opts.global_num_tokens.empty()) return;
+  // Auto on the engine's counts: counts that differ between ranks (found by the dispatch's digest)
+  // may pick different modes, whose exchanges do not match; the members take normal if any picks it.
+  if (!forced) {
+    int normal = mode == EpMode::normal ? 1 : 0;
+    all_reduce_in_place(exec, pg().moe_ep(), std::span<int>(&normal, 1), ReduceOp::max, site);
+    mode = normal ? EpMode::normal : EpMode::low_latency;
+  }
   const std::size_t g = static_cast<std::size_t>(dpg().coords().attn_dp_rank);
+  refusal_counts = true;
   if (c.size() != static_cast<std::size_t>(dpg().layout().widths().attn_dp))
     refusal = "global_num_tokens has " + std::to_string(c.size()) + " entries; the step has " +
-              std::to_string(dpg().layout().widths().attn_dp) + " attention-DP groups" + impl::called_at(site);
+              std::to_string(dpg().layout().widths().attn_dp) + " attention-DP groups";
   else if (c[g] != group_rows)
     refusal = "this DP group holds " + std::to_string(group_rows) + " rows but global_num_tokens[" +
-              std::to_string(g) + "] = " + std::to_string(c[g]) + impl::called_at(site);
+              std::to_string(g) + "] = " + std::to_string(c[g]);
+  else
+    refusal_counts = false;
 }
 
 template <class C, class T, class Space, class R, class E>
@@ -89,14 +100,30 @@ auto BridgeRun<C, T, Space, R, E>::go_scattered(const ScatteredIn& x) -> Scatter
     refusal = "this attn_tp member holds " + std::to_string(x.rows()) + " of the " + std::to_string(x.full_rows()) +
               " rows split over attn_tp = " + std::to_string(pg().attn_tp().size()) + "; tensor_split gives member " +
               std::to_string(pg().attn_tp().rank()) + " " + std::to_string(mine.count) +
-              " (reduce_scatter or split_rows the rows)" + impl::called_at(site);
-  if (!refusal.empty() && b.path() == BridgePath::tp_moe) throw LayoutError("rows", "MoeBridge::run: " + refusal);
+              " (reduce_scatter or split_rows the rows)";
+  if (b.path() == BridgePath::tp_moe) {
+    // No dispatch carries the verdict here: the members agree on it first, so none waits in the
+    // gather of the chunks.
+    const auto& tp = pg().attn_tp();
+    int first_bad = refusal.empty() ? tp.size() : tp.rank();
+    all_reduce_in_place(exec, tp, std::span<int>(&first_bad, 1), ReduceOp::min, site);
+    if (first_bad < tp.size())
+      throw LayoutError("rows", "MoeBridge::run: " +
+                                    (refusal.empty() ? "attn_tp member " + std::to_string(first_bad) +
+                                                           " holds a chunk other than tensor_split's (its error says "
+                                                           "which); no rows were exchanged"
+                                                     : refusal) +
+                                    impl::called_at(site));
+  }
   return checked(x.rows(), [&](const std::vector<std::int64_t>& in_owners) -> ScatteredIn {
     plan = bridge_plan(b.path(), PaddingMode::sum_len, b.opts_.restore, false, true);
     if (b.path() == BridgePath::tp_moe) return tp_moe_scattered(x);
     const std::string chunk_refusal = std::move(refusal);
     prepare_dispatch(x.full_rows());
-    if (!chunk_refusal.empty()) refusal = chunk_refusal;
+    if (!chunk_refusal.empty()) {
+      refusal = chunk_refusal;
+      refusal_counts = false;
+    }
     return a2a_chunk(x, in_owners, x.full_rows());
   });
 }

@@ -21,7 +21,8 @@ auto BridgeRun<C, T, Space, R, E>::begin_dispatch(Micro& u, std::int64_t group_r
                       .check_route = b.opts_.check_route,
                       .indexed_batch = ReadsIndexedRows<E>,
                       .traffic = traffic,
-                      .refuse = refusal};
+                      .refuse = refusal,
+                      .refuse_counts = refusal_counts};
   u.pd.emplace(b.ep_->dispatch_start(exec, rows, r, o, site));
 }
 

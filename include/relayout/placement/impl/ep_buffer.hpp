@@ -11,7 +11,7 @@ template <class C, class T, class Space>
 impl::Refusal EpBuffer<C, T, Space>::call_problem(const Space& exec, const RowsIn& x, const TopK<T, Space>& route,
                                                   const EpDispatchOptions& o) const {
   const std::int64_t m = x.rows();
-  if (!o.refuse.empty()) return {impl::kCallRefused, std::string(o.refuse)};
+  if (!o.refuse.empty()) return {o.refuse_counts ? impl::kCountsRefused : impl::kCallRefused, std::string(o.refuse)};
   if (o.tags && static_cast<std::int64_t>(o.tags->size()) != m)
     return {impl::kCallRefused,
             std::to_string(o.tags->size()) + " tags for " + std::to_string(m) + " rows; tags must stay aligned with rows"};
@@ -114,8 +114,7 @@ EpDispatchInFlight<T, Space> EpBuffer<C, T, Space>::dispatch_start(const Space& 
     return p;
   }
   const impl::Verdicts v = impl::exchange_counts(exec, comm, d.send_rows, p.own_, site);
-  impl::throw_refused("EpBuffer::dispatch", p.problem_ + (p.problem_.empty() ? "" : impl::called_at(site)), p.own_, v,
-                      low_latency_capacity());
+  impl::throw_refused("EpBuffer::dispatch", p.problem_, p.own_, v, low_latency_capacity(), impl::called_at(site));
   d.recv_rows = v.rows;
   for (int c : d.recv_rows) d.received += c;
   if (ep == 1) {  // the messages it packed are the ones it receives
@@ -141,8 +140,7 @@ EpHandle<T, Space> EpBuffer<C, T, Space>::dispatch_finish(const Space& exec, EpD
   const std::int64_t W = d.message.words(), B = p.block_words_;
   if (B > 0) {
     const impl::Verdicts v = impl::read_blocks(exec, *d.mem, p.ll_recv_, B, ep);
-    impl::throw_refused("EpBuffer::dispatch", p.problem_ + (p.problem_.empty() ? "" : impl::called_at(p.site_)),
-                        p.own_, v, low_latency_capacity());
+    impl::throw_refused("EpBuffer::dispatch", p.problem_, p.own_, v, low_latency_capacity(), impl::called_at(p.site_));
     d.recv_rows = v.rows;
     for (int c : d.recv_rows) d.received += c;
     d.received_messages = d.mem->flat(d.mem->recv, "relayout::ep_recv", d.received * W);

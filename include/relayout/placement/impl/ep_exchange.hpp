@@ -102,7 +102,7 @@ inline std::vector<int> times(const std::vector<int>& c, std::int64_t words, con
 inline constexpr std::int64_t kLlHead = 4;
 
 // A member's verdict on its own call, sent beside its counts so that every member refuses together.
-enum Verdict : int { kFine = 0, kRouteRefused = 1, kOverCapacity = 2, kCallRefused = 3 };
+enum Verdict : int { kFine = 0, kRouteRefused = 1, kOverCapacity = 2, kCallRefused = 3, kCountsRefused = 4 };
 
 // What every member said about its own call: per member, the rows it sends here, its verdict, its
 // rows and the digest of the token counts it was given.
@@ -193,27 +193,33 @@ Verdicts read_blocks(const Space& exec, EpBuffers<T, Space>& buf,
 }
 
 // Every member throws when any refused its call, or when the members were given different token
-// counts, after the exchange, so none waits in the next. `call` names the engine's entry point.
+// counts, after the exchange, so none waits in the next. `call` names the engine's entry point and
+// `at` its call site (" (called at file:line)"), which ends every message.
 inline void throw_refused(const std::string& call, const std::string& problem, const OwnVerdict& own,
-                          const Verdicts& v, std::int64_t capacity) {
-  static const char* const kInput[] = {"rows", "route", "capacity", "rows"};
-  if (!problem.empty()) throw LayoutError(kInput[own.verdict & 3], call + ": " + problem);
+                          const Verdicts& v, std::int64_t capacity, const std::string& at = {}) {
+  static const char* const kInput[] = {"rows", "route", "capacity", "rows", "global_num_tokens"};
+  if (!problem.empty())
+    throw LayoutError(own.verdict >= 0 && own.verdict <= kCountsRefused ? kInput[own.verdict] : "rows",
+                      call + ": " + problem + at);
   for (std::size_t r = 0; r < v.verdict.size(); ++r) {
     const std::string who = call + ": moe_ep member " + std::to_string(r);
     if (v.verdict[r] == kRouteRefused)
-      throw LayoutError("route", who + " refused its router output (its error says why); no rows were exchanged");
+      throw LayoutError("route", who + " refused its router output (its error says why); no rows were exchanged" + at);
     if (v.verdict[r] == kOverCapacity)
       throw LayoutError("capacity", who + " dispatches " + std::to_string(v.total[r]) +
                                         " rows, over the low-latency capacity of " + std::to_string(capacity) +
-                                        " rows per rank; no rows were used");
+                                        " rows per rank; no rows were used" + at);
     if (v.verdict[r] == kCallRefused)
-      throw LayoutError("rows", who + " refused its call (its error says why); no rows were exchanged");
+      throw LayoutError("rows", who + " refused its call (its error says why); no rows were exchanged" + at);
+    if (v.verdict[r] == kCountsRefused)
+      throw LayoutError("global_num_tokens", who + " holds rows that disagree with the step's token counts "
+                                                   "(global_num_tokens; its error says how); no rows were exchanged" + at);
   }
   for (std::size_t r = 0; r < v.digest.size(); ++r)
     if (v.digest[r] != static_cast<int>(own.digest))
       throw LayoutError("global_num_tokens", call + ": moe_ep member " + std::to_string(r) +
                                                  " was given other token counts (global_num_tokens) than this member; "
-                                                 "every rank of a step must pass the same counts");
+                                                 "every rank of a step must pass the same counts" + at);
 }
 
 // The messages of each low-latency block, source after source: the order normal mode receives.
