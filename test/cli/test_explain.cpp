@@ -111,14 +111,15 @@ TEST_CASE("explain: prefill CP resolution step by step, round-robin tokens, MoE-
   const RuntimeLayout l(c);
   const std::string t = cli::explain_text(l);
   auto has = [&](const char* s) { return t.find(s) != std::string::npos; };
-  CHECK(has("dp_attention=on"));
+  CHECK(has("dp_attention=off"));
   CHECK(has("Resolution\n  1. --enable-prefill-cp --cp-strategy interleave: DeepSeek-V4 prefill CP"));
-  CHECK(has("  2. prefill CP turns DP attention on\n"));
+  CHECK(has("  2. prefill CP turns DP attention on; --dp-size 1, which it needs, turns it off again (SGLang's "
+            "_data_parallelism_defaults runs after it): DP attention off\n"));
   CHECK(has("  3. prefill CP checks: dp = 1 == 1, tp = 4 <= 8 (one machine), --moe-a2a-backend deepep in {none, deepep, megamoe, mori}: all hold"));
   CHECK(has("  4. attn_cp = tp / dp = 4 / 1 = 4 (replaces --cp 2); attn_dp = 1, attn_tp = 1"));
   CHECK(has("tokens: token i of the batch goes to CP rank i mod 4 (round-robin)"));
   CHECK(has("MoE-DP group = attention-CP group: attn_cp = 4 > moe_dp = 1"));
-  CHECK(has("attn_dp = dp (DP attention on by --enable-prefill-cp) = 1"));
+  CHECK(has("attn_dp = 1 (prefill CP: DP attention on, then off again at dp 1) = 1"));
   CHECK(has("attn_cp = tp / dp (--enable-prefill-cp) = 4"));
   CHECK(has("moe_dp  = moe_dp = 1   (its group is the attention-CP group, 4 ranks: attn_cp > moe_dp)"));
   CHECK(has("moe_dp  1 group  of 4 (= attn_cp groups): [0 1 2 3]"));
@@ -127,7 +128,7 @@ TEST_CASE("explain: prefill CP resolution step by step, round-robin tokens, MoE-
   CHECK(j["config"]["enable_prefill_cp"] == true);
   CHECK(j["config"]["cp_strategy"] == "interleave");
   CHECK(j["config"]["attn_dp_size"].is_null());
-  CHECK(j["dp_attention"] == true);
+  CHECK(j["dp_attention"] == false);  // SGLang's final enable_dp_attention
   CHECK(j["cp_overridden"] == true);
   CHECK(j["cp_token_split"] == "round_robin");
   CHECK(j["widths"]["attn_cp"] == 4);
@@ -137,7 +138,8 @@ TEST_CASE("explain: prefill CP resolution step by step, round-robin tokens, MoE-
   CHECK(j["groups"]["moe_dp"] == json::array({json::array({0, 1, 2, 3})}));
   CHECK(j["focus"]["groups"]["moe_dp"]["group_rank"] == 2);
   REQUIRE(j["resolution"].size() == 8);
-  CHECK(j["resolution"][1] == "prefill CP turns DP attention on");
+  CHECK(j["resolution"][1] == "prefill CP turns DP attention on; --dp-size 1, which it needs, turns it off again "
+                              "(SGLang's _data_parallelism_defaults runs after it): DP attention off");
   CHECK(j["resolution"][4] == "prefill CP sets the dense layers' TP width to 1");
   CHECK(j["widths"]["dense_tp"] == 1);
 }

@@ -48,13 +48,16 @@ inline Sglang sglang_launch(const LayoutConfig& c) {
   const Backend b = c.moe_a2a_backend == Backend::ascend_tp ? Backend::none : c.moe_a2a_backend;
   I dense_tp = c.moe_dense_tp_size ? I{*c.moe_dense_tp_size} : tp;
   // deepseek_v4_hook.py validate_deepseek_v4_cp (a missing --cp-strategy is not interleave)
+  // It turns DP attention on, and _data_parallelism_defaults, which runs after it, turns it off again
+  // at dp 1; it reads the backend as typed (ascend_tp is not yet none).
   if (c.enable_prefill_cp) {
     if (c.cp_strategy != CpStrategy::interleave) return out;
-    dp_attention = true;
+    dp_attention = dp > 1;
     dense_tp = 1;
     attn_cp = tp / dp;
     if (dp != 1 || tp > 8) return out;
-    if (b != Backend::none && b != Backend::deepep && b != Backend::megamoe && b != Backend::mori)
+    const Backend typed = c.moe_a2a_backend;
+    if (typed != Backend::none && typed != Backend::deepep && typed != Backend::megamoe && typed != Backend::mori)
       return out;
   }
   // moe_hook.py handle_a2a_moe (overrides.py _a2a_ep_size forces ep = tp for every backend)

@@ -87,6 +87,19 @@ TEST_CASE("each rule rejects its layouts with the flag and its sentence") {
       {prefill(8, Backend::pplx), "--moe-a2a-backend", "--moe-a2a-backend pplx", RELAYOUT_RULE_PREFILL_CP_BACKEND},
       {prefill(8, Backend::deepep_v2), "--moe-a2a-backend", "--moe-a2a-backend deepep_v2",
        RELAYOUT_RULE_PREFILL_CP_BACKEND},
+      // The backend as typed: validate_deepseek_v4_cp runs before handle_a2a_moe makes ascend_tp none.
+      {prefill(4, Backend::ascend_tp), "--moe-a2a-backend",
+       "--moe-a2a-backend ascend_tp (checked as typed, before SGLang runs ascend_tp as none)",
+       RELAYOUT_RULE_PREFILL_CP_BACKEND},
+      {prefill(1, Backend::ascend_tp), "--moe-a2a-backend", "--moe-a2a-backend ascend_tp",
+       RELAYOUT_RULE_PREFILL_CP_BACKEND},
+      // _data_parallelism_defaults turns the DP attention prefill CP set off again at dp 1, then
+      // _dp_lm_head_validation refuses the TP LM-head all-to-all (attn_cp is 1 at tp 1).
+      {[] { LayoutConfig c = prefill(1); c.enable_tp_lm_head_all_to_all = true; return c; }(),
+       "--enable-tp-lm-head-all-to-all", "--enable-tp-lm-head-all-to-all (DP attention is off)",
+       RELAYOUT_RULE_TP_LM_HEAD_A2A},
+      {[] { LayoutConfig c = prefill(4, Backend::deepep); c.enable_tp_lm_head_all_to_all = true; return c; }(),
+       "--enable-tp-lm-head-all-to-all", "(DP attention is off)", RELAYOUT_RULE_TP_LM_HEAD_A2A},
       // Prefill CP makes attn_cp = tp, so moe_dp must be 1 or tp.
       {[] { LayoutConfig c = prefill(8); c.moe_dp = 2; return c; }(), "--moe-dp-size",
        "with attn_cp = 8 (set by --enable-prefill-cp)", RELAYOUT_RULE_CP_MOE_DP},
@@ -164,11 +177,13 @@ TEST_CASE("--attn-dp-size gives the DSpark draft context of the old spelling") {
   }
 }
 
-TEST_CASE("prefill CP: DP attention on, attn_cp = tp / dp, every rank one CP rank") {
+// validate_deepseek_v4_cp turns DP attention on; _data_parallelism_defaults, after it, turns it off
+// again at dp 1, which prefill CP needs: SGLang's final enable_dp_attention is false.
+TEST_CASE("prefill CP: DP attention off in the end, attn_cp = tp / dp, every rank one CP rank") {
   LayoutConfig c = prefill(4, Backend::deepep);
   c.cp = 2;  // replaced, as SGLang replaces --attn-cp-size
   const RuntimeLayout l(c);
-  CHECK(dp_attention_on(c));
+  CHECK_FALSE(dp_attention_on(c));
   CHECK(cp_overridden(c));
   CHECK(l.widths() == Widths{.tp = 4, .attn_dp = 1, .attn_cp = 4, .attn_tp = 1, .moe_dp = 1,
                              .moe_ep = 4, .moe_tp = 1, .dcp = 1, .dense_tp = 1});
@@ -194,6 +209,17 @@ TEST_CASE("MoE-DP group is the attention-CP group when attn_cp > moe_dp; the wid
         std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
   // Without CP the MoE-DP group has one rank.
   CHECK(RuntimeLayout({.tp = 8}).group_size(GroupKind::moe_dp) == 1);
+}
+
+// flashinfer_megamoe spans EP over tp: SGLang's newest code takes it as --moe-runner-backend and
+// resolves moe_a2a_backend to megamoe (mega_moe hook handle_flashinfer_megamoe), one of
+// overrides.py's _A2A_EP_SPANNING_BACKENDS; --ep is then not read.
+TEST_CASE("flashinfer_megamoe spans EP over tp, as the megamoe all-to-all it resolves to") {
+  const RuntimeLayout fm({.tp = 8, .dp = 8, .ep = 2, .enable_dp_attention = true,
+                          .moe_a2a_backend = Backend::flashinfer_megamoe});
+  CHECK(fm.widths().moe_ep == 8);
+  CHECK(fm.widths().moe_tp == 1);
+  CHECK(RuntimeLayout({.tp = 4, .moe_a2a_backend = Backend::megamoe}).widths().moe_ep == 4);
 }
 
 TEST_CASE("which CP rank holds which token") {

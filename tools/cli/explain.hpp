@@ -201,7 +201,8 @@ inline std::vector<std::string> resolution_steps(const RuntimeLayout& l) {
   if (c.enable_prefill_cp) {
     out.push_back("--enable-prefill-cp --cp-strategy " + std::string(to_string(*c.cp_strategy)) +
                   ": DeepSeek-V4 prefill CP, SGLang's round-robin-split");
-    out.push_back("prefill CP turns DP attention on");
+    out.push_back("prefill CP turns DP attention on; --dp-size 1, which it needs, turns it off again "
+                  "(SGLang's _data_parallelism_defaults runs after it): DP attention off");
     out.push_back("prefill CP checks: dp = " + s(resolved_dp(c)) + " == 1, tp = " + s(c.tp) +
                   " <= 8 (one machine), --moe-a2a-backend " + backend +
                   " in {none, deepep, megamoe, mori}: all hold");
@@ -477,8 +478,8 @@ inline void explain_widths(std::ostream& o, const RuntimeLayout& l) {
   o << "Widths\n";
   o << "  attn_dp = "
     << (c.attn_dp_size ? "--attn-dp-size"
+        : c.enable_prefill_cp ? "1 (prefill CP: DP attention on, then off again at dp 1)"
         : !dp_attention_on(c) ? "1 (DP attention off)"
-        : c.enable_prefill_cp ? "dp (DP attention on by --enable-prefill-cp)"
                               : "dp (DP attention on)")
     << " = " << w.attn_dp << "\n";
   if (c.enable_prefill_cp)

@@ -175,13 +175,13 @@ struct WidthsResult {
 
 // SGLang resolves some flags into others before it checks a layout; these are the resolved values.
 // --attn-dp-size N is the attention-DP width itself: N > 1 is DP attention over N groups (what
-// --dp-size N --enable-dp-attention says), N == 1 is none. Prefill CP turns DP attention on
-// (deepseek_v4_hook.py validate_deepseek_v4_cp); --enable-dp-attention with --dp-size 1 is off
-// (overrides.py _data_parallelism_defaults).
+// --dp-size N --enable-dp-attention says), N == 1 is none. --enable-dp-attention with --dp-size 1
+// is off (overrides.py _data_parallelism_defaults). Prefill CP turns DP attention on
+// (deepseek_v4_hook.py validate_deepseek_v4_cp) and needs dp == 1, so _data_parallelism_defaults
+// turns it off again: SGLang's final value under prefill CP is off.
 constexpr bool dp_attention_on(const LayoutConfig& c) {
-  if (c.enable_prefill_cp) return true;
   if (c.attn_dp_size) return *c.attn_dp_size > 1;
-  return c.enable_dp_attention && c.dp > 1;
+  return (c.enable_dp_attention || c.enable_prefill_cp) && c.dp > 1;
 }
 // True when --enable-dp-attention was given but --dp-size 1 turned it off.
 constexpr bool dp_attention_dropped(const LayoutConfig& c) {
@@ -267,7 +267,8 @@ constexpr WidthsResult check_flags(const LayoutConfig& c) {
     if (resolved_dp(c) != 1)
       return {LayoutRule::prefill_cp_dp, c.attn_dp_size ? "--attn-dp-size" : "--dp", {}};
     if (c.tp > kMaxPrefillCpTp) return {LayoutRule::prefill_cp_tp, "--tp", {}};
-    if (!prefill_cp_allows(resolved_backend(c.moe_a2a_backend)))
+    // The backend as typed: validate_deepseek_v4_cp runs before handle_a2a_moe runs ascend_tp as none.
+    if (!prefill_cp_allows(c.moe_a2a_backend))
       return {LayoutRule::prefill_cp_backend, "--moe-a2a-backend", {}};
   }
   const Backend b = c.moe_a2a_backend;
@@ -438,7 +439,11 @@ inline std::string describe_rule(const WidthsResult& r, const LayoutConfig& c) {
       return "--tp " + s(c.tp) + ": --enable-prefill-cp with tp = " + s(c.tp) + " > 8: " +
              RELAYOUT_RULE_PREFILL_CP_TP;
     case LayoutRule::prefill_cp_backend:
-      return "--moe-a2a-backend " + backend + ": " + RELAYOUT_RULE_PREFILL_CP_BACKEND;
+      return "--moe-a2a-backend " + backend +
+             (c.moe_a2a_backend == Backend::ascend_tp
+                  ? " (checked as typed, before SGLang runs ascend_tp as none)"
+                  : std::string()) +
+             ": " + RELAYOUT_RULE_PREFILL_CP_BACKEND;
     case LayoutRule::backend_dp_eq_tp:
       return "--moe-a2a-backend " + backend + " with --tp " + s(c.tp) + ", " + dp_flags +
              (dp_attention_on(c) ? " (dp = " + s(resolved_dp(c)) + " != tp)" : dp_off) + ": " +
