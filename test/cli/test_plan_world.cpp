@@ -10,6 +10,11 @@
 #include "cli/plan_deploy.hpp"
 #include "cli/plan_world.hpp"
 
+#include "tolerance.hpp"
+
+using relayout::test::within_abs;
+using relayout::test::within_rel;
+
 using namespace relayout;
 
 namespace {
@@ -59,19 +64,19 @@ TEST_CASE("plan world: a stage holds its layers' weights") {
   const cli::WorldPlan two = demo_world({.tp = 2, .ep = 2, .pp = 2}, 4);
   REQUIRE(one.stages.size() == 1);
   REQUIRE(two.stages.size() == 2);
-  CHECK(one.plan_of(one.stages[0]).ranks[0].weights.total() == doctest::Approx(4 * 162496.0));
+  CHECK(one.plan_of(one.stages[0]).ranks[0].weights.total() == within_rel(4 * 162496.0, 1e-9));
   for (const cli::WorldStage& s : two.stages) {
     CHECK(s.layers.count == 2);
-    CHECK(two.plan_of(s).ranks[0].weights.total() == doctest::Approx(2 * 162496.0));  // half of pp 1's
+    CHECK(two.plan_of(s).ranks[0].weights.total() == within_rel(2 * 162496.0, 1e-9));  // half of pp 1's
     CHECK(two.plan_of(s).ranks[0].memory.flops ==
-          doctest::Approx(one.plan_of(one.stages[0]).ranks[0].memory.flops / 2));
+          within_rel(one.plan_of(one.stages[0]).ranks[0].memory.flops / 2, 1e-9));
   }
   // 3 layers over 2 stages: 1 then 2.
   const cli::WorldPlan odd = demo_world({.tp = 2, .ep = 2, .pp = 2}, 3);
   CHECK(odd.stages[0].layers.count == 1);
   CHECK(odd.stages[1].layers.count == 2);
-  CHECK(odd.plan_of(odd.stages[0]).ranks[0].weights.total() == doctest::Approx(162496.0));
-  CHECK(odd.plan_of(odd.stages[1]).ranks[0].weights.total() == doctest::Approx(2 * 162496.0));
+  CHECK(odd.plan_of(odd.stages[0]).ranks[0].weights.total() == within_rel(162496.0, 1e-9));
+  CHECK(odd.plan_of(odd.stages[1]).ranks[0].weights.total() == within_rel(2 * 162496.0, 1e-9));
   CHECK(odd.plans.size() == 2);  // one plan per layer count
 }
 
@@ -99,25 +104,25 @@ TEST_CASE("plan world: stage times with the hand-over, the steady state and repl
   // tp 1, 2 stages, 1 GB/s inside a node and no latency: stage 0 has no collective (one rank) but
   // its send of 6144 B, 6.144 us; stage 1 none. Compute: the same flops on each stage.
   const cli::WorldPlan w = demo_world({.tp = 1, .pp = 2}, 2, slow_links());
-  CHECK(w.stages[0].time.send_s == doctest::Approx(6144e-9));
-  CHECK(w.stages[0].time.time.comm == doctest::Approx(6144e-9));
+  CHECK(w.stages[0].time.send_s == within_rel(6144e-9, 1e-9));
+  CHECK(w.stages[0].time.time.comm == within_rel(6144e-9, 1e-9));
   CHECK(w.stages[1].time.time.comm == 0);
   const double compute = w.plan_of(w.stages[0]).ranks[0].memory.flops / slow_links().gpu_flops;
-  CHECK(w.stages[1].time.time.compute == doctest::Approx(compute));
-  CHECK(w.latency() == doctest::Approx(6144e-9 + 2 * compute));
-  CHECK(w.interval() == doctest::Approx(6144e-9 + compute));
-  CHECK(w.tokens_per_s() == doctest::Approx(24 / (6144e-9 + compute)));
+  CHECK(w.stages[1].time.time.compute == within_rel(compute, 1e-9));
+  CHECK(w.latency() == within_rel(6144e-9 + 2 * compute, 1e-9));
+  CHECK(w.interval() == within_rel(6144e-9 + compute, 1e-9));
+  CHECK(w.tokens_per_s() == within_rel(24 / (6144e-9 + compute), 1e-9));
   // One GPU a node: the send crosses nodes at 0.1 GB/s.
   const cli::WorldPlan far = demo_world({.tp = 1, .pp = 2}, 2, slow_links(1));
-  CHECK(far.stages[0].time.send_s == doctest::Approx(6144e-8));
+  CHECK(far.stages[0].time.send_s == within_rel(6144e-8, 1e-9));
   // attn_tp 2: stage 1 all-gathers 6144 B over 2 ranks of one node: (n-1)/n of it, 3.072 us.
   const cli::WorldPlan tp2 = demo_world({.tp = 2, .pp = 2}, 2, slow_links());
-  CHECK(tp2.stages[1].time.gather_s == doctest::Approx(3072e-9));
-  CHECK(tp2.stages[0].time.send_s == doctest::Approx(3072e-9));
+  CHECK(tp2.stages[1].time.gather_s == within_rel(3072e-9, 1e-9));
+  CHECK(tp2.stages[0].time.send_s == within_rel(3072e-9, 1e-9));
   // Replicas multiply the tokens per second, not the memory per rank.
   const cli::WorldPlan reps = demo_world({.tp = 1, .dp = 2, .pp = 2}, 2, slow_links());
   CHECK(reps.world.size() == 4);
-  CHECK(reps.world_tokens_per_s() == doctest::Approx(2 * w.tokens_per_s()));
+  CHECK(reps.world_tokens_per_s() == within_rel(2 * w.tokens_per_s(), 1e-9));
   CHECK(reps.plan_of(reps.stages[0]).ranks[0].memory.total() == w.plan_of(w.stages[0]).ranks[0].memory.total());
 }
 
@@ -126,7 +131,7 @@ TEST_CASE("plan world: a replica's domain that straddles two nodes is timed ther
   const cli::Cluster c = slow_links(3);
   const cli::WorldPlan w = demo_world({.tp = 2, .dp = 2, .ep = 2}, 2, c);
   const cli::LayerPlan& p = w.plan_of(w.stages[0]);
-  CHECK(w.stages[0].time.time.total() == doctest::Approx(cli::forward_time(p, c, 2).total()));
+  CHECK(w.stages[0].time.time.total() == within_rel(cli::forward_time(p, c, 2).total(), 1e-9));
   CHECK(cli::forward_time(p, c, 2).total() > cli::forward_time(p, c, 0).total());
 }
 
@@ -163,7 +168,7 @@ TEST_CASE("plan world: the JSON carries the world and every stage") {
   for (const nlohmann::json& e : j["ranks"][0]["collectives"]) sends = sends || (e["op"] == "pp_send" && e["bytes"] == 3072);
   CHECK(sends);
   CHECK(j["predicted_s"].get<double>() ==
-        doctest::Approx(j["stages"][0]["predicted_s"].get<double>() + j["stages"][1]["predicted_s"].get<double>()));
+        within_rel(j["stages"][0]["predicted_s"].get<double>() + j["stages"][1]["predicted_s"].get<double>(), 1e-9));
 }
 
 TEST_CASE("plan world: the demo layer's expert load from a file") {
@@ -172,16 +177,16 @@ TEST_CASE("plan world: the demo layer's expert load from a file") {
   cli::PlanInput in;
   in.load = cli::parse_load_layers(R"({"experts": 8, "loads": [3, 3, 3, 3, 1, 1, 1, 1]})", "test");
   const cli::LayerPlan p = cli::plan_layer(RuntimeLayout({.tp = 2, .ep = 2}), in);
-  CHECK(p.imbalance() == doctest::Approx(1.5));
-  CHECK(p.ranks[0].expert_pairs == doctest::Approx(36));
-  CHECK(p.ranks[1].expert_pairs == doctest::Approx(12));
+  CHECK(p.imbalance() == within_rel(1.5, 1e-9));
+  CHECK(p.ranks[0].expert_pairs == within_rel(36, 1e-9));
+  CHECK(p.ranks[1].expert_pairs == within_rel(12, 1e-9));
   // DeepEP at tp 2: a row reaches rank 0 with P 1.571 / 2 x 1.5 > 1 (every one of the 24 arriving
   // rows), rank 1 with 1.571 / 2 x 0.5.
   const cli::LayerPlan a2a = cli::plan_layer(RuntimeLayout({.tp = 2, .moe_a2a_backend = Backend::deepep}), in);
   const double hit = cli::expected_destinations(8, 2, 2) / 2;
-  CHECK(a2a.ranks[0].expert_rows == doctest::Approx(24));
-  CHECK(a2a.ranks[1].expert_rows == doctest::Approx(24 * hit * 0.5));
-  CHECK(a2a.ranks[0].expert_pairs == doctest::Approx(36));
+  CHECK(a2a.ranks[0].expert_rows == within_rel(24, 1e-9));
+  CHECK(a2a.ranks[1].expert_rows == within_rel(24 * hit * 0.5, 1e-9));
+  CHECK(a2a.ranks[0].expert_pairs == within_rel(36, 1e-9));
   // Per layer: (1.5 + 1) / 2 and (0.5 + 1) / 2.
   in.load = cli::parse_load_layers(R"({"experts": 8, "layers": [[3, 3, 3, 3, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]]})", "test");
   CHECK(cli::plan_layer(RuntimeLayout({.tp = 2, .ep = 2}), in).load_factors == std::vector<double>{1.25, 0.75});
@@ -191,8 +196,8 @@ TEST_CASE("plan world: the demo layer's expert load from a file") {
   in.load = cli::parse_load_layers(R"({"experts": 8, "layers": [[3, 3, 3, 3, 1, 1, 1, 1], [1, 1, 1, 1, 3, 3, 3, 3]]})", "test");
   const cli::LayerPlan swapped = cli::plan_layer(RuntimeLayout({.tp = 2, .ep = 2}), in);
   CHECK(swapped.load_factors == std::vector<double>{1.0, 1.0});
-  CHECK(swapped.imbalance() == doctest::Approx(1.5));
-  CHECK(cli::imbalance_of(*in.load, 2, 0, 1, 1) == doctest::Approx(1.5));
+  CHECK(swapped.imbalance() == within_rel(1.5, 1e-9));
+  CHECK(cli::imbalance_of(*in.load, 2, 0, 1, 1) == within_rel(1.5, 1e-9));
   in.load = cli::parse_load_layers(R"({"experts": 4, "loads": [1, 1, 1, 1]})", "test");
   CHECK_THROWS_WITH_AS(cli::plan_layer(RuntimeLayout({.tp = 2, .ep = 2}), in),
                        "--expert-load: the file holds the loads of 4 experts; the demo layer routes over --experts 8: "
@@ -217,26 +222,26 @@ TEST_CASE("plan world: DeepSeek-V3 over 2 stages of EP8") {
   CHECK((s1.dense == 0 && s1.moe == 31 && !s1.embed && s1.head));
   const double sent = 2.0 * 1024 * 7168 * 2;
   CHECK(s0.handover.sent == sent);
-  CHECK(s0.send_s == doctest::Approx(c.inter_latency + sent / c.inter_bw));
-  CHECK(s0.seconds == doctest::Approx(3 * d.dense.total + 27 * d.moe.total + s0.send_s));
-  CHECK(s1.seconds == doctest::Approx(31 * d.moe.total + d.head));
-  CHECK(d.step == doctest::Approx(2 * std::max(s0.seconds, s1.seconds)));
-  CHECK(d.tokens_per_gpu_s == doctest::Approx(8192 / 8 / d.step));
+  CHECK(s0.send_s == within_rel(c.inter_latency + sent / c.inter_bw, 1e-9));
+  CHECK(s0.seconds == within_rel(3 * d.dense.total + 27 * d.moe.total + s0.send_s, 1e-9));
+  CHECK(s1.seconds == within_rel(31 * d.moe.total + d.head, 1e-9));
+  CHECK(d.step == within_rel(2 * std::max(s0.seconds, s1.seconds), 1e-9));
+  CHECK(d.tokens_per_gpu_s == within_rel(8192 / 8 / d.step, 1e-9));
   // Memory: 32 local experts of FP8 (a 4-byte scale per 128 x 128 block); K/V of 2 micro-batches.
   const double fp8 = 1 + 4.0 / (128 * 128), expert = 3.0 * 7168 * 2048, vocab = 129280.0 * 7168;
-  CHECK(s0.memory.experts == doctest::Approx(27 * 32 * expert * fp8));
-  CHECK(s1.memory.experts == doctest::Approx(31 * 32 * expert * fp8));
-  CHECK(s0.memory.embeddings == doctest::Approx(vocab * 2));
-  CHECK(s1.memory.embeddings == doctest::Approx(vocab * 2));
-  CHECK(s0.memory.kv == doctest::Approx(2 * 1024.0 * 30 * 576 * 2));
-  CHECK(s1.memory.kv == doctest::Approx(2 * 1024.0 * 31 * 576 * 2));
+  CHECK(s0.memory.experts == within_rel(27 * 32 * expert * fp8, 1e-9));
+  CHECK(s1.memory.experts == within_rel(31 * 32 * expert * fp8, 1e-9));
+  CHECK(s0.memory.embeddings == within_rel(vocab * 2, 1e-9));
+  CHECK(s1.memory.embeddings == within_rel(vocab * 2, 1e-9));
+  CHECK(s0.memory.kv == within_rel(2 * 1024.0 * 30 * 576 * 2, 1e-9));
+  CHECK(s1.memory.kv == within_rel(2 * 1024.0 * 31 * 576 * 2, 1e-9));
   CHECK(d.fullest == 1);
   CHECK(d.memory.total() == s1.memory.total());
   // 2 replicas of tp 8 (no DP attention): each takes half the tokens; the world twice the tokens/s.
   const cli::Deployment r = cli::plan_deployment(WorldLayout(LayoutConfig{.tp = 8, .dp = 2}), in, c);
   CHECK(r.replicas == 2);
   CHECK(r.group_tokens == 8192);
-  CHECK(r.world_tokens_s == doctest::Approx(2 * 8192 / r.interval));
+  CHECK(r.world_tokens_s == within_rel(2 * 8192 / r.interval, 1e-9));
   CHECK_THROWS_WITH_AS(cli::plan_deployment(WorldLayout(LayoutConfig{.tp = 1, .pp = 62}), in, c),
                        doctest::Contains("--pp-size 62 with --preset deepseek-v3 (61 layers)"), LayoutError);
 }
