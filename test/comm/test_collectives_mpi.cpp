@@ -228,8 +228,9 @@ TEST_CASE("mpi: an MPI failure throws CommError naming the call, file and line")
   const auto& w = world();
   std::vector<float> buf(2);
   // The member is the unchecked primitive: a bad root reaches MPI_Bcast, which returns an error.
-  // With a deadline (ctest sets one) the call is the nonblocking MPI_Ibcast (comm/mpi.hpp).
-  const std::string call = agreement_settings().timeout_s > 0 && w.size() > 1 ? "MPI_Ibcast(" : "MPI_Bcast(";
+  // With the check and a deadline (ctest sets both) the call is the nonblocking MPI_Ibcast (comm/mpi.hpp).
+  const AgreementSettings& s = agreement_settings();
+  const std::string call = s.check && s.timeout_s > 0 && w.size() > 1 ? "MPI_Ibcast(" : "MPI_Bcast(";
   try {
     w.broadcast(std::span<float>(buf), -7);
     FAIL("MPI_Bcast accepted root -7");
@@ -409,8 +410,8 @@ TEST_CASE("mpi: split_shared groups the ranks of one host; making a communicator
   CHECK(host.owns());
   CHECK(host.size() == n);
   CHECK(host.rank() == world().rank());
-  // A split from two different lines on different members is a mismatch, not a hang (the check is
-  // on in test builds, and a deadline turns it on elsewhere).
+  // A split from two different lines on different members is a mismatch, not a hang (making a
+  // communicator is checked whenever the check or the deadline is on).
   if (n > 1 && agreement_settings().active()) {
     MpiCommunicator d = world().dup();
     d.set_name("making");
