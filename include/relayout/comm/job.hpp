@@ -17,10 +17,10 @@
 // rank, printed by rank 0) and the job exits 2 without running its body (run(), or
 // refuse_bad_settings() for a main that calls finish() itself).
 //
-// At the end every rank reports its exit code. A rank that succeeded waits for the others as long as
-// it takes (or, with RELAYOUT_COLLECTIVE_TIMEOUT, that long; then it aborts the job, exit code 3). A
-// rank that failed waits at most RELAYOUT_EXIT_GRACE seconds (10 s, or half of
-// RELAYOUT_COLLECTIVE_TIMEOUT; 0: not at all): when every rank arrives (they all hit the same bad
+// At the end every rank reports its exit code. A rank that succeeded waits for the others up to the
+// deadline (RELAYOUT_COLLECTIVE_TIMEOUT, 300 s unless set; 0: as long as it takes), then aborts the
+// job, exit code 3. A rank that failed waits at most RELAYOUT_EXIT_GRACE seconds (10 s, or half the
+// deadline when shorter; 0: not at all): when every rank arrives (they all hit the same bad
 // input, say), the job exits normally with the largest exit code on every rank, and each failed rank
 // other than rank 0 prints its error when rank 0's output does not already say it. When some rank
 // does not arrive, the failed rank prints its error and ends the job with MPI_Abort (exit code: its
