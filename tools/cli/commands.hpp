@@ -47,8 +47,8 @@ inline std::string unknown_subcommand(const CLI::App& app, int argc, const char*
 struct DeployFlags {
   std::string phase = "prefill", deepep_mode = "auto", load_file;
   int kv_len = 0, requests_per_gpu = 0, redundant = 0;
-  double imbalance = 1.0;
-  bool tbo = false, attn_scattered = false;
+  double imbalance = kEplbImbalance, attn_dp_imbalance = 1.0, batch_fill = 1.0, cache_hit = 0.0, mtp = 0.0;
+  bool tbo = false, attn_scattered = false, explain = false;
 
   void add_to(CLI::App& app) {
     app.add_option("--phase", phase, "MLA presets: prefill (one forward of --batch-tokens) or decode (one step)");
@@ -60,14 +60,30 @@ struct DeployFlags {
                  "path tp_moe (TP without DP attention or an all-to-all backend, as SGLang applies it): q_a and kv_a "
                  "on each attn_tp rank's chunk of the tokens, their outputs all-gathered");
     add_int(app, "--ep-num-redundant-experts", redundant, "extra physical experts (EPLB replicas) over moe_ep; needs ep > 1", 0, 1 << 16);
-    add_float(app, "--expert-imbalance", imbalance, "busiest EP rank's tokens over the mean (>= 1; default 1: balanced)", 1.0, 1e6);
+    add_float(app, "--expert-imbalance", imbalance,
+              "busiest EP rank's tokens over the mean (>= 1; default 1.18 at moe_ep > 1: LMSYS, SGLang's EPLB against "
+              "simulated perfect balance, 50,302 vs 59,337 tokens/s per node, lmsys.org/blog/2025-05-05-large-scale-ep; "
+              "1 for perfect balance)", 1.0, 1e6);
+    add_float(app, "--attn-dp-imbalance", attn_dp_imbalance,
+              "busiest attention-DP group's attention work over the mean (>= 1; default 1: equal requests per group)", 1.0, 1e6);
+    add_float(app, "--decode-batch-fill", batch_fill,
+              "decode: share of the --requests-per-gpu slots that hold a request (default 1: a full batch)", 1e-6, 1.0);
+    add_float(app, "--prefill-cache-hit", cache_hit,
+              "prefill: share of each request's tokens found in the KV cache, not computed but counted in tokens/s "
+              "(default 0; DeepSeek's inference system overview: 56.3% of its input tokens in a day)", 0.0, 0.999);
+    add_float(app, "--mtp-acceptance", mtp,
+              "decode: run DeepSeek-V3's MTP module, one draft token a step accepted at this rate (default 0: off; "
+              "DeepSeek-V3 technical report: 85-90%)", 0.0, 1.0);
+    app.add_flag("--explain", explain, "MLA presets: print how one MoE layer's time and the step were built");
     app.add_option("--expert-load", load_file,
                    "JSON of per-expert token counts ({\"experts\": E, \"loads\": [...]} or {\"experts\": E, \"layers\": [[...]]}, "
                    "e.g. dsv4_layer --expert-load-out): the imbalance, max over mean tokens per rank");
   }
   static constexpr const char* kNames[] = {"--phase", "--kv-len", "--requests-per-gpu", "--deepep-mode",
                                            "--enable-two-batch-overlap", "--ep-num-redundant-experts",
-                                           "--expert-imbalance", "--enable-attn-tp-input-scattered"};
+                                           "--expert-imbalance", "--enable-attn-tp-input-scattered",
+                                           "--attn-dp-imbalance", "--decode-batch-fill", "--prefill-cache-hit",
+                                           "--mtp-acceptance", "--explain"};
 };
 
 // The MLA model's input from the flags; throws LayoutError naming the flag that does not apply.
@@ -89,6 +105,11 @@ inline DeployInput deploy_input(const CLI::App& plan, const DeployFlags& f, cons
   in.attn_tp_input_scattered = f.attn_scattered;
   in.redundant_experts = f.redundant;
   in.imbalance = f.imbalance;
+  in.attn_dp_imbalance = f.attn_dp_imbalance;
+  in.batch_fill = f.batch_fill;
+  in.cache_hit = f.cache_hit;
+  in.mtp_acceptance = f.mtp;
+  in.explain = f.explain;
   if (plan.count("--expert-load") > 0) {
     if (plan.count("--expert-imbalance") > 0)
       throw LayoutError("--expert-load", "--expert-load and --expert-imbalance both give the imbalance: give one of them");
@@ -98,13 +119,15 @@ inline DeployInput deploy_input(const CLI::App& plan, const DeployFlags& f, cons
   if (plan.count("--weight-bytes") > 0) in.weight_bytes = demo.weight_elem;
   in.request_tokens = request_tokens;
   if (in.phase == Phase::prefill) {
-    for (const char* name : {"--kv-len", "--requests-per-gpu"})
+    for (const char* name : {"--kv-len", "--requests-per-gpu", "--decode-batch-fill", "--mtp-acceptance"})
       if (plan.count(name) > 0) throw LayoutError(name, std::string(name) + ": applies to --phase decode");
     if (batch_tokens == 0)
       throw LayoutError("--batch-tokens", "--batch-tokens: --preset " + preset + " --phase prefill needs the tokens of one forward");
     in.batch_tokens = batch_tokens;
   } else {
     if (batch_tokens > 0) throw LayoutError("--batch-tokens", "--batch-tokens: --phase decode takes --requests-per-gpu and --kv-len instead");
+    if (plan.count("--prefill-cache-hit") > 0)
+      throw LayoutError("--prefill-cache-hit", "--prefill-cache-hit: applies to --phase prefill");
     if (f.kv_len == 0) throw LayoutError("--kv-len", "--kv-len: --phase decode needs the tokens cached per request");
     if (f.requests_per_gpu == 0) throw LayoutError("--requests-per-gpu", "--requests-per-gpu: --phase decode needs the batch per GPU");
     in.kv_len = f.kv_len;
@@ -220,6 +243,10 @@ inline int deploy_command(const CLI::App& plan, LayoutFlags& flags, const Deploy
                           double gpu_memory, const Cluster& cluster, const std::string& format, std::ostream& out,
                           std::ostream& err, const std::string& load_file = "") {
   if (format == "svg") throw LayoutError("--format", "--format svg draws the demo layer's plan; use text or json with --preset " + in.model.name);
+  if (in.explain && (gpus > 0 || format == "json"))
+    throw LayoutError("--explain", gpus > 0 ? "--explain: explains one layout's step; give the layout's flags instead of --gpus"
+                                            : "--explain: prints text; --format json already gives each component's "
+                                              "time and efficiency (\"components\", \"efficiency\")");
   check_load_work(in, gpus, load_file);
   if (gpus > 0) {
     refuse_ranked_flags(plan, gpus);
@@ -264,7 +291,7 @@ inline int deploy_command(const CLI::App& plan, LayoutFlags& flags, const Deploy
   if (format == "json")
     out << j.dump(2) << "\n";
   else
-    out << deployment_text(d, in) << cluster_text(timed);
+    out << deployment_text(d, in) << cluster_text(timed) << (in.explain ? deployment_explain(d, in, timed) : "");
   return misfit_exit(d.memory.total(), gpu_memory, err);
 }
 

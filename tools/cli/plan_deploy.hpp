@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cli/plan_kernels.hpp"
 #include "cli/plan_rank.hpp"
 #include "cli/plan_time.hpp"
 #include "cli/plan_world.hpp"
@@ -200,6 +201,11 @@ inline DeepEpCost deepep_seconds(bool low_latency, double tokens, double row, in
   return out;
 }
 
+// The busiest EP rank's load over the mean left after EPLB, by default: LMSYS measured SGLang's
+// prefill at EP32 with its EPLB against simulated perfect balance, 50,302 against 59,337 tokens/s
+// per node (lmsys.org/blog/2025-05-05-large-scale-ep): x1.18.
+inline constexpr double kEplbImbalance = 59337.0 / 50302.0;
+
 // What a deployment is planned from (besides its layout and cluster).
 struct DeployInput {
   MlaModel model;
@@ -213,15 +219,32 @@ struct DeployInput {
   bool two_batch_overlap = false;
   bool attn_tp_input_scattered = false;  // --enable-attn-tp-input-scattered (where attn_input_scattered)
   int redundant_experts = 0;
-  double imbalance = 1.0;  // busiest EP rank's tokens over the mean
+  double imbalance = kEplbImbalance;  // busiest EP rank's tokens over the mean (at moe_ep > 1)
   std::optional<std::vector<std::vector<double>>> load;  // --expert-load: per layer, per logical expert
+  double attn_dp_imbalance = 1.0;  // busiest attention-DP group's attention work over the mean
+  double batch_fill = 1.0;         // decode: share of the --requests-per-gpu slots holding a request
+  double cache_hit = 0.0;          // prefill: share of each request's tokens found in the KV cache
+  double mtp_acceptance = 0.0;     // decode: > 0 runs one MTP draft token a step, accepted at this rate
+  bool explain = false;            // --explain: print how the step was built
+};
+
+// How one layer's compute was built, both micro-batches together: each kernel's seconds and the
+// achieved share of the peak it ran at.
+struct LayerBuild {
+  double proj = 0, core = 0, dense_mlp = 0, router = 0, shared = 0, routed = 0;  // seconds
+  double other_kernels = 0, gaps = 0;        // kernels that are not GEMMs or attention; launch gaps
+  double proj_share = 0, core_share = 0, dense_share = 0, shared_share = 0, routed_share = 0;  // of the peak
+  double rows_per_expert = 0, kernels = 0;   // M of the grouped GEMM; kernels launched
+  double overlap_slowdown = 0;               // seconds the compute lost to DeepEP's SMs under overlap
 };
 
 // Seconds of one layer on the busiest rank, split as the ranking prints it.
 struct LayerTime {
   double attention = 0, experts = 0, dispatch = 0, combine = 0, other_comm = 0;  // other: attn_tp all-reduce, gathers
-  double total = 0, exposed = 0;  // exposed: communication not hidden behind compute
-  double compute() const { return attention + experts; }
+  double other = 0;               // kernels that are not GEMMs or attention, and launch gaps
+  double total = 0, exposed = 0;  // exposed: the layer's time beyond its compute
+  LayerBuild parts;
+  double compute() const { return attention + experts + other; }
   double comm() const { return dispatch + combine + other_comm; }
 };
 
@@ -252,8 +275,10 @@ struct Deployment {
   Spread spread;
   std::int64_t dispatch_row = 0, combine_row = 0;  // bytes of one dispatched / combined copy
   LayerTime dense, moe;
-  double head = 0;  // LM head, once per step
+  double head = 0;  // LM head and sampling, once per step
+  double mtp = 0;   // decode with MTP: the draft layer, once per step
   double step = 0;  // seconds of one forward / decode step: pp micro-batches through the slowest stage
+  double input_tokens = 0;  // prefill: tokens of a DP group including cache hits; decode: tokens out per step
   double tokens_per_gpu_s = 0;
   double imbalance = 1.0;
   DeployMemory memory;  // the fullest stage's rank
@@ -285,57 +310,104 @@ inline bool attn_input_scattered(BridgePath path, const Widths& w) {
 
 namespace impl {
 
-// The rank's per-layer quantities for `share` of the batch (1, or 0.5 per micro-batch).
+// The rank's per-layer quantities for `share` of the batch (1, or 0.5 per micro-batch): seconds of
+// attention, dense MLP, experts (their kernels in `b`), DeepEP's calls and the collectives.
 struct LayerParts {
   double attention = 0, dense_mlp = 0, experts = 0, dispatch = 0, combine = 0, attn_comm = 0, moe_comm = 0;
+  double other_attn = 0, other_dense = 0, other_moe = 0, gaps_dense = 0, gaps_moe = 0;
+  LayerBuild b;  // attention's, the dense MLP's and the experts' kernels (proj, core, ...)
 };
 
-inline LayerParts layer_parts(const Deployment& d, const DeployInput& in, const Cluster& c, double share) {
+// One GEMM of m rows by an (n x k) weight: at the achieved share of `peak` (DeepGEMM's table for
+// the nearest shape, or --gemm-efficiency), at least the weight's bytes over HBM. Adds its flops to *flops.
+inline double gemm_seconds(double m, double n, double k, double wb, double peak, const Cluster& c, double* flops) {
+  if (m <= 0) return 0.0;
+  const double share = c.eff.gemm_table ? deepgemm_share(m, n, k) : c.eff.gemm;
+  *flops += 2.0 * m * n * k;
+  return roofline(2.0 * m * n * k, peak * share, n * k * weight_bytes_of(wb), c);
+}
+
+// Core attention's flops, the cache bytes it reads and the length it runs over for R requests:
+// prefill (non-absorbed, causal) over each request's computed tokens after its cached prefix;
+// decode (absorbed) over S cached tokens for each of a request's tokens (two with an MTP draft).
+struct CoreAttention {
+  double flops = 0, bytes = 0, length = 0;
+};
+inline CoreAttention core_attention(const DeployInput& in, double R, double h) {
+  const MlaModel& m = in.model;
+  if (in.phase == Phase::prefill) {
+    const double L = in.request_tokens, P = std::floor(in.cache_hit * L), C = L - P;
+    return {2.0 * R * (C * P + C * (C + 1) / 2) * h * (m.qk_nope + m.qk_rope + m.v_head), 0.0, L};
+  }
+  const double S = in.kv_len + 1.0, queries = in.mtp_acceptance > 0 ? 2.0 : 1.0;
+  return {2.0 * R * queries * S * h * (m.kv_lora + m.qk_rope + m.kv_lora), R * S * m.kv_per_token_layer() * in.kv_bytes, S};
+}
+
+// Attention of T tokens in R requests: q_a + kv_a (one GEMM, replicated over attn_tp; scattered
+// input: 1/A of the tokens), q_b, kv_b and o split over heads (decode runs MLA absorbed: kv_b's
+// flops on each token), core attention, the attn_tp collectives and the kernels between them.
+inline void attention_parts(LayerParts& p, const Deployment& d, const DeployInput& in, const Cluster& c, double T, double R) {
   const MlaModel& m = in.model;
   const Widths& w = d.widths;
-  const double H = m.hidden, A = w.attn_tp, wb = in.weight_bytes;
-  const double gemm = c.fp8_flops * c.eff.gemm * (wb == 1 ? 1.0 : c.gpu_flops / c.fp8_flops);
-  const double T = d.group_tokens * share, R = d.group_requests * share;
-  LayerParts p;
-  // Attention: q_a, kv_a on every attn_tp rank; q_b, kv_b, o split over heads. Decode runs MLA
-  // absorbed (W_UK, W_UV folded in: the same flops as kv_b on each token) over the cached latent.
-  // Scattered input: every rank still holds (and reads) the replicated weights, for 1/A of the tokens.
+  const double H = m.hidden, A = w.attn_tp, wb = in.weight_bytes, peak = wb == 1 ? c.fp8_flops : c.gpu_flops, h = m.heads / A;
+  LayerBuild& b = p.b;
   const bool scattered = in.attn_tp_input_scattered && attn_input_scattered(d.path, w);
-  const double proj = m.attn_replicated() + m.attn_split() / A;
-  const double proj_flops = m.attn_replicated() / (scattered ? A : 1.0) + m.attn_split() / A;
-  const double h = m.heads / A;
-  double core_flops = 0, kv_read = 0;
-  if (in.phase == Phase::prefill) {
-    const double L = in.request_tokens;
-    core_flops = 2.0 * R * (L * (L + 1) / 2) * h * (m.qk_nope + m.qk_rope + m.v_head);  // causal: half the pairs
-  } else {
-    const double S = in.kv_len + 1.0;
-    core_flops = 2.0 * R * S * h * (m.kv_lora + m.qk_rope + m.kv_lora);  // scores over 576, values over 512
-    kv_read = R * S * m.kv_per_token_layer() * in.kv_bytes;
-  }
-  p.attention = roofline(2.0 * T * proj_flops, gemm, proj * wb, c) +
-                roofline(core_flops, c.gpu_flops * c.eff.attention, kv_read, c);
+  double f = 0;
+  b.proj = gemm_seconds(scattered ? T / A : T, m.q_lora + m.kv_lora + m.qk_rope, H, wb, peak, c, &f) +
+           gemm_seconds(T, h * (m.qk_nope + m.qk_rope), m.q_lora, wb, peak, c, &f) +
+           gemm_seconds(T, h * (m.qk_nope + m.v_head), m.kv_lora, wb, peak, c, &f) +
+           gemm_seconds(T, H, h * m.v_head, wb, peak, c, &f);
+  b.proj_share = b.proj > 0 ? f / (b.proj * peak) : 0;
+  const CoreAttention core = core_attention(in, R, h);
+  const bool prefill = in.phase == Phase::prefill;
+  const double share = prefill && c.eff.prefill_table ? fa3_share(core.length) : c.eff.attention;
+  b.core = roofline(core.flops, c.gpu_flops * share, core.bytes, c);
+  b.core_share = b.core > 0 ? core.flops / (b.core * c.gpu_flops) : 0;
+  p.attention = (b.proj + b.core) * in.attn_dp_imbalance;
+  p.other_attn = T * in.attn_dp_imbalance *
+                 attention_side_bytes(H, m.q_lora, m.kv_lora, h, m.v_head, m.qk_nope + m.qk_rope, prefill) /
+                 (c.hbm_bw * c.eff.hbm);
   const bool one_node = A <= c.gpus_per_node;
   if (A > 1) p.attn_comm = collective_seconds(TrafficOp::all_reduce, A, one_node, 1, T * H * in.act_bytes, c);
   if (scattered)  // the q_a and kv_a outputs of every token
     p.attn_comm += collective_seconds(TrafficOp::all_gather, A, one_node, 1,
                                       T * (m.q_lora + m.kv_lora + m.qk_rope) * in.act_bytes, c);
   // Dense MLP (first layers): split over attn_tp like the attention, one more all-reduce.
-  const double dense = 3.0 * H * m.dense_inter / A;
-  p.dense_mlp = roofline(2.0 * T * dense, gemm, dense * wb, c);
-  // MoE: the router and shared expert on the rows this rank routes, its experts on its pairs.
-  const double rows = d.routed_rows * share, pairs = d.expert_pairs * share;
-  const double inter = double(m.moe_inter) / w.moe_tp;
-  const double shared = m.shared_experts * 3.0 * H * (d.deepep ? m.moe_inter : inter);
+  f = 0;
+  const double di = m.dense_inter / A;
+  b.dense_mlp = gemm_seconds(T, 2 * di, H, wb, peak, c, &f) + gemm_seconds(T, H, di, wb, peak, c, &f);
+  b.dense_share = b.dense_mlp > 0 ? f / (b.dense_mlp * peak) : 0;
+  p.dense_mlp = b.dense_mlp;
+  p.other_dense = T * (2 * 2.0 * 2 * di + di) / (c.hbm_bw * c.eff.hbm);  // SwiGLU: read gate and up, write down's input
+}
+
+// The MoE on `rows` routed rows and `pairs` (row, expert) pairs: the router (BF16) and the shared
+// expert on the rows, the routed experts as a grouped GEMM of pairs / (experts hit) rows each,
+// the kernels between them, and DeepEP's calls (or backend none's collectives) for the rows.
+inline void moe_parts(LayerParts& p, const Deployment& d, const DeployInput& in, const Cluster& c, double rows, double pairs) {
+  const MlaModel& m = in.model;
+  const Widths& w = d.widths;
+  const double H = m.hidden, wb = in.weight_bytes, peak = wb == 1 ? c.fp8_flops : c.gpu_flops;
+  const double inter = double(m.moe_inter) / w.moe_tp, si = d.deepep ? m.moe_inter : inter;
+  LayerBuild& b = p.b;
+  double f = 0;
+  b.router = gemm_seconds(rows, m.experts, H, 2, c.gpu_flops, c, &f);
+  f = 0;
+  b.shared = m.shared_experts * (gemm_seconds(rows, 2 * si, H, wb, peak, c, &f) + gemm_seconds(rows, H, si, wb, peak, c, &f));
+  b.shared_share = b.shared > 0 ? m.shared_experts * f / (b.shared * peak) : 0;
   const double hit = d.local_experts * (1.0 - std::exp(-pairs / std::max(d.local_experts, 1e-9)));
-  p.experts = roofline(2.0 * rows * m.experts * H, c.gpu_flops * c.eff.gemm, m.experts * H * 2.0, c) +
-              roofline(2.0 * rows * shared, gemm, shared * wb, c) +
-              roofline(2.0 * pairs * 3.0 * H * inter, gemm, hit * 3.0 * H * inter * wb, c);
-  const double f = in.imbalance;
+  b.rows_per_expert = hit > 0 ? pairs / hit : 0;
+  f = 0;
+  b.routed = hit * (gemm_seconds(b.rows_per_expert, 2 * inter, H, wb, peak, c, &f) +
+                    gemm_seconds(b.rows_per_expert, H, inter, wb, peak, c, &f));
+  b.routed_share = b.routed > 0 ? hit * f / (b.routed * peak) : 0;
+  p.experts = b.router + b.shared + b.routed;
+  p.other_moe = (pairs * moe_side_bytes(H, inter, in.phase == Phase::prefill) + rows * (3 * 2.0 * si + 2.0 * H)) /
+                (c.hbm_bw * c.eff.hbm);
   if (d.deepep) {
-    const int ep = w.moe_ep;
-    p.dispatch = deepep_seconds(d.low_latency, rows * f, double(d.dispatch_row), m.topk, d.spread, ep, c).seconds;
-    p.combine = deepep_seconds(d.low_latency, rows * f, double(d.combine_row), m.topk, d.spread, ep, c).seconds;
+    const double sent = rows * in.imbalance;
+    p.dispatch = deepep_seconds(d.low_latency, sent, double(d.dispatch_row), m.topk, d.spread, w.moe_ep, c).seconds;
+    p.combine = deepep_seconds(d.low_latency, sent, double(d.combine_row), m.topk, d.spread, w.moe_ep, c).seconds;
   } else if (w.tp > 1) {
     // Backend none: path dp_gather all-gathers every row over tp and reduce-scatters the outputs;
     // path tp_moe all-reduces them.
@@ -347,15 +419,35 @@ inline LayerParts layer_parts(const Deployment& d, const DeployInput& in, const 
     else
       p.moe_comm = collective_seconds(TrafficOp::all_reduce, w.tp, tp_node, 1, bytes, c);
   }
+}
+
+inline LayerParts layer_parts(const Deployment& d, const DeployInput& in, const Cluster& c, double share) {
+  LayerParts p;
+  attention_parts(p, d, in, c, d.group_tokens * share, d.group_requests * share);
+  moe_parts(p, d, in, c, d.routed_rows * share, d.expert_pairs * share);
+  const double gap = in.phase == Phase::prefill ? c.eff.gap_eager : c.eff.gap_graph;
+  p.gaps_dense = (kAttentionKernels + kDenseMlpKernels) * gap;
+  p.gaps_moe = (kAttentionKernels + kMoeKernels) * gap;
   return p;
+}
+
+// The LM head (BF16, vocab over attn_tp) on `logits` tokens and the sampling after it: the logits
+// written and read twice in fp32 (softmax, then the draw).
+inline double head_seconds(const Deployment& d, const DeployInput& in, const Cluster& c, double logits) {
+  const MlaModel& m = in.model;
+  const double V = double(m.vocab) / d.widths.attn_tp;
+  double f = 0;
+  return gemm_seconds(logits, V, m.hidden, 2, c.gpu_flops, c, &f) + logits * V * 3 * 4.0 / (c.hbm_bw * c.eff.hbm);
 }
 
 }  // namespace impl
 
-// The busiest rank's layer times: without two-batch overlap compute and communication add up;
-// with it the batch runs as two micro-batches, one's dispatch/combine behind the other's compute,
-// so a layer takes max(compute, communication) of the two together (each computed on half the
-// rows: decode reads every weight twice). The attn_tp all-reduce is not overlapped.
+// The busiest rank's layer times: without two-batch overlap compute and communication add up.
+// With it the batch runs as two micro-batches, one's dispatch/combine beside the other's compute
+// (each computed on half the rows: decode reads every weight twice); DeepEP's kernels hold
+// --deepep-normal-sms (or -ll-sms) of the GPU's SMs meanwhile, so the compute runs at 1 - s of its
+// rate while they run: the layer takes max(communication, compute + s * communication). The
+// attn_tp all-reduce is not overlapped.
 inline LayerTime layer_time(const Deployment& d, const DeployInput& in, const Cluster& c, bool moe) {
   const bool tbo = in.two_batch_overlap && moe && d.widths.tp > 1;
   const int n = tbo ? 2 : 1;
@@ -363,18 +455,31 @@ inline LayerTime layer_time(const Deployment& d, const DeployInput& in, const Cl
   LayerTime t;
   t.attention = n * p.attention;
   t.experts = n * (moe ? p.experts : p.dense_mlp);
+  t.other = n * (p.other_attn + (moe ? p.other_moe + p.gaps_moe : p.other_dense + p.gaps_dense));
   t.dispatch = moe ? n * p.dispatch : 0.0;
   t.combine = moe ? n * p.combine : 0.0;
   t.other_comm = n * (p.attn_comm * (moe ? 1 : 2) + (moe ? p.moe_comm : 0.0));
+  t.parts = p.b;
+  for (double LayerBuild::*x : {&LayerBuild::proj, &LayerBuild::core, &LayerBuild::dense_mlp, &LayerBuild::router,
+                                &LayerBuild::shared, &LayerBuild::routed})
+    t.parts.*x *= n;
+  t.parts.other_kernels = n * (p.other_attn + (moe ? p.other_moe : p.other_dense));
+  t.parts.gaps = n * (moe ? p.gaps_moe : p.gaps_dense);
+  t.parts.kernels = n * (kAttentionKernels + (moe ? kMoeKernels : kDenseMlpKernels));
+  if (!moe) t.parts.router = t.parts.shared = t.parts.routed = 0;
+  else t.parts.dense_mlp = 0;
   const double overlappable = t.dispatch + t.combine + (moe ? n * p.moe_comm : 0.0);
   const double fixed = t.other_comm - (moe ? n * p.moe_comm : 0.0);
   if (tbo) {
-    t.total = std::max(t.compute(), overlappable) + fixed;
-    t.exposed = std::max(0.0, overlappable - t.compute()) + fixed;
+    const Efficiency& e = c.eff;
+    const double s = d.deepep ? std::min(1.0, (d.low_latency ? e.ll_sms : e.normal_sms) / c.sms) : 0.0;
+    const double shared = std::max(overlappable, t.compute() + s * overlappable);
+    t.parts.overlap_slowdown = shared - std::max(overlappable, t.compute());
+    t.total = shared + fixed;
   } else {
     t.total = t.compute() + overlappable + fixed;
-    t.exposed = overlappable + fixed;
   }
+  t.exposed = t.total - t.compute();
   return t;
 }
 
@@ -393,7 +498,8 @@ inline DeployMemory deploy_memory(const Deployment& d, const DeployInput& in, co
   // Embeddings (first stage) and LM head (last), BF16, over attn_tp.
   mem.embeddings = ((s.embed ? 1.0 : 0.0) + (s.head ? 1.0 : 0.0)) * double(m.vocab) * H * 2.0 / A;
   // MLA caches one latent (kv_lora) and one rope key per token and layer, the same on every attn_tp rank.
-  const double cached = in.phase == Phase::prefill ? d.group_tokens : d.group_requests * (in.kv_len + 1.0);
+  const double cached = in.phase == Phase::prefill ? d.input_tokens
+                                                   : double(in.requests_per_gpu) * w.attn_tp * (in.kv_len + 1.0);
   mem.kv = pp * cached * s.layers.count * m.kv_per_token_layer() * in.kv_bytes;
   // One layer at a time: the rows' hidden states, queries and attention output, and the experts'
   // received rows with their intermediate.
@@ -453,15 +559,20 @@ inline void deploy_batch(Deployment& d, DeployInput& in, const Cluster& c) {
     const int nodes = w.moe_ep % d.spread.node_count == 0 ? d.spread.node_count : 1;
     in.imbalance = imbalance_of(*in.load, w.moe_ep, in.redundant_experts, nodes, m.groups);
   }
+  if (w.moe_ep < 2) in.imbalance = 1.0;  // every rank holds a slice of every expert
   d.deepep = d.path == BridgePath::a2a_split || d.path == BridgePath::direct;
   d.low_latency = d.deepep && in.deepep_mode.value_or(in.phase == Phase::decode ? EpMode::low_latency : EpMode::normal) ==
                                   EpMode::low_latency;
+  // Prefill computes each request's tokens after its cached prefix; decode steps the requests the
+  // batch holds, each one token (two with an MTP draft).
   if (in.phase == Phase::prefill) {
-    d.group_tokens = double(in.batch_tokens) / d.replicas / d.pp / w.attn_dp;
-    d.group_requests = d.group_tokens / in.request_tokens;
+    d.input_tokens = double(in.batch_tokens) / d.replicas / d.pp / w.attn_dp;
+    d.group_requests = d.input_tokens / in.request_tokens;
+    d.group_tokens = d.group_requests * (in.request_tokens - std::floor(in.cache_hit * in.request_tokens));
   } else {
-    d.group_requests = double(in.requests_per_gpu) * w.attn_tp;
-    d.group_tokens = d.group_requests;
+    d.group_requests = double(in.requests_per_gpu) * in.batch_fill * w.attn_tp;
+    d.group_tokens = d.group_requests * (in.mtp_acceptance > 0 ? 2.0 : 1.0);
+    d.input_tokens = d.group_requests * (1.0 + in.mtp_acceptance);
   }
   const double domain_tokens = d.group_tokens * w.attn_dp;
   // Rows entering this rank's MoE: its share of its group's rows (all-to-all paths), every row of
@@ -475,7 +586,7 @@ inline void deploy_batch(Deployment& d, DeployInput& in, const Cluster& c) {
   d.dispatch_row = d.low_latency ? EpMessage::fp8_row_bytes(m.hidden) : EpMessage::of_fp8<float>(m.topk, m.hidden).bytes;
   d.combine_row = std::int64_t(m.hidden) * 2;
   d.imbalance = in.imbalance;
-  d.micro_tokens = in.phase == Phase::prefill ? domain_tokens : d.group_requests * w.attn_dp;
+  d.micro_tokens = in.phase == Phase::prefill ? d.input_tokens * w.attn_dp : d.group_requests * w.attn_dp;
 }
 
 // Stage `s` of the pipeline: its layers, its hand-over to the next stage and the gather of what it
@@ -500,7 +611,7 @@ inline DeployStage deploy_stage(const Deployment& d, const DeployInput& in, cons
   }
   if (st.receives && st.handover.gathered > 0)
     st.gather_s = collective_seconds(TrafficOp::all_gather, A, A <= c.gpus_per_node, 1, st.handover.gathered, c);
-  st.seconds = st.dense * d.dense.total + st.moe * d.moe.total + (st.head ? d.head : 0.0) + st.send_s + st.gather_s;
+  st.seconds = st.dense * d.dense.total + st.moe * d.moe.total + (st.head ? d.head + d.mtp : 0.0) + st.send_s + st.gather_s;
   st.memory = deploy_memory(d, in, st, pp);
   return st;
 }
@@ -531,10 +642,14 @@ inline Deployment plan_deployment(const WorldLayout& world, const DeployInput& g
   impl::deploy_batch(d, in, c);
   d.dense = layer_time(d, in, c, false);
   d.moe = layer_time(d, in, c, true);
-  const double gemm16 = c.gpu_flops * c.eff.gemm;
-  const double logits = d.group_requests;  // the last token of each request (prefill), every token (decode)
-  d.head = roofline(2.0 * logits * m.hidden * m.vocab / d.widths.attn_tp, gemm16,
-                    double(m.hidden) * m.vocab * 2.0 / d.widths.attn_tp, c);
+  d.head = impl::head_seconds(d, in, c, d.group_requests);
+  // MTP: the draft layer (one MoE layer, its projection of the embedding and hidden state) and its head.
+  if (in.phase == Phase::decode && in.mtp_acceptance > 0) {
+    double f = 0;
+    d.mtp = d.moe.total + impl::gemm_seconds(d.group_requests, m.hidden, 2.0 * m.hidden, in.weight_bytes,
+                                             in.weight_bytes == 1 ? c.fp8_flops : c.gpu_flops, c, &f) + d.head;
+    d.head = impl::head_seconds(d, in, c, d.group_tokens);  // the main head on both tokens of each request
+  }
   for (int s = 0; s < pp; ++s) {
     const DeployStage st = impl::deploy_stage(d, in, c, s, layout.size());
     d.latency += st.seconds;
@@ -543,9 +658,10 @@ inline Deployment plan_deployment(const WorldLayout& world, const DeployInput& g
     d.stages.push_back(st);
   }
   d.step = pp * d.interval;
-  d.tokens_per_gpu_s = d.micro_tokens / layout.size() / d.step;
+  const double out = in.phase == Phase::decode ? 1.0 + in.mtp_acceptance : 1.0;  // tokens a request gains a step
+  d.tokens_per_gpu_s = d.micro_tokens * out / layout.size() / d.step;
   d.memory = d.stages[std::size_t(d.fullest)].memory;
-  d.world_tokens_s = d.replicas * d.micro_tokens / d.interval;
+  d.world_tokens_s = d.replicas * d.micro_tokens * out / d.interval;
   return d;
 }
 
@@ -554,9 +670,20 @@ inline Deployment plan_deployment(const RuntimeLayout& layout, const DeployInput
   return plan_deployment(WorldLayout::single_domain(layout), given, c);
 }
 
+// A layer's times; `components` splits its compute by kernel (both micro-batches), `efficiency`
+// gives the achieved share of the peak each ran at.
 inline nlohmann::json layer_json(const LayerTime& t) {
+  const LayerBuild& b = t.parts;
   return {{"attention_s", t.attention}, {"experts_s", t.experts}, {"dispatch_s", t.dispatch}, {"combine_s", t.combine},
-          {"other_comm_s", t.other_comm}, {"exposed_comm_s", t.exposed}, {"total_s", t.total}};
+          {"other_comm_s", t.other_comm}, {"other_s", t.other}, {"exposed_comm_s", t.exposed}, {"total_s", t.total},
+          {"components",
+           {{"projections_s", b.proj}, {"core_attention_s", b.core}, {"dense_mlp_s", b.dense_mlp}, {"router_s", b.router},
+            {"shared_expert_s", b.shared}, {"routed_experts_s", b.routed}, {"other_kernels_s", b.other_kernels},
+            {"launch_gaps_s", b.gaps}, {"kernels", b.kernels}, {"overlap_slowdown_s", b.overlap_slowdown},
+            {"rows_per_expert", b.rows_per_expert}}},
+          {"efficiency",
+           {{"projections", b.proj_share}, {"core_attention", b.core_share}, {"dense_mlp", b.dense_share},
+            {"shared_expert", b.shared_share}, {"routed_experts", b.routed_share}}}};
 }
 
 inline nlohmann::json memory_json(const DeployMemory& m) {
@@ -619,6 +746,12 @@ inline nlohmann::json deployment_json(const Deployment& d, const DeployInput& in
           {"dense_layer", layer_json(d.dense)},
           {"moe_layer", layer_json(d.moe)},
           {"lm_head_s", d.head},
+          {"mtp_s", d.mtp},
+          {"input_tokens_per_group", in.phase == Phase::prefill ? d.input_tokens : 0.0},
+          {"attn_dp_imbalance", in.attn_dp_imbalance},
+          {"decode_batch_fill", in.batch_fill},
+          {"prefill_cache_hit", in.cache_hit},
+          {"mtp_acceptance", in.mtp_acceptance},
           {"step_s", d.step},
           {"tokens_per_gpu_s", d.tokens_per_gpu_s},
           {"memory", memory_json(d.memory)},
@@ -662,11 +795,11 @@ inline std::string deployment_text(const Deployment& d, const DeployInput& in) {
                 "reaches %.2f ranks on %.2f of %d nodes; dispatch %lld B a copy, combine %lld B\n",
                 d.routed_rows, d.expert_pairs, d.local_experts, d.imbalance, d.spread.ranks, d.spread.nodes,
                 d.spread.node_count, static_cast<long long>(d.dispatch_row), static_cast<long long>(d.combine_row));
-  s << b << "\nper layer (busiest rank)  attention     experts    dispatch     combine  other comm     exposed       total\n";
+  s << b << "\nper layer (busiest rank)  attention     experts       other    dispatch     combine  other comm     exposed       total\n";
   for (const auto& [name, t] : {std::pair<const char*, const LayerTime&>{"dense layer (x", d.dense}, {"MoE layer (x", d.moe}}) {
     const int n = std::string(name) == "dense layer (x" ? m.dense_layers : m.moe_layers();
-    std::snprintf(b, sizeof b, "%-24s %11s %11s %11s %11s %11s %11s %11s\n", (name + std::to_string(n) + ")").c_str(),
-                  us_text(t.attention).c_str(), us_text(t.experts).c_str(), us_text(t.dispatch).c_str(),
+    std::snprintf(b, sizeof b, "%-24s %11s %11s %11s %11s %11s %11s %11s %11s\n", (name + std::to_string(n) + ")").c_str(),
+                  us_text(t.attention).c_str(), us_text(t.experts).c_str(), us_text(t.other).c_str(), us_text(t.dispatch).c_str(),
                   us_text(t.combine).c_str(), us_text(t.other_comm).c_str(), us_text(t.exposed).c_str(),
                   us_text(t.total).c_str());
     s << b;
@@ -693,7 +826,8 @@ inline std::string deployment_text(const Deployment& d, const DeployInput& in) {
                   us_text(first.send_s).c_str(), d.pp, ms_text(d.latency).c_str(), ms_text(d.interval).c_str(), d.pp);
     s << b;
   }
-  std::snprintf(b, sizeof b, "LM head: %s\n%s: %s; %.0f tokens/s per GPU\n", us_text(d.head).c_str(),
+  if (d.mtp > 0) s << "MTP draft layer and head: " << us_text(d.mtp) << "\n";
+  std::snprintf(b, sizeof b, "LM head and sampling: %s\n%s: %s; %.0f tokens/s per GPU\n", us_text(d.head).c_str(),
                 in.phase == Phase::prefill ? "forward" : "decode step", ms_text(d.step).c_str(), d.tokens_per_gpu_s);
   s << b;
   std::snprintf(b, sizeof b, "world: %d replica%s x pp %d x tp %d = %d ranks on %lld node%s: %.0f tokens/s in all\n", d.replicas,
@@ -708,6 +842,72 @@ inline std::string deployment_text(const Deployment& d, const DeployInput& in) {
     << ", activations " << bytes_text(mm.activations)
     << (d.pp > 1 ? " (stage " + std::to_string(d.fullest) + ", the fullest)" : std::string()) << "\n";
   s << fit_text(mm.total(), d.gpu_memory);
+  return s.str();
+}
+
+// --explain: how one layer's time on the busiest rank was built, kernel by kernel.
+inline std::string layer_explain(const char* what, const LayerTime& t, const Deployment& d, const DeployInput& in,
+                                 const Cluster& c, bool moe) {
+  const LayerBuild& b = t.parts;
+  const bool tbo = in.two_batch_overlap && moe && d.widths.tp > 1;
+  const bool prefill = in.phase == Phase::prefill;
+  const std::string gemm = c.eff.gemm_table ? "DeepGEMM's H800 table for the shape" : "--gemm-efficiency";
+  std::ostringstream s;
+  char b2[400];
+  const auto line = [&](const char* fmt, auto... v) {
+    std::snprintf(b2, sizeof b2, fmt, v...);
+    s << "  " << b2 << "\n";
+  };
+  s << what << " (busiest rank" << (tbo ? ", both micro-batches together" : "") << "):\n";
+  line("projections q_a+kv_a, q_b, kv_b, o: %s at %.3f of the %s peak (%s)", us_text(b.proj).c_str(), b.proj_share,
+       in.weight_bytes == 1 ? "FP8" : "BF16", gemm.c_str());
+  line("core attention: %s at %.3f of the BF16 peak (%s)", us_text(b.core).c_str(), b.core_share,
+       prefill && c.eff.prefill_table ? "FlashAttention-3's causal table at the prompt length"
+                                      : "--attention-efficiency, or the cache read at --hbm-efficiency");
+  if (in.attn_dp_imbalance != 1) line("attention x %.3g (--attn-dp-imbalance): %s", in.attn_dp_imbalance, us_text(t.attention).c_str());
+  if (moe) {
+    line("router (BF16): %s", us_text(b.router).c_str());
+    line("shared expert: %s at %.3f of the peak (%s)", us_text(b.shared).c_str(), b.shared_share, gemm.c_str());
+    line("routed experts: %.3g local, %.1f rows each (imbalance %.3g): %s at %.3f of the peak (%s)", d.local_experts,
+         b.rows_per_expert, d.imbalance, us_text(b.routed).c_str(), b.routed_share, gemm.c_str());
+  } else {
+    line("dense MLP: %s at %.3f of the peak (%s)", us_text(b.dense_mlp).c_str(), b.dense_share, gemm.c_str());
+  }
+  line("other kernels (norms, quantization, rope, SwiGLU, permutation) over HBM at %.2f of %.0f GB/s: %s", c.eff.hbm,
+       c.hbm_bw / 1e9, us_text(b.other_kernels).c_str());
+  line("launch gaps: %.0f kernels x %.2f us (%s): %s", b.kernels, (prefill ? c.eff.gap_eager : c.eff.gap_graph) * 1e6,
+       prefill ? "--kernel-gap-eager" : "--kernel-gap-graph", us_text(b.gaps).c_str());
+  line("= compute %s", us_text(t.compute()).c_str());
+  if (moe && d.deepep)
+    line("DeepEP %s: dispatch %s, combine %s", d.low_latency ? "low_latency" : "normal", us_text(t.dispatch).c_str(),
+         us_text(t.combine).c_str());
+  if (tbo) {
+    const double sms = d.low_latency ? c.eff.ll_sms : c.eff.normal_sms;
+    line("two-batch overlap: max(communication, compute + %.0f/%.0f SMs x communication); the compute lost to DeepEP's "
+         "SMs %s", sms, c.sms, us_text(b.overlap_slowdown).c_str());
+  } else if (t.dispatch + t.combine > 0) {
+    line("no overlap: compute + dispatch + combine");
+  }
+  if (t.other_comm > 0) line("collectives over tp / attn_tp: %s", us_text(t.other_comm).c_str());
+  line("= %s a layer", us_text(t.total).c_str());
+  return s.str();
+}
+
+// --explain: the layers, the LM head and the step, then tokens/s per GPU.
+inline std::string deployment_explain(const Deployment& d, const DeployInput& in, const Cluster& c) {
+  const MlaModel& m = in.model;
+  std::ostringstream s;
+  s << "\nhow the step was built:\n" << layer_explain("a dense layer", d.dense, d, in, c, false)
+    << layer_explain("a MoE layer", d.moe, d, in, c, true);
+  char b[500];
+  std::snprintf(b, sizeof b,
+                "step: %d dense x %s + %d MoE x %s + LM head and sampling %s%s%s, over %d stage%s = %s; %.0f %s a GPU "
+                "per step -> %.0f tokens/s per GPU\n",
+                m.dense_layers, us_text(d.dense.total).c_str(), m.moe_layers(), us_text(d.moe.total).c_str(),
+                us_text(d.head).c_str(), d.mtp > 0 ? " + MTP draft " : "", d.mtp > 0 ? us_text(d.mtp).c_str() : "", d.pp,
+                d.pp == 1 ? "" : "s", ms_text(d.step).c_str(), d.tokens_per_gpu_s * d.step,
+                in.phase == Phase::prefill ? "input tokens" : "tokens out", d.tokens_per_gpu_s);
+  s << b;
   return s.str();
 }
 

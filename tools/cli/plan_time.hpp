@@ -32,13 +32,14 @@ struct Hardware {
   const char* name;
   double bf16_tflops, fp8_tflops, hbm_gbs, memory_gib, nvlink_gbs, nic_gbs;
   int gpus_per_node;
+  int sms;  // streaming multiprocessors (H100/H800/H200 SXM: 132; B200: 148)
 };
 inline constexpr Hardware kHardware[] = {
-    {"h100", 989, 1979, 3350, 80, 450, 50, 8},
-    {"h800", 989, 1979, 3350, 80, 200, 50, 8},
-    {"h200", 989, 1979, 4800, 141, 450, 50, 8},
-    {"b200", 2250, 4500, 7700, 180, 900, 50, 8},
-    {"gb200", 2500, 5000, 8000, 186, 900, 50, 72},
+    {"h100", 989, 1979, 3350, 80, 450, 50, 8, 132},
+    {"h800", 989, 1979, 3350, 80, 200, 50, 8, 132},
+    {"h200", 989, 1979, 4800, 141, 450, 50, 8, 132},
+    {"b200", 2250, 4500, 7700, 180, 900, 50, 8, 148},
+    {"gb200", 2500, 5000, 8000, 186, 900, 50, 72, 148},
 };
 
 inline const Hardware& hardware_preset(const std::string& name) {
@@ -51,14 +52,21 @@ inline const Hardware& hardware_preset(const std::string& name) {
 }
 
 // Achieved shares of the peaks, from public microbenchmarks only (docs/planning.md, "Hardware and
-// constants"): GEMMs (DeepGEMM's best FP8 GEMM on H800 is 1550 of 1979 TFLOP/s), MLA attention
-// (FlashMLA: 660 of 989 TFLOP/s compute-bound, 3000 of 3350 GB/s memory-bound), and DeepEP's
-// kernels, fitted to its README's tables (test_plan reproduces them within 25%). Each has a flag
-// (kEfficiencyFlags); the MLA presets' roofline uses them, the demo layer's time model does not.
+// constants"): GEMMs per shape from DeepGEMM's tables (plan_kernels.hpp; gemm_table false: one
+// share for every GEMM, --gemm-efficiency), MLA attention (FlashMLA: 660 of 989 TFLOP/s
+// compute-bound, 3000 of 3350 GB/s memory-bound), DeepEP's kernels, fitted to its README's tables
+// (test_plan reproduces them within 25%), the SMs DeepEP's normal kernels take from the other
+// micro-batch's compute (DeepSeek-V3 report: 20 of 132) and the gap between two kernels (Hazy
+// Research, "Look Ma, No Bubbles", H100: 1.3 us in a CUDA graph, 2.1 us launched one by one).
+// Each has a flag (kEfficiencyFlags); the MLA presets' model reads them, the demo layer's does not.
 struct Efficiency {
   double gemm = 0.7, attention = 0.6, hbm = 0.85;
+  bool gemm_table = true;  // DeepGEMM's tables per shape; false after --gemm-efficiency
+  bool prefill_table = true;  // prefill attention from FlashAttention-3's table; false after --attention-efficiency
   double normal_nvlink = 0.7, normal_rdma = 0.8, normal_latency = 25e-6;  // DeepEP normal kernels
   double ll_nvlink = 0.8, ll_rdma = 0.88, ll_latency = 30e-6;              // DeepEP low-latency kernels
+  double normal_sms = 20, ll_sms = 0;        // SMs DeepEP's kernels hold while the other micro-batch computes
+  double gap_graph = 1.3e-6, gap_eager = 2.1e-6;  // seconds between two kernels: decode (CUDA graph), prefill
 };
 
 // The flags of the achieved shares and DeepEP's latencies (Efficiency), which only the MLA
@@ -66,7 +74,8 @@ struct Efficiency {
 inline constexpr const char* kEfficiencyFlags[] = {
     "--gemm-efficiency",    "--attention-efficiency", "--hbm-efficiency",     "--deepep-normal-nvlink",
     "--deepep-normal-rdma", "--deepep-normal-latency", "--deepep-ll-nvlink",  "--deepep-ll-rdma",
-    "--deepep-ll-latency"};
+    "--deepep-ll-latency",  "--deepep-normal-sms",     "--deepep-ll-sms",     "--gpu-sms",
+    "--kernel-gap-graph",   "--kernel-gap-eager"};
 
 // The machine a plan is timed on: an --hardware preset (default h100), each number overridable by
 // its flag. The collective latencies (3 us a step inside a node, 10 across) are an assumption, not
@@ -81,6 +90,7 @@ struct Cluster {
   double fp8_flops = 1979e12;
   double hbm_bw = 3350e9;     // bytes/s
   double memory = 80.0 * double(std::uint64_t(1) << 30);  // bytes per GPU
+  double sms = 132;  // streaming multiprocessors per GPU
   std::string hardware = "h100";
   Efficiency eff;
 
@@ -95,9 +105,13 @@ struct Cluster {
     add_float(app, "--fp8-tflops", fp8_tflops_, "dense FP8 flop rate per GPU, TFLOP/s (h100: 1979)", 1e-9, 1e9);
     add_float(app, "--hbm-bw", hbm_gbs, "HBM bandwidth per GPU, GB/s (h100: 3350)", 1e-6, 1e9);
     // Achieved shares (0, 1] and DeepEP's per-call latencies, for the MLA presets.
-    add_float(app, "--gemm-efficiency", eff.gemm, "MLA presets: achieved share of the GEMM flop rate (default 0.7, DeepGEMM)", 1e-6, 1.0);
+    add_float(app, "--gemm-efficiency", eff.gemm,
+              "MLA presets: one achieved share of the GEMM flop rate for every GEMM (default: per shape from DeepGEMM's "
+              "README tables on H800, github.com/deepseek-ai/DeepGEMM, interpolated in M)", 1e-6, 1.0);
     add_float(app, "--attention-efficiency", eff.attention,
-              "MLA presets: achieved share of the BF16 rate in core attention (default 0.6, FlashMLA)", 1e-6, 1.0);
+              "MLA presets: achieved share of the BF16 rate in core attention (default: decode 0.6, FlashMLA's 660 of "
+              "989 TFLOP/s on H800; prefill per length from FlashAttention-3's causal table, arXiv 2407.08608; given, "
+              "both phases)", 1e-6, 1.0);
     add_float(app, "--hbm-efficiency", eff.hbm, "MLA presets: achieved share of the HBM bandwidth (default 0.85, FlashMLA)", 1e-6, 1.0);
     add_float(app, "--deepep-normal-nvlink", eff.normal_nvlink, "DeepEP normal kernels: NVLink share (default 0.7)", 1e-6, 1.0);
     add_float(app, "--deepep-normal-rdma", eff.normal_rdma, "DeepEP normal kernels: RDMA share (default 0.8)", 1e-6, 1.0);
@@ -105,6 +119,18 @@ struct Cluster {
     add_float(app, "--deepep-ll-nvlink", eff.ll_nvlink, "DeepEP low-latency kernels: NVLink share (default 0.8)", 1e-6, 1.0);
     add_float(app, "--deepep-ll-rdma", eff.ll_rdma, "DeepEP low-latency kernels: RDMA share (default 0.88)", 1e-6, 1.0);
     add_float(app, "--deepep-ll-latency", ll_us, "DeepEP low-latency kernels: latency per call, microseconds (default 30)", 0.0, 1e9);
+    add_float(app, "--deepep-normal-sms", eff.normal_sms,
+              "MLA presets, two-batch overlap: SMs DeepEP's normal kernels hold while the other micro-batch computes "
+              "(default 20, DeepSeek-V3 technical report, arXiv 2412.19437: 20 of the H800's 132 SMs)", 0.0, 1e4);
+    add_float(app, "--deepep-ll-sms", eff.ll_sms,
+              "MLA presets, two-batch overlap: the same for the low-latency kernels (default 0, DeepEP README: their "
+              "hook-based overlap occupies no SM)", 0.0, 1e4);
+    add_float(app, "--gpu-sms", sms_, "SMs per GPU (h100, h800, h200: 132; b200, gb200: 148)", 1.0, 1e4);
+    add_float(app, "--kernel-gap-graph", gap_graph_us,
+              "MLA presets: microseconds between two kernels of a decode step replayed as a CUDA graph (default 1.3, "
+              "Hazy Research, 'Look Ma, No Bubbles', H100)", 0.0, 1e6);
+    add_float(app, "--kernel-gap-eager", gap_eager_us,
+              "MLA presets: microseconds between two kernels launched one by one, prefill (default 2.1, the same source)", 0.0, 1e6);
   }
   // After parsing: the preset under the flags given, in bytes/s, seconds and flop/s.
   void resolve(const CLI::App* app = nullptr) {
@@ -116,6 +142,12 @@ struct Cluster {
     if (!given("--gpu-tflops")) tflops = h.bf16_tflops;
     if (!given("--fp8-tflops")) fp8_tflops_ = h.fp8_tflops;
     if (!given("--hbm-bw")) hbm_gbs = h.hbm_gbs;
+    if (!given("--gpu-sms")) sms_ = h.sms;
+    if (given("--gemm-efficiency")) eff.gemm_table = false;
+    if (given("--attention-efficiency")) eff.prefill_table = false;
+    sms = sms_;
+    eff.gap_graph = gap_graph_us * 1e-6;
+    eff.gap_eager = gap_eager_us * 1e-6;
     memory = h.memory_gib * double(std::uint64_t(1) << 30);
     intra_bw = intra_gbs * 1e9;
     inter_bw = inter_gbs * 1e9;
@@ -137,6 +169,7 @@ struct Cluster {
  private:
   double intra_gbs = 450, inter_gbs = 50, intra_us = 3, inter_us = 10, tflops = 989, fp8_tflops_ = 1979, hbm_gbs = 3350;
   double normal_us = Efficiency{}.normal_latency * 1e6, ll_us = Efficiency{}.ll_latency * 1e6;
+  double sms_ = 132, gap_graph_us = Efficiency{}.gap_graph * 1e6, gap_eager_us = Efficiency{}.gap_eager * 1e6;
 };
 
 struct RankTime {
