@@ -50,14 +50,11 @@ class DistributedModel {
       : groups_(groups), dims_(dims), opts_(opts), exec_(exec) {
     const Widths& w = groups_.layout().widths();
     validate(dims_, w);
-    if (opts_.decode_ep_mode == EpMode::low_latency) {
-      relayout::BridgeOptions decode = opts_;
-      decode.ep_mode = EpMode::low_latency;
-      decode.ep_capacity = opts_.decode_ep_capacity;
-      if (bf16_rows()) decode_bridge16_.emplace(groups_, dims_.experts, decode);
-      else decode_bridge_.emplace(groups_, dims_.experts, decode);
-    }
     if (bf16_rows()) bridge16_.emplace(groups_, dims_.experts, opts_);
+    if (opts_.inject != BridgeFault::none) {
+      if (bridge16_) testing::inject_fault(*bridge16_, opts_.inject);
+      testing::inject_fault(bridge_, opts_.inject);
+    }
     for (int layer = 0; layer < dims_.layers; ++layer)
       shards_.push_back(LayerShard<ExecSpace>::make(exec_, dims_, layer, shard_spec()));
   }
@@ -220,7 +217,7 @@ class DistributedModel {
     new_rows(owners);
     gather_counts(std::int64_t(n));
     rows_ = extend_rows(exec_, step_);
-    decoding_ = true;  // the decode bridge, if there is one, for these layers
+    decoding_ = true;  // these layers dispatch in the decode EP mode
     struct Reset {
       bool& flag;
       ~Reset() { flag = false; }
@@ -509,7 +506,10 @@ class DistributedModel {
           .global_num_tokens = counts_,
           .owners = opts_.track_owners ? &out_owners : nullptr,
           .observer = recorder_.observer(layer),
-          .traffic = &traffic_};
+          .traffic = &traffic_,
+          .ep_mode = dispatches_rows(groups_.layout().bridge_path())
+                         ? std::optional<EpMode>(decoding_ ? opts_.decode_ep_mode : EpMode::normal)
+                         : std::nullopt};
       if (split_residual()) {
         using Shard = Rows<A, RowShard<AttnTp>, DpLocal, ExecSpace>;
         return {bridge.run(exec_, Shard(a, n), router, experts, run).view(), std::move(out_owners)};
@@ -522,11 +522,11 @@ class DistributedModel {
       throw LayoutError(e.input(), "layer " + std::to_string(layer) + ": " + e.what());
     }
   }
-  // The bridge of rows of A this step runs (the decode bridge while decoding, when there is one).
+  // The bridge of rows of A (one for prefill and decode: the EP mode is chosen per run).
   template <class A>
   auto& bridge_for() {
-    if constexpr (std::is_same_v<A, float>) return decoding_ && decode_bridge_ ? *decode_bridge_ : bridge_;
-    else return decoding_ && decode_bridge16_ ? *decode_bridge16_ : *bridge16_;
+    if constexpr (std::is_same_v<A, float>) return bridge_;
+    else return *bridge16_;
   }
 
   const ProcessGroupsOf<C>& groups_;
@@ -534,8 +534,7 @@ class DistributedModel {
   LayerOptions opts_;
   ExecSpace exec_;
   relayout::MoeBridge<C, float, ExecSpace> bridge_{groups_, dims_.experts, opts_};
-  std::optional<relayout::MoeBridge<C, float, ExecSpace>> decode_bridge_;  // LayerOptions::decode_ep_mode low_latency
-  std::optional<relayout::MoeBridge<C, relayout::bf16, ExecSpace>> bridge16_, decode_bridge16_;  // bf16_rows()
+  std::optional<relayout::MoeBridge<C, relayout::bf16, ExecSpace>> bridge16_;  // bf16_rows()
   bool decoding_ = false;
   std::vector<LayerShard<ExecSpace>> shards_;
   TrafficLog traffic_;

@@ -106,6 +106,17 @@ class MoeBridge {
                                                std::string(to_string(path())) + impl::called_at(site));
     ep_->set_expert_location(exec, std::move(loc), site);
   }
+  // The same, and the engine's expert weights moved over moe_ep to match (EpBuffer's overload).
+  template <class W>
+    requires ExpertWeightsFor<W, Space>
+  void set_expert_location(const Space& exec, std::shared_ptr<const ExpertLocation> loc, const W& weights,
+                           std::source_location site = std::source_location::current()) {
+    if (!ep_)
+      throw LayoutError("expert_location", "MoeBridge::set_expert_location: an expert location needs a path that "
+                                           "dispatches rows (a2a_split or direct); this layout takes path " +
+                                               std::string(to_string(path())) + impl::called_at(site));
+    ep_->set_expert_location(exec, std::move(loc), weights, site);
+  }
   void set_expert_location(const Space& exec, ExpertLocation loc,
                            std::source_location site = std::source_location::current()) {
     set_expert_location(exec, std::make_shared<const ExpertLocation>(std::move(loc)), site);
@@ -146,7 +157,7 @@ class MoeBridge {
       impl::check_model<T, Space, R, E>();
       throw 0;  // not reached: check_model does not compile
     } else {
-      impl::BridgeRun<C, T, Space, R, E> run(*this, exec, router, experts, opts, site);
+      impl::BridgeRun<C, T, Space> run(*this, exec, impl::RouterRef<T, Space>(router), impl::ExpertsRef<T, Space>(experts), opts, site);
       return run.go(x);
     }
   }
@@ -168,7 +179,7 @@ class MoeBridge {
       if (fault_ == BridgeFault::no_split)
         throw LayoutError("fault", "MoeBridge::run: fault no_split wires the split before the dispatch, which rows "
                                    "already split over attn_tp do not take");
-      impl::BridgeRun<C, T, Space, R, E> run(*this, exec, router, experts, opts, site);
+      impl::BridgeRun<C, T, Space> run(*this, exec, impl::RouterRef<T, Space>(router), impl::ExpertsRef<T, Space>(experts), opts, site);
       return run.go_scattered(x);
     }
   }
@@ -198,7 +209,7 @@ class MoeBridge {
   MoeScratch<T, Space> scratch_;              // paths dp_gather and tp_moe: local_experts' memory
   BridgeFault fault_ = BridgeFault::none;     // wired by testing::inject_fault only
   std::shared_ptr<const ProcessGroupsOf<C>> shares_;  // attn_cp > 1: cp_share_layout's groups
-  template <class, class, class, class, class>
+  template <class, class, class>
   friend class impl::BridgeRun;
   template <class C2, class T2, class S2>
   friend void testing::inject_fault(MoeBridge<C2, T2, S2>&, BridgeFault);
@@ -213,3 +224,7 @@ class MoeBridge {
 #include "relayout/bridge/impl/run_steps.hpp"
 #include "relayout/bridge/impl/tp_moe.hpp"
 #include "relayout/bridge/impl/two_batch.hpp"
+
+#if defined(RELAYOUT_PREBUILT_INSTANCES)
+#include "relayout/instances.hpp"  // linked relayout::instances: its types are compiled there
+#endif

@@ -24,6 +24,7 @@
 #include "relayout/comm.hpp"
 #include "relayout/placement/expert_location.hpp"
 #include "relayout/placement/expert_location_sync.hpp"
+#include "relayout/placement/expert_moves.hpp"
 #include "relayout/placement/impl/ep_exchange.hpp"
 #include "relayout/placement/rows.hpp"
 
@@ -200,21 +201,25 @@ class EpBuffer {
   // Replaces the expert location (rebalancing). Collective over the TP domain: every rank passes
   // the same map; a map refused on any rank, or differing between ranks, is the same LayoutError
   // on every rank and the buffer keeps its map. The experts read the new map from the batch
-  // (ExpertBatch::logical_expert) from the next dispatch on; moving their weights is the engine's
-  // (move_expert_weights with expert_moves(old, new)).
+  // (ExpertBatch::logical_expert) from the next dispatch on. This overload leaves the weights to
+  // the engine; the next one moves them.
   void set_expert_location(const Space& exec, std::shared_ptr<const ExpertLocation> loc,
                            std::source_location site = std::source_location::current()) {
-    const auto& tp = pg_.tp();
-    const std::string problem = loc ? location_problem(*loc) : std::string("the expert location is null");
-    int first_bad = problem.empty() ? tp.size() : tp.rank();
-    all_reduce_in_place(exec, tp, std::span<int>(&first_bad, 1), ReduceOp::min, site);
-    if (first_bad < tp.size())
-      throw LayoutError("expert_location", "EpBuffer::set_expert_location: " +
-                                               (problem.empty() ? "rank " + std::to_string(first_bad) +
-                                                                      " of the TP domain refused its expert location"
-                                                                : problem) +
-                                               "; the buffer keeps its current map" + impl::called_at(site));
-    require_same_expert_location(exec, tp, *loc);
+    agree_location(exec, loc, site);
+    replicas_ = replica_table(exec, *loc, pg_.moe_ep().rank(), opts_.replica_choice);
+    opts_.expert_location = std::move(loc);
+  }
+  // The same, and the engine's expert weights moved to match over moe_ep (expert_moves from the
+  // current map, move_expert_weights): slot s of this member then holds the weights of
+  // loc->logical_of(first_expert() + s). Refused on every rank alike before anything moves.
+  template <class W>
+    requires ExpertWeightsFor<W, Space>
+  void set_expert_location(const Space& exec, std::shared_ptr<const ExpertLocation> loc, const W& weights,
+                           std::source_location site = std::source_location::current()) {
+    agree_location(exec, loc, site);
+    const ExpertLocation from =
+        location() ? *location() : ExpertLocation::identity(experts_, 0, pg_.moe_ep().size());
+    move_expert_weights(exec, pg_.moe_ep(), expert_moves(from, *loc), weights, site);
     replicas_ = replica_table(exec, *loc, pg_.moe_ep().rank(), opts_.replica_choice);
     opts_.expert_location = std::move(loc);
   }
@@ -265,6 +270,21 @@ class EpBuffer {
 
  private:
   const ExpertLocation* location() const { return opts_.expert_location.get(); }
+  // Every rank of the TP domain holds a map this buffer takes, the same one; else the same
+  // LayoutError on every rank.
+  void agree_location(const Space& exec, const std::shared_ptr<const ExpertLocation>& loc, std::source_location site) {
+    const auto& tp = pg_.tp();
+    const std::string problem = loc ? location_problem(*loc) : std::string("the expert location is null");
+    int first_bad = problem.empty() ? tp.size() : tp.rank();
+    all_reduce_in_place(exec, tp, std::span<int>(&first_bad, 1), ReduceOp::min, site);
+    if (first_bad < tp.size())
+      throw LayoutError("expert_location", "EpBuffer::set_expert_location: " +
+                                               (problem.empty() ? "rank " + std::to_string(first_bad) +
+                                                                      " of the TP domain refused its expert location"
+                                                                : problem) +
+                                               "; the buffer keeps its current map" + impl::called_at(site));
+    require_same_expert_location(exec, tp, *loc);
+  }
   static EpMessage message(DispatchDtype dtype, int k, std::int64_t hidden) {
     switch (dtype) {
       case DispatchDtype::bf16: return EpMessage::template of<compute_t<T>, relayout::bf16>(k, hidden);

@@ -197,6 +197,19 @@ class MoeScratch {
 
 namespace impl {
 
+// Whether experts read an indexed batch, and take the in-place combine: by their type, or as a
+// reference to the engine's experts says (the bridge's).
+template <class E>
+bool reads_indexed(const E& e) {
+  if constexpr (requires { e.reads_indexed(); }) return e.reads_indexed();
+  else return ReadsIndexedRows<E>;
+}
+template <class E>
+bool combines_into(const E& e) {
+  if constexpr (requires { e.combines_into(); }) return e.combines_into();
+  else return true;
+}
+
 template <class T, class Space>
 void require_expert_outputs(const ExpertBatch<T, Space>& b, const RowsView<T, Space>& y, const char* call) {
   if (static_cast<std::int64_t>(y.extent(0)) != b.rows() || y.extent(1) != b.x.extent(1))
@@ -482,11 +495,11 @@ void local_experts(const Space& exec, const X& x, const TopK<T, Space>& route, i
   impl::require_experts(experts_total, 1, "local_experts");
   if (const std::string problem = impl::route_problem(exec, route, n, experts_total, check_route); !problem.empty())
     throw LayoutError("route", "local_experts: " + problem);
-  const ExpertGroups<T, Space> g = group_by_expert(exec, x, route, first_expert, local, ws, ReadsIndexedRows<E>);
+  const ExpertGroups<T, Space> g = group_by_expert(exec, x, route, first_expert, local, ws, impl::reads_indexed(experts));
   if constexpr (CombinesIntoRows<E, T, Space> && std::is_same_v<T, compute_t<T>>) {
     // A row naming one local expert twice would be added twice by one expert's pass, which a
     // parallel backend may do at once: such a route takes the combine below.
-    if (!impl::names_a_local_expert_twice(exec, route, first_expert, local)) {
+    if (impl::combines_into(experts) && !impl::names_a_local_expert_twice(exec, route, first_expert, local)) {
       const ExpertDestinations<T, Space> dest = impl::destinations(exec, g, route);
       Kokkos::deep_copy(exec, out, T(0));
       experts.combine_into(exec, g.batch, dest, out);

@@ -7,8 +7,8 @@
 namespace relayout::impl {
 
 // Path B and direct: split over attn_tp, dispatch this chunk, experts, combine, all-gather.
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::a2a(const In& x) -> Out {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::a2a(const In& x) -> Out {
   const int A = widths().attn_tp;
   const std::int64_t n = x.rows();
   const PlanStep& s_step = step(BridgeStep::split_rows);
@@ -35,8 +35,8 @@ auto BridgeRun<C, T, Space, R, E>::a2a(const In& x) -> Out {
 
 // This member's chunk (c_owners: its rows' owners, when carried; group_rows: its DP group's
 // rows) through route, dispatch, experts, combine and the shared expert: the chunk's MoE rows.
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::a2a_chunk(const Rows<T, RowShard<AttnTp>, DpLocal, Space>& chunk, const std::vector<std::int64_t>& c_owners, std::int64_t group_rows) -> Rows<T, RowShard<AttnTp>, DpLocal, Space> {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::a2a_chunk(const Rows<T, RowShard<AttnTp>, DpLocal, Space>& chunk, const std::vector<std::int64_t>& c_owners, std::int64_t group_rows) -> Rows<T, RowShard<AttnTp>, DpLocal, Space> {
   // One batch, or two micro-batches whose exchanges overlap the other's compute.
   const bool two = b.opts_.two_batch_overlap;
   const std::int64_t m = chunk.rows(), H = impl::hidden_of(chunk.view().extent(1));

@@ -7,8 +7,8 @@
 namespace relayout::impl {
 
 // Path A: gather every DP group's rows, this rank's experts on its moe_dp slice, restore.
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::dp_gather(const In& x, const DpSlotsPtr& slots) -> Out {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::dp_gather(const In& x, const DpSlotsPtr& slots) -> Out {
   const DpSlots& s = *slots;
   const PlanStep& g_step = step(BridgeStep::dp_gather);
   Rows<T, Replicated<group::Tp>, DpGlobal, Space> global = [&] {

@@ -13,6 +13,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "relayout/bridge/impl/model_ref.hpp"
 #include "relayout/bridge/options.hpp"
 #include "relayout/bridge/plan.hpp"
 #include "relayout/placement/ep.hpp"
@@ -25,7 +26,7 @@ class MoeBridge;
 
 namespace relayout::impl {
 
-template <class C, class T, class Space, class R, class E>
+template <class C, class T, class Space>
 class BridgeRun {
  public:
   using Bridge = MoeBridge<C, T, Space>;
@@ -39,12 +40,13 @@ class BridgeRun {
   using OwnerRows = Rows<std::int64_t, St, Sc, OwnerSpace>;
   using OwnerView = RowsView<std::int64_t, OwnerSpace>;
 
-  BridgeRun(Bridge& bridge, const Space& e, R& r, E& x, const RunOptions& o, std::source_location s)
+  BridgeRun(Bridge& bridge, const Space& e, RouterRef<T, Space> r, ExpertsRef<T, Space> x, const RunOptions& o,
+            std::source_location s)
       : b(bridge), exec(e), router(r), experts(x), run_opts(o), site(s) {}
   Bridge& b;
   const Space& exec;
-  R& router;
-  E& experts;
+  RouterRef<T, Space> router;
+  ExpertsRef<T, Space> experts;
   const RunOptions& run_opts;
   std::source_location site;
   const typename RunOptions::observer_type& obs = run_opts.observer;
@@ -154,7 +156,7 @@ class BridgeRun {
 
   // One micro-batch of this rank's chunk (the whole chunk without two-batch overlap) on its way
   // through route, dispatch, experts, combine and the shared expert. Not moved once started: a
-  // combine in flight points at its Dispatched.
+  // combine in flight points at its handle.
   struct Micro {
     Range range{};
     view_type x;

@@ -7,8 +7,8 @@
 namespace relayout::impl {
 
 // The step's token counts: the engine's, or gathered here (one all_gather over tp).
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::counts(std::int64_t group_rows) -> std::span<const std::int64_t> {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::counts(std::int64_t group_rows) -> std::span<const std::int64_t> {
   if (!run_opts.global_num_tokens.empty()) return run_opts.global_num_tokens;
   if (gathered.empty()) gathered = b.gather_num_tokens(group_rows);
   return gathered;
@@ -17,16 +17,17 @@ auto BridgeRun<C, T, Space, R, E>::counts(std::int64_t group_rows) -> std::span<
 // Paths that dispatch: this run's EP mode and this rank's refusal of the counts it was given
 // (agreed in the dispatch, with the counts' digest, so no rank waits on another's mistake; the
 // dispatch names the call site).
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::prepare_dispatch(std::int64_t group_rows) -> void {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::prepare_dispatch(std::int64_t group_rows) -> void {
   const auto& forced = run_opts.ep_mode ? run_opts.ep_mode : b.opts_.ep_mode;
   const bool need = !forced || !run_opts.global_num_tokens.empty();
   const std::span<const std::int64_t> c = need ? counts(group_rows) : std::span<const std::int64_t>{};
   mode = forced ? *forced : auto_ep_mode(c, widths().attn_tp, b.ep_->low_latency_capacity());
   if (run_opts.global_num_tokens.empty()) return;
   // Auto on the engine's counts: counts that differ between ranks (found by the dispatch's digest)
-  // may pick different modes, whose exchanges do not match; the members take normal if any picks it.
-  if (!forced) {
+  // may pick different modes, whose exchanges do not match. With the collective check on, the
+  // members first agree (normal if any picks it); off, the hot path makes no extra exchange.
+  if (!forced && agreement_settings().check) {
     int normal = mode == EpMode::normal ? 1 : 0;
     all_reduce_in_place(exec, pg().moe_ep(), std::span<int>(&normal, 1), ReduceOp::max, site);
     mode = normal ? EpMode::normal : EpMode::low_latency;
@@ -43,8 +44,8 @@ auto BridgeRun<C, T, Space, R, E>::prepare_dispatch(std::int64_t group_rows) -> 
     refusal_counts = false;
 }
 
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::go(const In& x) -> Out {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::go(const In& x) -> Out {
   if (run_opts.ep_mode) check_ep_mode(*run_opts.ep_mode, b.path(), "BridgeRunOptions::ep_mode");
   return checked(x.rows(), [&](const std::vector<std::int64_t>&) -> Out {
     switch (b.path()) {
@@ -66,8 +67,8 @@ auto BridgeRun<C, T, Space, R, E>::go(const In& x) -> Out {
 // Path dp_gather: the engine's counts checked against every rank's rows and against each
 // other in one all_gather over tp (or gathered there when it gave none): every rank throws
 // the same error before the gather of rows.
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::agreed_counts(std::int64_t rows) -> std::vector<std::int64_t> {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::agreed_counts(std::int64_t rows) -> std::vector<std::int64_t> {
   if (run_opts.global_num_tokens.empty()) return b.gather_num_tokens(rows);
   const std::span<const std::int64_t> c = run_opts.global_num_tokens;
   const int n = pg().tp().size(), A = widths().attn_tp;
@@ -91,8 +92,8 @@ auto BridgeRun<C, T, Space, R, E>::agreed_counts(std::int64_t rows) -> std::vect
 }
 
 // Rows already split over attn_tp, on a path that dispatches rows: the chunk's hand-over.
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::go_scattered(const ScatteredIn& x) -> ScatteredIn {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::go_scattered(const ScatteredIn& x) -> ScatteredIn {
   // This member's chunk as tensor_split gives it (what reduce_scatter and split_rows make): the
   // dispatch numbers the group's tokens by it, and another split would mislabel them.
   const Range mine = tensor_split_range(x.full_rows(), pg().attn_tp().size(), pg().attn_tp().rank());
@@ -130,8 +131,8 @@ auto BridgeRun<C, T, Space, R, E>::go_scattered(const ScatteredIn& x) -> Scatter
 
 // Row conservation: every row that entered leaves exactly once, in order. A broken invariant
 // can be local, so the ranks agree before anyone throws: every rank throws together.
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::conserve(std::int64_t n_in, const std::vector<std::int64_t>& in_owners, std::int64_t n_out) -> void {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::conserve(std::int64_t n_in, const std::vector<std::int64_t>& in_owners, std::int64_t n_out) -> void {
   const bool ok = n_out == n_in && (!owners || in_owners == *owners);
   int first_bad = ok ? pg().layout().size() : pg().rank();
   all_reduce_in_place(exec, pg().tp(), std::span<int>(&first_bad, 1), ReduceOp::min);

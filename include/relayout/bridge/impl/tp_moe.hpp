@@ -7,8 +7,8 @@
 namespace relayout::impl {
 
 // No DP attention, no all-to-all backend: every rank holds every row; partials summed over tp.
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::tp_moe(const In& x) -> Out {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::tp_moe(const In& x) -> Out {
   const Range mine = tensor_split_range(x.rows(), widths().moe_dp, pg().coords().moe_dp_rank);
   auto partial = moe_partial(x.view(), mine);
   const PlanStep& e_step = step(BridgeStep::local_experts);
@@ -27,8 +27,8 @@ auto BridgeRun<C, T, Space, R, E>::tp_moe(const In& x) -> Out {
 
 // tp_moe on this member's chunk: the chunks gathered, the experts on every row, the partials
 // summed over attn_tp (== tp) into the chunks.
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::tp_moe_scattered(const ScatteredIn& x) -> ScatteredIn {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::tp_moe_scattered(const ScatteredIn& x) -> ScatteredIn {
   if (pg().attn_tp().size() != pg().tp().size())  // every rank alike: before any collective
     throw LayoutError("bridge", "MoeBridge: path tp_moe with attn_tp = " + std::to_string(pg().attn_tp().size()) +
                                     " != tp = " + std::to_string(pg().tp().size()));
@@ -55,8 +55,8 @@ auto BridgeRun<C, T, Space, R, E>::tp_moe_scattered(const ScatteredIn& x) -> Sca
 }
 
 // Rows [mine) of x through route + this rank's experts (+ its shared share): Partial<tp> rows.
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::moe_partial(const view_type& x, Range mine) -> view_type {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::moe_partial(const view_type& x, Range mine) -> view_type {
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0));
   auto partial = impl::alloc_rows<T, Space>("relayout::moe_partial", n, impl::hidden_of(x.extent(1)));
   // Rows [mine) are written by local_experts (zero where none of this rank's experts took a
@@ -70,7 +70,7 @@ auto BridgeRun<C, T, Space, R, E>::moe_partial(const view_type& x, Range mine) -
   const int local = b.experts_ / widths().moe_ep;
   local_experts(exec, xs, r, pg().coords().moe_ep_rank * local, local, b.experts_, experts, ps, b.scratch_,
                 b.opts_.check_route);
-  if constexpr (HasSharedExpert<E, T, Space>)
+  if (experts.has_shared())
     if (pg().coords().moe_ep_rank == 0) experts.shared(exec, xs, ps);
   exec.fence();
   return partial;

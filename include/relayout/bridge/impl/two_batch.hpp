@@ -8,8 +8,8 @@ namespace relayout::impl {
 
 // Route, then start the dispatch (the rows' exchange left in flight).
 // group_rows: the DP group's rows, whose index numbers each token for the replica choice.
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::begin_dispatch(Micro& u, std::int64_t group_rows, std::int64_t full_rows) -> void {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::begin_dispatch(Micro& u, std::int64_t group_rows, std::int64_t full_rows) -> void {
   const TopK<T, Space> r = route_rows(u.x);
   const Rows<T, RowShard<AttnTp>, DpLocal, Space> rows(u.x, full_rows);
   EpDispatchOptions o{.mode = mode,
@@ -19,7 +19,7 @@ auto BridgeRun<C, T, Space, R, E>::begin_dispatch(Micro& u, std::int64_t group_r
                                      u.range.begin,
                       .tags = owners ? &u.owners : nullptr,
                       .check_route = b.opts_.check_route,
-                      .indexed_batch = ReadsIndexedRows<E>,
+                      .indexed_batch = experts.reads_indexed(),
                       .traffic = traffic,
                       .refuse = refusal,
                       .refuse_counts = refusal_counts};
@@ -28,8 +28,8 @@ auto BridgeRun<C, T, Space, R, E>::begin_dispatch(Micro& u, std::int64_t group_r
 
 // Wait for the rows, run the experts on them; `other`: the micro-batch whose exchange is in
 // flight meanwhile (polled between expert chunks).
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::finish_dispatch(Micro& u, Micro* other) -> void {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::finish_dispatch(Micro& u, Micro* other) -> void {
   u.h = b.ep_->dispatch_finish(exec, std::move(*u.pd));
   u.pd.reset();
   u.y = b.ep_->expert_outputs(u.h);
@@ -63,11 +63,11 @@ auto BridgeRun<C, T, Space, R, E>::finish_dispatch(Micro& u, Micro* other) -> vo
 
 // Wait for the outputs, sum them, add the shared expert's (in row chunks, polling `other`'s
 // combine between them, when it is in flight).
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::finish_combine(Micro& u, Micro* other) -> void {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::finish_combine(Micro& u, Micro* other) -> void {
   u.combined = b.ep_->combine_finish(exec, std::move(*u.pc)).view();
   u.pc.reset();
-  if constexpr (HasSharedExpert<E, T, Space>) {
+  if (experts.has_shared()) {
     const int n = other ? b.opts_.two_batch_expert_chunks : 1;
     if (n <= 1) {
       experts.shared(exec, u.x, u.combined);
@@ -84,8 +84,8 @@ auto BridgeRun<C, T, Space, R, E>::finish_combine(Micro& u, Micro* other) -> voi
 
 // One poll of the exchange `u` has in flight (it lets MPI progress it); the experts' work so
 // far is fenced first, so a host backend has finished it.
-template <class C, class T, class Space, class R, class E>
-auto BridgeRun<C, T, Space, R, E>::poll(Micro& u) -> void {
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::poll(Micro& u) -> void {
   exec.fence();
   if (u.pd) u.pd->test();
   else if (u.pc) u.pc->test();
