@@ -72,7 +72,8 @@ std::remove_cvref_t<R> all_reduce(const ProcessGroupsOf<C>&, const R& x) {
 template <class C, class T, GroupTag G, RowScopeTag Sc, class Sp>
 Rows<T, RowShard<G>, Sc, Sp> reduce_scatter(const ProcessGroupsOf<C>& pg, const Rows<T, Partial<G>, Sc, Sp>& x,
                                             std::source_location site = std::source_location::current()) {
-  return Rows<T, RowShard<G>, Sc, Sp>(impl::reduce_scatter_rows(pg.comm(G::kind), x.data(), G::kind, impl::at<Sp>(site)));
+  return Rows<T, RowShard<G>, Sc, Sp>(
+      impl::reduce_scatter_rows(pg.comm(G::kind), x.data(), G::kind, impl::at<Sp>(site)));
 }
 template <class C, RowsType R>
   requires(!impl::legal<Transition::reduce_scatter, R>)
@@ -127,7 +128,8 @@ std::remove_cvref_t<R> split_rows(const ProcessGroupsOf<C>&, const R& x, const I
 template <class C, class T, class Sp>
 Rows<T, Replicated<group::Tp>, DpGlobal, Sp> dp_gather_replicate(const ProcessGroupsOf<C>& pg,
                                                                  const Rows<T, Replicated<AttnTp>, DpLocal, Sp>& x,
-                                                                 DpSlotsPtr slots, std::source_location site = std::source_location::current()) {
+                                                                 DpSlotsPtr slots,
+                                                                 std::source_location site = std::source_location::current()) {
   return Rows<T, Replicated<group::Tp>, DpGlobal, Sp>(
       impl::dp_gather_replicate_rows(pg, x.data(), std::move(slots), impl::at<Sp>(site)));
 }
@@ -141,7 +143,8 @@ std::remove_cvref_t<R> dp_gather_replicate(const ProcessGroupsOf<C>&, const R& x
 template <class C, class T, class Sp>
 Rows<T, Replicated<group::Tp>, DpGlobal, Sp> dp_gather_partial(const ProcessGroupsOf<C>& pg,
                                                                const Rows<T, Partial<AttnTp>, DpLocal, Sp>& x,
-                                                               DpSlotsPtr slots, std::source_location site = std::source_location::current()) {
+                                                               DpSlotsPtr slots,
+                                                               std::source_location site = std::source_location::current()) {
   return Rows<T, Replicated<group::Tp>, DpGlobal, Sp>(
       impl::dp_gather_partial_rows(pg, x.data(), std::move(slots), impl::at<Sp>(site)));
 }
@@ -203,13 +206,15 @@ concept ExecInstance = Kokkos::is_execution_space<Sp>::value;
 
 template <impl::ExecInstance Sp, class C, class T, GroupTag G, RowScopeTag Sc>
 Rows<T, Replicated<G>, Sc, Sp> all_reduce(const Sp& exec, const ProcessGroupsOf<C>& pg,
-                                          const Rows<T, Partial<G>, Sc, Sp>& x, TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+                                          const Rows<T, Partial<G>, Sc, Sp>& x, TrafficLog* log = nullptr,
+                                          std::source_location site = std::source_location::current()) {
   return Rows<T, Replicated<G>, Sc, Sp>(
       impl::all_reduce_rows(pg.comm(G::kind), x.data(), G::kind, impl::ctx(exec, log, site)));
 }
 template <impl::ExecInstance Sp, class C, class T, GroupTag G, RowScopeTag Sc>
 Rows<T, Replicated<G>, Sc, Sp> all_reduce(const Sp& exec, const ProcessGroupsOf<C>& pg,
-                                          Rows<T, Partial<G>, Sc, Sp>&& x, TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+                                          Rows<T, Partial<G>, Sc, Sp>&& x, TrafficLog* log = nullptr,
+                                          std::source_location site = std::source_location::current()) {
   return Rows<T, Replicated<G>, Sc, Sp>(
       impl::all_reduce_rows_in_place(pg.comm(G::kind), std::move(x).data(), G::kind, impl::ctx(exec, log, site)));
 }
@@ -221,14 +226,16 @@ std::remove_cvref_t<R> all_reduce(const Sp&, const ProcessGroupsOf<C>&, const R&
 
 template <impl::ExecInstance Sp, class C, class T, GroupTag G, RowScopeTag Sc>
 Rows<T, RowShard<G>, Sc, Sp> reduce_scatter(const Sp& exec, const ProcessGroupsOf<C>& pg,
-                                            const Rows<T, Partial<G>, Sc, Sp>& x, TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+                                            const Rows<T, Partial<G>, Sc, Sp>& x, TrafficLog* log = nullptr,
+                                            std::source_location site = std::source_location::current()) {
   return Rows<T, RowShard<G>, Sc, Sp>(
       impl::reduce_scatter_rows(pg.comm(G::kind), x.data(), G::kind, impl::ctx(exec, log, site)));
 }
 
 template <impl::ExecInstance Sp, class C, class T, GroupTag G, RowScopeTag Sc>
 Rows<T, Replicated<G>, Sc, Sp> all_gather(const Sp& exec, const ProcessGroupsOf<C>& pg,
-                                          const Rows<T, RowShard<G>, Sc, Sp>& x, TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+                                          const Rows<T, RowShard<G>, Sc, Sp>& x, TrafficLog* log = nullptr,
+                                          std::source_location site = std::source_location::current()) {
   return Rows<T, Replicated<G>, Sc, Sp>(
       impl::all_gather_rows(pg.comm(G::kind), x.data(), G::kind, impl::ctx(exec, log, site)));
 }
@@ -241,7 +248,8 @@ std::remove_cvref_t<R> all_gather(const Sp&, const ProcessGroupsOf<C>&, const R&
 template <impl::ExecInstance Sp, class C, class T, class Sc>
 Rows<T, Replicated<group::Tp>, DpGlobal, Sp> dp_gather_replicate(const Sp& exec, const ProcessGroupsOf<C>& pg,
                                                                  const Rows<T, Replicated<AttnTp>, Sc, Sp>& x,
-                                                                 DpSlotsPtr slots, TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+                                                                 DpSlotsPtr slots, TrafficLog* log = nullptr,
+                                                                 std::source_location site = std::source_location::current()) {
   static_assert(std::same_as<Sc, DpLocal>, "relayout: dp_gather_replicate gathers DpLocal rows");
   return Rows<T, Replicated<group::Tp>, DpGlobal, Sp>(
       impl::dp_gather_replicate_rows(pg, x.data(), std::move(slots), impl::ctx(exec, log, site)));
@@ -256,7 +264,8 @@ std::remove_cvref_t<R> dp_gather_replicate(const Sp&, const ProcessGroupsOf<C>&,
 template <impl::ExecInstance Sp, class C, class T>
 Rows<T, Replicated<group::Tp>, DpGlobal, Sp> dp_gather_partial(const Sp& exec, const ProcessGroupsOf<C>& pg,
                                                                const Rows<T, Partial<AttnTp>, DpLocal, Sp>& x,
-                                                               DpSlotsPtr slots, TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+                                                               DpSlotsPtr slots, TrafficLog* log = nullptr,
+                                                               std::source_location site = std::source_location::current()) {
   return Rows<T, Replicated<group::Tp>, DpGlobal, Sp>(
       impl::dp_gather_partial_rows(pg, x.data(), std::move(slots), impl::ctx(exec, log, site)));
 }
@@ -264,7 +273,8 @@ Rows<T, Replicated<group::Tp>, DpGlobal, Sp> dp_gather_partial(const Sp& exec, c
 template <impl::ExecInstance Sp, class C, class T>
 Rows<T, Replicated<AttnTp>, DpLocal, Sp> dp_scatter(const Sp& exec, const ProcessGroupsOf<C>& pg,
                                                     const Rows<T, Replicated<group::Tp>, DpGlobal, Sp>& x,
-                                                    TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+                                                    TrafficLog* log = nullptr,
+                                                    std::source_location site = std::source_location::current()) {
   return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::dp_scatter_rows(pg, x.data(), impl::ctx(exec, log, site)));
 }
 template <impl::ExecInstance Sp, class C, RowsType R>
@@ -276,7 +286,8 @@ std::remove_cvref_t<R> dp_scatter(const Sp&, const ProcessGroupsOf<C>&, const R&
 template <impl::ExecInstance Sp, class C, class T>
 Rows<T, Replicated<AttnTp>, DpLocal, Sp> reduce_scatterv(const Sp& exec, const ProcessGroupsOf<C>& pg,
                                                          const Rows<T, Partial<group::Tp>, DpGlobal, Sp>& x,
-                                                         TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+                                                         TrafficLog* log = nullptr,
+                                                         std::source_location site = std::source_location::current()) {
   return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::reduce_scatterv_rows(pg, x.data(), impl::ctx(exec, log, site)));
 }
 template <impl::ExecInstance Sp, class C, RowsType R>
@@ -288,7 +299,8 @@ std::remove_cvref_t<R> reduce_scatterv(const Sp&, const ProcessGroupsOf<C>&, con
 template <impl::ExecInstance Sp, class C, class T>
 Rows<T, Replicated<AttnTp>, DpLocal, Sp> dp_reduce_scatter(const Sp& exec, const ProcessGroupsOf<C>& pg,
                                                            const Rows<T, Partial<group::Tp>, DpGlobal, Sp>& x,
-                                                           TrafficLog* log = nullptr, std::source_location site = std::source_location::current()) {
+                                                           TrafficLog* log = nullptr,
+                                                           std::source_location site = std::source_location::current()) {
   return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(
       impl::dp_reduce_scatter_rows(pg, x.data(), impl::ctx(exec, log, site)));
 }
@@ -314,7 +326,8 @@ Rows<T, Replicated<AttnTp>, Sc, Sp> as_attn_tp(const ProcessGroupsOf<C>& pg, Row
 // attn_tp), so each share is one block of attn_tp ranks). Members of an attention-TP group must
 // report the same count; otherwise every rank throws the same error.
 template <class C>
-std::vector<std::int64_t> gather_num_tokens(const ProcessGroupsOf<C>& pg, std::int64_t local_tokens, std::source_location site = std::source_location::current()) {
+std::vector<std::int64_t> gather_num_tokens(const ProcessGroupsOf<C>& pg, std::int64_t local_tokens,
+                                            std::source_location site = std::source_location::current()) {
   const int tp = pg.layout().size(), A = pg.layout().widths().attn_tp;
   std::vector<std::int64_t> mine{local_tokens}, all(static_cast<std::size_t>(tp));
   all_gather(pg.tp(), mine, all, site);
