@@ -99,8 +99,9 @@ struct Cluster {
     add_int(app, "--gpus-per-node", gpus_per_node, "GPUs per node / NVLink domain (ranks are numbered node by node)", 1, 1 << 20);
     add_float(app, "--intra-bw", intra_gbs, "NVLink bandwidth per GPU and direction, GB/s (h100: 450)", 1e-6, 1e9);
     add_float(app, "--inter-bw", inter_gbs, "inter-node (NIC) bandwidth per GPU, GB/s (h100: 50, a 400 Gb/s NIC)", 1e-6, 1e9);
-    add_float(app, "--intra-latency", intra_us, "intra-node latency per step, microseconds (default 3)", 0.0, 1e9);
-    add_float(app, "--inter-latency", inter_us, "inter-node latency per step, microseconds (default 10)", 0.0, 1e9);
+    add_float(app, "--intra-latency", intra_us, "intra-node latency per step, microseconds (default 3: an assumption of the order of NCCL's per-hop latency "
+              "over NVLink, not a measurement)", 0.0, 1e9);
+    add_float(app, "--inter-latency", inter_us, "inter-node latency per step, microseconds (default 10: the same assumption over InfiniBand)", 0.0, 1e9);
     add_float(app, "--gpu-tflops", tflops, "dense BF16 flop rate per GPU, TFLOP/s (h100: 989)", 1e-9, 1e9);
     add_float(app, "--fp8-tflops", fp8_tflops_, "dense FP8 flop rate per GPU, TFLOP/s (h100: 1979)", 1e-9, 1e9);
     add_float(app, "--hbm-bw", hbm_gbs, "HBM bandwidth per GPU, GB/s (h100: 3350)", 1e-6, 1e9);
@@ -112,13 +113,15 @@ struct Cluster {
               "MLA presets: achieved share of the BF16 rate in core attention (default: decode 0.6, FlashMLA's 660 of "
               "989 TFLOP/s on H800; prefill per length from FlashAttention-3's causal table, arXiv 2407.08608; given, "
               "both phases)", 1e-6, 1.0);
-    add_float(app, "--hbm-efficiency", eff.hbm, "MLA presets: achieved share of the HBM bandwidth (default 0.85, FlashMLA)", 1e-6, 1.0);
-    add_float(app, "--deepep-normal-nvlink", eff.normal_nvlink, "DeepEP normal kernels: NVLink share (default 0.7)", 1e-6, 1.0);
-    add_float(app, "--deepep-normal-rdma", eff.normal_rdma, "DeepEP normal kernels: RDMA share (default 0.8)", 1e-6, 1.0);
-    add_float(app, "--deepep-normal-latency", normal_us, "DeepEP normal kernels: latency per call, microseconds (default 25)", 0.0, 1e9);
-    add_float(app, "--deepep-ll-nvlink", eff.ll_nvlink, "DeepEP low-latency kernels: NVLink share (default 0.8)", 1e-6, 1.0);
-    add_float(app, "--deepep-ll-rdma", eff.ll_rdma, "DeepEP low-latency kernels: RDMA share (default 0.88)", 1e-6, 1.0);
-    add_float(app, "--deepep-ll-latency", ll_us, "DeepEP low-latency kernels: latency per call, microseconds (default 30)", 0.0, 1e9);
+    add_float(app, "--hbm-efficiency", eff.hbm, "MLA presets: achieved share of the HBM bandwidth (default 0.85, FlashMLA's README: 3000 of 3350 GB/s "
+              "memory-bound on H800, github.com/deepseek-ai/FlashMLA)", 1e-6, 1.0);
+    add_float(app, "--deepep-normal-nvlink", eff.normal_nvlink, "DeepEP normal kernels: NVLink share (default 0.7, fitted to DeepEP's README normal-kernel table, "
+              "github.com/deepseek-ai/DeepEP)", 1e-6, 1.0);
+    add_float(app, "--deepep-normal-rdma", eff.normal_rdma, "DeepEP normal kernels: RDMA share (default 0.8, the same table)", 1e-6, 1.0);
+    add_float(app, "--deepep-normal-latency", normal_us, "DeepEP normal kernels: latency per call, microseconds (default 25, the same table)", 0.0, 1e9);
+    add_float(app, "--deepep-ll-nvlink", eff.ll_nvlink, "DeepEP low-latency kernels: NVLink share (default 0.8, fitted to DeepEP's README low-latency table)", 1e-6, 1.0);
+    add_float(app, "--deepep-ll-rdma", eff.ll_rdma, "DeepEP low-latency kernels: RDMA share (default 0.88, the same table)", 1e-6, 1.0);
+    add_float(app, "--deepep-ll-latency", ll_us, "DeepEP low-latency kernels: latency per call, microseconds (default 30, the same table)", 0.0, 1e9);
     add_float(app, "--deepep-normal-sms", eff.normal_sms,
               "MLA presets, two-batch overlap: SMs DeepEP's normal kernels hold while the other micro-batch computes "
               "(default 20, DeepSeek-V3 technical report, arXiv 2412.19437: 20 of the H800's 132 SMs)", 0.0, 1e4);
