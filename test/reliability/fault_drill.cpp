@@ -23,6 +23,8 @@
 //                           naming this file's line
 //   fault_drill stop-in-split  the last rank passes a split's arrival check and stops before
 //                           MPI_Comm_split: the others, inside it, are ended by its watch
+//   fault_drill skip-start  the last rank skips a started all_to_all (all_to_all_start): the
+//                           others' wait() names the call and the member not heard from
 //   fault_drill stop-end    after the job's last collective the last rank stops (SIGSTOP) instead
 //                           of finishing: the others, finished, wait for it at the end of the job
 //                           (JobGuard::finish) within the deadline, then name it and abort
@@ -71,6 +73,21 @@ int skip(const MpiCommunicator& world) {
   }
   all_reduce_in_place(c, v);
   std::printf("unreachable: the all_reduce completed without the last rank\n");
+  return 1;
+}
+
+// The same with the nonblocking form: the others start it and wait.
+int skip_start(const MpiCommunicator& world) {
+  MpiCommunicator c = world.dup();
+  c.set_name("drill");
+  std::vector<float> send(static_cast<std::size_t>(c.size()), 1.0f), recv(send.size());
+  if (c.rank() == c.size() - 1) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    return 0;
+  }
+  CollectiveRequest r = all_to_all_start(Kokkos::DefaultHostExecutionSpace(), c, send, recv);
+  r.wait();
+  std::printf("unreachable: the all_to_all completed without the last rank\n");
   return 1;
 }
 
@@ -199,6 +216,7 @@ int main(int argc, char** argv) {
         throw LayoutError("mpiexec -n", "fault_drill needs an even number of ranks, at least 2");
       if (mode == "skip") return skip(world);
       if (mode == "stop") return stop(world);
+      if (mode == "skip-start") return skip_start(world);
       if (mode == "throw") return throw_in_layer(world);
       if (mode == "all-throw") throw LayoutError("--tp", "every rank rejects this layout the same way");
       if (mode == "mismatch") return mismatch(world);
@@ -209,7 +227,7 @@ int main(int argc, char** argv) {
       if (mode == "stop-end") return stop_at_end(world, false);
       if (mode == "stop-end-alone") return stop_at_end(world, true);
       if (mode == "stop-start") throw std::runtime_error("unreachable: the job started without the last rank");
-      throw LayoutError("mode", "unknown mode '" + mode + "': skip, stop, throw, all-throw, mismatch, stop-start, "
+      throw LayoutError("mode", "unknown mode '" + mode + "': skip, skip-start, stop, throw, all-throw, mismatch, stop-start, "
                                 "stop-split, stop-host, stop-groups, stop-in-split, stop-end or stop-end-alone");
     });
   }

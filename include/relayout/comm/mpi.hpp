@@ -325,9 +325,13 @@ class MpiCommunicator {
   class MpiPending final : public CollectiveRequest::Pending {
    public:
     MpiPending(const MpiCommunicator& comm, const char* iname, const char* itext, int line,
-               const impl::Signature* call)
-        : comm_(comm), iname_(iname), itext_(itext), line_(line), has_call_(call != nullptr) {
+               const impl::Signature* call, const CollectiveCall* noted, std::uint64_t noted_seq)
+        : comm_(comm), iname_(iname), itext_(itext), line_(line), has_call_(call != nullptr), noted_seq_(noted_seq) {
       if (call) call_ = *call;  // the agreement's record is overwritten by the next call
+      if (noted_seq) {          // the check off: the call as recorded, its counts left out (not kept)
+        noted_ = *noted;
+        noted_.counts = noted_.send_counts = noted_.recv_counts = {};
+      }
     }
     ~MpiPending() override = default;
     MPI_Request request = MPI_REQUEST_NULL;
@@ -343,7 +347,9 @@ class MpiCommunicator {
       const double timeout_s = agreement_settings().timeout_s;
       bool expired = false;
       impl::mpi_check(impl::wait_one(request, impl::collective_deadline(timeout_s), expired), itext_, __FILE__, line_);
-      if (expired) comm_.stalled(iname_, has_call_ ? &call_ : nullptr, timeout_s);
+      if (!expired) return;
+      if (!has_call_ && noted_seq_) call_ = impl::make_signature(noted_, noted_seq_);
+      comm_.stalled(iname_, has_call_ || noted_seq_ ? &call_ : nullptr, timeout_s, has_call_);
     }
 
    private:
@@ -353,18 +359,24 @@ class MpiCommunicator {
     int line_;
     impl::Signature call_{};
     bool has_call_;
+    CollectiveCall noted_{};
+    std::uint64_t noted_seq_;
   };
 
   template <class Nonblocking>
   CollectiveRequest start(const char* iname, const char* itext, int line, Nonblocking&& nonblocking) const {
     const ErrorsReturn scope(*this);
-    if (agreement_) agreement_->take_noted();  // a started call is waited for, not watched
-    auto pending = std::make_unique<MpiPending>(*this, iname, itext, line, agreement_ ? agreement_->take_pending() : nullptr);
+    const impl::Signature* call = agreement_ ? agreement_->take_pending() : nullptr;
+    const std::uint64_t noted = agreement_ ? agreement_->take_noted() : 0;
+    auto pending = std::make_unique<MpiPending>(*this, iname, itext, line, call,
+                                                noted ? &agreement_->noted() : nullptr, noted);
     impl::mpi_check(nonblocking(&pending->request), itext, __FILE__, line);
     return CollectiveRequest(std::move(pending));
   }
 
-  [[noreturn]] void stalled(const char* iname, const impl::Signature* call, double timeout_s) const {
+  // `arrived`: the check's exchange saw every member arrive at `call` (else a member not heard
+  // from may never have come).
+  [[noreturn]] void stalled(const char* iname, const impl::Signature* call, double timeout_s, bool arrived = true) const {
     const impl::GroupText g = impl::MpiAgreement::group_text(comm_, name());
     std::string msg = "relayout watchdog: member " + std::to_string(rank_) + " of " +
                       g.header(static_cast<std::size_t>(size_)) + " waited " + impl::seconds_text(timeout_s) +
@@ -376,7 +388,8 @@ class MpiCommunicator {
       waiting = agreement_->ask_who_is_waiting(rank_, size_, call->seq, impl::inquiry_window(timeout_s), silent);
     if (!silent.empty() || !waiting.empty()) {
       waiting.insert(std::lower_bound(waiting.begin(), waiting.end(), rank_), rank_);
-      msg += "; every member had arrived at the call; still waiting inside it: " + g.members(waiting) +
+      msg += std::string(arrived ? "; every member had arrived at the call" : "") +
+             "; still waiting inside it: " + g.members(waiting) +
              "; not heard from (stopped or stuck, or already past this call): " + g.members(silent);
     } else {
       msg += "; which member is holding it up is not known";
