@@ -158,7 +158,14 @@ TEST_CASE("plan model: the published deployments of docs/planning.md, predicted 
   ds_prefill.cache_hit = 0.563;
   cli::DeployInput ds_decode = decode(128, 4989), sgl_decode = decode(256, 2000), gb_decode = decode(256, 2000);
   ds_decode.redundant_experts = sgl_decode.redundant_experts = gb_decode.redundant_experts = 32;
-  for (cli::DeployInput* i : {&ds_prefill, &sgl_prefill, &gb_prefill, &ds_decode, &sgl_decode}) i->two_batch_overlap = true;
+  // DeepSeek's profiles route "absolutely balanced"; SGLang's 1K prompts; SGLang's simulated perfect EPLB.
+  cli::DeployInput ds_profile_prefill = sgl_prefill, ds_profile_decode = decode(128, 4096), sgl_1k = prefill(524288, 1024);
+  sgl_1k.redundant_experts = 32;
+  ds_profile_prefill.imbalance = ds_profile_decode.imbalance = 1.0;
+  cli::DeployInput sgl_perfect = ds_profile_prefill;
+  for (cli::DeployInput* i : {&ds_prefill, &sgl_prefill, &gb_prefill, &ds_decode, &sgl_decode, &ds_profile_prefill,
+                              &ds_profile_decode, &sgl_1k, &sgl_perfect})
+    i->two_batch_overlap = true;
   const Case cases[] = {
       {"DeepSeek prefill H800 EP32", ep_dp(32), ds_prefill, "h800", 73700.0 / 8, 2.01},
       {"DeepSeek decode H800 EP144", ep_dp(144), ds_decode, "h800", 14800.0 / 8, 1.58},
@@ -166,6 +173,10 @@ TEST_CASE("plan model: the published deployments of docs/planning.md, predicted 
       {"SGLang decode H100 EP72", ep_dp(72), sgl_decode, "h100", 22282.0 / 8, 1.28},
       {"SGLang decode GB200 EP48", ep_dp(48), gb_decode, "gb200", 7583, 1.28},
       {"SGLang prefill GB200 EP8", ep_dp(8), gb_prefill, "gb200", 18471, 1.41},
+      {"DeepSeek profile prefill H800 EP32", ep_dp(32), ds_profile_prefill, "h800", 62713.0 / 8, 1.24},
+      {"DeepSeek profile decode H800 EP128", ep_dp(128), ds_profile_decode, "h800", 18598.0 / 8, 1.40},
+      {"SGLang prefill H100 EP32, 1K prompts", ep_dp(32), sgl_1k, "h100", 57674.0 / 8, 1.38},
+      {"SGLang prefill H100 EP32, perfect EPLB", ep_dp(32), sgl_perfect, "h100", 59337.0 / 8, 1.31},
   };
   for (const Case& k : cases) {
     const cli::Cluster c = cli::Cluster::preset(k.hardware);
