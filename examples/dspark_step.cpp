@@ -216,7 +216,12 @@ void run_rounds(const Options& o, const RuntimeLayout& layout, const MpiCommunic
     const std::string& id = trace_lock.run_id();
     if (layout.config().draft == Draft::moe)
       cli::open_trace(world, draft_sink.file, o.trace + "/draft", "dspark_step draft", id);
-    cli::open_trace(world, target_sink.file, o.trace + "/target", "dspark_step target", id);
+    try {
+      cli::open_trace(world, target_sink.file, o.trace + "/target", "dspark_step target", id);
+    } catch (const LayoutError&) {  // every rank together: no draft trace of a run that did not start
+      draft_sink.file.abandon();
+      throw;
+    }
   }
   {  // every round's forwards, and the target's attention over its cache, which grows each round
     const model::ModelDims& d = o.cfg.target_dims;

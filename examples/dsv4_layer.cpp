@@ -87,6 +87,31 @@ std::string kib(std::int64_t bytes) {
 }
 
 
+// The EP buffers a run's flags add to the estimate, and the flag behind the largest of them: the
+// low-latency blocks of --num-max-dispatch-tokens-per-rank rows (allocated whole, one set per
+// micro-batch under two-batch overlap) and two-batch overlap's second micro-batch.
+struct EpBuffers {
+  double low_latency = 0, overlap = 0;
+  std::string flag;
+};
+
+EpBuffers ep_buffers(const Options& o, const Widths& w, const model::Workload& work, const model::DecodePlan& plan) {
+  EpBuffers b;
+  const int sets = o.two_batch_overlap ? 2 : 1;
+  if (o.deepep_mode == "low_latency" && plan.steps > 0) {
+    const int capacity = o.ll_capacity_given ? o.ll_capacity : work.requests();
+    b.low_latency = cli::low_latency_bytes(o.dims, w, capacity, o.dispatch_dtype, sets);
+    b.flag = std::string(kLlCapacityFlag) + " " + std::to_string(capacity) + " (low-latency blocks of " +
+             cli::bytes_text(b.low_latency) + (sets > 1 ? ", one set per micro-batch" : "") + ")";
+  }
+  if (o.two_batch_overlap) {
+    b.overlap = cli::two_batch_overlap_bytes(o.dims, double(work.total_rows()), o.dispatch_dtype);
+    if (b.overlap > b.low_latency)
+      b.flag = "--enable-two-batch-overlap (a second micro-batch's buffers, " + cli::bytes_text(b.overlap) + ")";
+  }
+  return b;
+}
+
 // Refuses (exit 2) a run whose memory does not fit, before anything is allocated; returns the
 // estimate (its flops decide whether the run reports progress).
 cli::MemoryEstimate require_size(const Options& o, const Widths& w, const model::Workload& work,
@@ -106,6 +131,8 @@ cli::MemoryEstimate require_size(const Options& o, const Widths& w, const model:
     need.buffers += steps;
   }
   if (o.check) need.buffers += cli::reference_bytes(o.dims, tokens + double(work.requests()) * plan.steps);
+  const EpBuffers ep = ep_buffers(o, w, work, plan);
+  need.buffers += ep.low_latency + ep.overlap;
   // The flag behind the largest term comes first: the error names it as the input.
   std::string flags = cli::model_flags(o.dims) + " and " + std::to_string(work.total_rows()) + " tokens (--requests)";
   if (const int r = o.layout.config.ep_num_redundant_experts; r > 0)
@@ -116,6 +143,7 @@ cli::MemoryEstimate require_size(const Options& o, const Widths& w, const model:
             std::to_string(work.requests()) + " requests) with " + flags;
   else if (steps > 0 && steps >= largest / 2)
     flags = "--decode-steps " + std::to_string(plan.steps) + " (the rows of every step) with " + flags;
+  if (ep.low_latency + ep.overlap >= largest / 2) flags = ep.flag + " with " + flags;
   cli::require_memory(world, need, o.max_memory, flags);
   return need;
 }
@@ -247,6 +275,9 @@ struct Balance {
 nlohmann::json near_tie_json(const NearTie& n) {
   return {{"rows", n.rows}, {"max_abs_err", n.err}, {"margin", n.margin}};
 }
+
+// Why a comparison did not check (Verdict), null when it did.
+nlohmann::json unchecked_json(const std::string& why) { return why.empty() ? nlohmann::json(nullptr) : nlohmann::json(why); }
 
 nlohmann::json member_load_json(const ExpertLoad& l) {
   std::int64_t mx = 0, sum = 0;
@@ -526,11 +557,31 @@ Check verify(const Options& o, const RuntimeLayout& layout, const RankCoords& me
 
 struct Verdict {
   double decode_tolerance = 0;
-  bool decode_ok = true, balance_ok = true, passed = true;
+  bool prefill_ok = true, decode_ok = true, balance_ok = true, passed = true;
+  // Why a comparison compared too little to say OK ("" when it checked): not_checked().
+  std::string prefill_unchecked, decode_unchecked, balance_unchecked;
 };
 
-// Whether some of `rows` were held to the tolerance (none to compare holds too).
-bool held(std::int64_t rows, const NearTie& near) { return rows == 0 || near.rows < rows; }
+// --tolerance's cap: a looser bound passes layout bugs. A derived tolerance above it checks nothing.
+constexpr double kToleranceCap = 0.1;
+
+// Why a comparison of `rows` rows at `tolerance` says NOT CHECKED ("" when it checked): no row
+// compared, a tolerance above kToleranceCap, or fewer than a tenth of the rows held to the
+// tolerance (the rest set apart near a router tie).
+std::string not_checked(std::int64_t rows, const NearTie& near, double tolerance) {
+  char b[200];
+  if (rows == 0) return "no row was compared";
+  if (tolerance > kToleranceCap) {
+    std::snprintf(b, sizeof b, "its tolerance %.3g exceeds the cap of %g that --tolerance enforces", tolerance, kToleranceCap);
+    return b;
+  }
+  if (10 * (rows - near.rows) < rows) {
+    std::snprintf(b, sizeof b, "%lld of %lld rows lie near a router tie: fewer than a tenth were held to the tolerance",
+                  static_cast<long long>(near.rows), static_cast<long long>(rows));
+    return b;
+  }
+  return "";
+}
 
 Verdict verdict(const Options& o, const model::Workload& work, const model::DecodePlan& plan, const Prefill& p,
                 const Balance& balance, const Check& c) {
@@ -538,16 +589,31 @@ Verdict verdict(const Options& o, const model::Workload& work, const model::Deco
   const DecodeRun& dec = p.dec;
   // --dtype bf16, --dispatch-dtype fp8: grows with the steps
   v.decode_tolerance = model::decode_check_tolerance(o.dims, o.tolerance, plan.steps, o.fp8_dispatch());
-  // A check none of whose rows could be held to the tolerance (all near a router tie) did not check.
+  if (o.check) {
+    v.prefill_unchecked = not_checked(c.rows, c.near, o.tolerance);
+    if (plan.steps > 0) v.decode_unchecked = not_checked(dec.rows, dec.near, v.decode_tolerance);
+    if (balance.on) v.balance_unchecked = not_checked(balance.rows, balance.near, o.tolerance);
+  }
   v.decode_ok = !o.check || plan.steps == 0 ||
                 (dec.non_finite == 0 && dec.owners_ok && dec.err <= v.decode_tolerance && dec.rows == dec.expected &&
-                 held(dec.rows, dec.near));
+                 v.decode_unchecked.empty());
   v.balance_ok = !o.check || !balance.on ||
                  (balance.owners_ok && balance.non_finite == 0 && balance.err <= o.tolerance &&
-                  balance.rows == work.total_rows() && held(balance.rows, balance.near));
-  v.passed = p.failure.empty() && c.owners_ok && c.non_finite == 0 && c.err <= o.tolerance &&
-             (!o.check || (c.rows == work.total_rows() && held(c.rows, c.near))) && v.decode_ok && v.balance_ok;
+                  balance.rows == work.total_rows() && v.balance_unchecked.empty());
+  v.prefill_ok = p.failure.empty() && c.owners_ok && c.non_finite == 0 && c.err <= o.tolerance &&
+                 (!o.check || (c.rows == work.total_rows() && v.prefill_unchecked.empty()));
+  v.passed = v.prefill_ok && v.decode_ok && v.balance_ok;
   return v;
+}
+
+// How a comparison's line ends: OK, MISMATCH (with what), or NOT CHECKED (why) when nothing
+// mismatched but it compared too little (`within`: its error and row count were as required).
+std::string check_status(bool ok, int owners_ok, std::int64_t non_finite, bool within, const std::string& unchecked) {
+  if (ok) return "OK";
+  if (!owners_ok) return "MISMATCH (rows held by the wrong ranks)";
+  if (non_finite) return "MISMATCH (non-finite values: NaN or inf)";
+  if (within && !unchecked.empty()) return "NOT CHECKED (" + unchecked + ")";
+  return "MISMATCH";
 }
 
 // ---- what rank 0 reports: every rank's traffic and first-layer boundaries, and the timings
@@ -664,6 +730,7 @@ void print_json(const Report& r) {
   j["non_finite"] = r.c.non_finite;
   j["rows"] = r.c.rows;
   if (o.check) j["near_router_tie"] = near_tie_json(r.c.near);
+  if (o.check) j["not_checked"] = unchecked_json(r.v.prefill_unchecked);
   j["passed"] = r.v.passed;
   j["failure"] = r.p.failure.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.p.failure);
   j["inject"] = o.inject;
@@ -693,7 +760,8 @@ void print_json(const Report& r) {
     if (o.check)
       j["expert_balance"]["check"] = {{"rows", balance.rows}, {"max_abs_err", balance.err},
                                       {"non_finite", balance.non_finite}, {"passed", r.v.balance_ok},
-                                      {"near_router_tie", near_tie_json(balance.near)}};
+                                      {"near_router_tie", near_tie_json(balance.near)},
+                                      {"not_checked", unchecked_json(r.v.balance_unchecked)}};
   }
   if (o.repeat > 0)
     j["timing"] = {{"repeats", o.repeat}, {"best_forward_s", r.t.best}, {"tokens_per_s", r.t.tokens_per_s},
@@ -703,6 +771,7 @@ void print_json(const Report& r) {
                    {"rows_per_group", dec.counts}, {"rows_checked", dec.rows},
                    {"max_abs_err", dec.err}, {"tolerance", r.v.decode_tolerance}, {"non_finite", dec.non_finite}};
     if (o.check) j["decode"]["near_router_tie"] = near_tie_json(dec.near);
+    if (o.check) j["decode"]["not_checked"] = unchecked_json(r.v.decode_unchecked);
     if (o.repeat > 0)
       j["decode"]["timing"] = {{"best_step_s", dec.seconds},
                                {"tokens_per_s", r.t.decode_s > 0 ? double(r.t.decode_rows) / r.t.decode_s : 0.0}};
@@ -839,34 +908,29 @@ void text_near_tie(std::ostringstream& s, const char* what, const NearTie& n) {
 
 void text_check(std::ostringstream& s, const Report& r) {
   const DecodeRun& dec = r.p.dec;
+  const Verdict& v = r.v;
   char line[256];
-  std::snprintf(line, sizeof line, "\ncheck: %lld rows compared with the single-rank reference, max_abs_err %.3g (tolerance %.3g): %s\n",
-                static_cast<long long>(r.c.rows), r.c.err, r.o.tolerance,
-                r.v.passed ? "OK"
-                : !r.c.owners_ok ? "MISMATCH (rows held by the wrong ranks)"
-                : r.c.non_finite ? "MISMATCH (non-finite values: NaN or inf)"
-                : !held(r.c.rows, r.c.near) ? "NOT CHECKED (every row lies near a router tie)"
-                                 : "MISMATCH");
-  s << line;
+  std::snprintf(line, sizeof line, "\ncheck: %lld rows compared with the single-rank reference, max_abs_err %.3g (tolerance %.3g): ",
+                static_cast<long long>(r.c.rows), r.c.err, r.o.tolerance);
+  s << line << check_status(v.prefill_ok, r.c.owners_ok, r.c.non_finite,
+                            r.c.err <= r.o.tolerance && r.c.rows == r.work.total_rows(), v.prefill_unchecked) << "\n";
   text_near_tie(s, "", r.c.near);
   if (r.balance.on) {
-    std::snprintf(line, sizeof line, "check: rebalanced forward: %lld rows, max_abs_err %.3g: %s\n",
-                  static_cast<long long>(r.balance.rows), r.balance.err,
-                  r.v.balance_ok                         ? "OK"
-                  : !held(r.balance.rows, r.balance.near) ? "NOT CHECKED (every row lies near a router tie)"
-                                                          : "MISMATCH");
-    s << line;
+    std::snprintf(line, sizeof line, "check: rebalanced forward: %lld rows, max_abs_err %.3g: ",
+                  static_cast<long long>(r.balance.rows), r.balance.err);
+    s << line << check_status(v.balance_ok, r.balance.owners_ok, r.balance.non_finite,
+                              r.balance.err <= r.o.tolerance && r.balance.rows == r.work.total_rows(), v.balance_unchecked)
+      << "\n";
     text_near_tie(s, "rebalanced forward: ", r.balance.near);
   }
   if (r.plan.steps > 0) {
     char decode_tol[48] = "";
-    if (r.v.decode_tolerance != r.o.tolerance)
-      std::snprintf(decode_tol, sizeof decode_tol, " (tolerance %.3g)", r.v.decode_tolerance);
-    std::snprintf(line, sizeof line, "check: decode: %lld rows over %d steps compared with the reference recomputed without a cache, max_abs_err %.3g%s: %s\n",
-                  static_cast<long long>(dec.rows), r.plan.steps, dec.err,
-                  decode_tol,
-                  r.v.decode_ok ? "OK" : !held(dec.rows, dec.near) ? "NOT CHECKED (every row lies near a router tie)" : "MISMATCH");
-    s << line;
+    if (v.decode_tolerance != r.o.tolerance)
+      std::snprintf(decode_tol, sizeof decode_tol, " (tolerance %.3g)", v.decode_tolerance);
+    std::snprintf(line, sizeof line, "check: decode: %lld rows over %d steps compared with the reference recomputed without a cache, max_abs_err %.3g%s: ",
+                  static_cast<long long>(dec.rows), r.plan.steps, dec.err, decode_tol);
+    s << line << check_status(v.decode_ok, dec.owners_ok, dec.non_finite,
+                              dec.err <= v.decode_tolerance && dec.rows == dec.expected, v.decode_unchecked) << "\n";
     text_near_tie(s, "decode: ", dec.near);
   }
 }
@@ -956,11 +1020,11 @@ int main(int argc, char** argv) {
     cli::add_model_flags(app, o.dims);
     app.add_option("--padding", o.padding, "auto (docs/bridge.md#padding rule), max_len or sum_len");
     app.add_option("--restore", o.restore, "path A restore: reduce (reduce_scatterv sums) or scatter (MoE all-reduces, dp_scatter copies)");
-    app.add_flag("--check", o.check, "compare every row with the single-rank reference; exit 1 on mismatch");
+    app.add_flag("--check", o.check, "compare every row with the single-rank reference; exit 1 on a mismatch, or NOT CHECKED when it compared too little (no row, a tolerance above 0.1, fewer than a tenth of the rows held to it)");
     CLI::Option* tolerance = cli::add_tolerance(
         app, "--tolerance", o.tolerance,
         "max abs error accepted by --check, in [0, 0.1]; default 1e-4, with --dtype bf16 the bound of bf16 weights "
-        "and with --dispatch-dtype fp8 that of e4m3 rows (model::check_tolerance), and no tighter", 0.1,
+        "and with --dispatch-dtype fp8 that of e4m3 rows (model::check_tolerance), and no tighter", kToleranceCap,
         "a larger tolerance passes layout bugs (--inject double_reduce differs by 0.88 at --tp 2)");
     app.add_option("--format", o.format, "text or json")->check(CLI::IsMember({"text", "json"}));
     cli::add_int(app, "--show-group", o.show_group, "attention-DP group whose rows the text output follows");

@@ -14,6 +14,7 @@
 #include "common/numbers.hpp"
 #include "demo_model/config.hpp"
 #include "relayout/mesh.hpp"
+#include "relayout/placement/ep_message.hpp"
 
 namespace relayout::cli {
 
@@ -132,6 +133,29 @@ inline MemoryEstimate estimate_model(const model::ModelDims& d, const Widths& w,
   MemoryEstimate m = estimate_rank(d, w, {tokens, tokens, tokens * d.topk}, longest, true, 4, weight_elem, redundant);
   m.buffers += (4 - weight_elem) / weight_elem * m.weights / d.layers;
   return m;
+}
+
+// Bytes of one dispatched row's message (EpMessage: its top-k ids and fp32 weights, then its values
+// as `dtype`: "fp32", "bf16" or "fp8" with an fp32 scale per 128 values).
+inline double ep_message_bytes(const model::ModelDims& d, const std::string& dtype) {
+  if (dtype == "fp8") return double(EpMessage::of_fp8(d.topk, d.hidden, 4, 4).bytes);
+  const std::int64_t value = dtype == "bf16" ? 2 : 4;
+  return double(EpMessage::of(d.topk, d.hidden, 4, 4, value, value).bytes);
+}
+
+// The low-latency decode dispatch's fixed blocks on one rank (EpBuffer::low_latency_bytes): a send
+// and a receive block per moe_ep member, each a 16-byte head and room for `capacity` messages,
+// allocated whole whatever a step dispatches; `sets` of them (2 under two-batch overlap: one per
+// micro-batch in flight).
+inline double low_latency_bytes(const model::ModelDims& d, const Widths& w, double capacity, const std::string& dtype,
+                                int sets = 1) {
+  return double(sets) * 2.0 * w.moe_ep * (16.0 + capacity * ep_message_bytes(d, dtype));
+}
+
+// What two-batch overlap holds beside one batch's buffers, for `tokens` rows: the joined combined
+// rows (fp32) and the second micro-batch's messages in flight while the first's are held.
+inline double two_batch_overlap_bytes(const model::ModelDims& d, double tokens, const std::string& dtype) {
+  return 4.0 * tokens * d.hidden + tokens * d.topk * ep_message_bytes(d, dtype);
 }
 
 // Bytes of one value of the demo layer's KV cache (DistributedModel::reserve_kv): 2 when it holds
