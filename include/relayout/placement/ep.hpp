@@ -26,6 +26,7 @@
 #include "relayout/placement/expert_location_sync.hpp"
 #include "relayout/placement/expert_moves.hpp"
 #include "relayout/placement/impl/ep_exchange.hpp"
+#include "relayout/placement/impl/ep_messages.hpp"
 #include "relayout/placement/rows.hpp"
 
 namespace relayout {
@@ -311,6 +312,8 @@ class EpBuffer {
   }
   TopK<T, Space> physical_route(const Space& exec, const TopK<T, Space>& route, const EpDispatchOptions& o,
                                 impl::Refusal& refusal);
+  std::shared_ptr<impl::EpState<T, Space>> new_state(const RowsIn& x, int k, const EpDispatchOptions& o,
+                                                     std::uint32_t digest);
   impl::Refusal call_problem(const Space& exec, const RowsIn& x, const TopK<T, Space>& route,
                            const EpDispatchOptions& o) const;
 

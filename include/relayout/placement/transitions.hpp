@@ -157,8 +157,9 @@ std::remove_cvref_t<R> dp_gather_partial(const ProcessGroupsOf<C>&, const R& x, 
 // Replicated<Tp>, DpGlobal -> Replicated<AttnTp>, DpLocal: copy only (the MoE summed already).
 template <class C, class T, class Sp>
 Rows<T, Replicated<AttnTp>, DpLocal, Sp> dp_scatter(const ProcessGroupsOf<C>& pg,
-                                                    const Rows<T, Replicated<group::Tp>, DpGlobal, Sp>& x) {
-  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::dp_scatter_rows(pg, x.data()));
+                                                    const Rows<T, Replicated<group::Tp>, DpGlobal, Sp>& x,
+                                                    std::source_location site = std::source_location::current()) {
+  return Rows<T, Replicated<AttnTp>, DpLocal, Sp>(impl::dp_scatter_rows(pg, x.data(), impl::at<Sp>(site)));
 }
 template <class C, RowsType R>
   requires(!impl::legal<Transition::dp_scatter, R>)

@@ -54,6 +54,28 @@ TopK<T, Space> EpBuffer<C, T, Space>::physical_route(const Space& exec, const To
   return p;
 }
 
+// A dispatch's state in memory no live handle uses: its sizes, mode, dtype and message.
+template <class C, class T, class Space>
+std::shared_ptr<impl::EpState<T, Space>> EpBuffer<C, T, Space>::new_state(const RowsIn& x, int k,
+                                                                         const EpDispatchOptions& o,
+                                                                         std::uint32_t digest) {
+  auto s = std::make_shared<impl::EpState<T, Space>>();
+  impl::EpState<T, Space>& d = *s;
+  d.mem = free_memory();
+  d.rows = x.rows();
+  d.full_rows = x.full_rows();
+  d.hidden = static_cast<int>(x.hidden());
+  d.k = k;
+  d.per_rank = local_experts();
+  d.first_expert = first_expert();
+  d.mode = o.mode;
+  d.dtype = o.dtype;
+  d.traffic = o.traffic;
+  d.digest = digest;
+  d.message = message(o.dtype, d.k, d.hidden);
+  return s;
+}
+
 template <class C, class T, class Space>
 EpDispatchInFlight<T, Space> EpBuffer<C, T, Space>::dispatch_start(const Space& exec, const RowsIn& x,
                                                                    const TopK<T, Space>& logical,
@@ -75,20 +97,8 @@ EpDispatchInFlight<T, Space> EpBuffer<C, T, Space>::dispatch_start(const Space& 
     p.has_tags_ = true;
   }
   p.indexed_ = o.indexed_batch;
-  auto s = std::make_shared<impl::EpState<T, Space>>();
+  auto s = new_state(x, route.k(), o, p.own_.digest);
   impl::EpState<T, Space>& d = *s;
-  d.mem = free_memory();
-  d.rows = x.rows();
-  d.full_rows = x.full_rows();
-  d.hidden = static_cast<int>(x.hidden());
-  d.k = route.k();
-  d.per_rank = local_experts();
-  d.first_expert = first_expert();
-  d.mode = o.mode;
-  d.dtype = o.dtype;
-  d.traffic = o.traffic;
-  d.digest = p.own_.digest;
-  d.message = message(o.dtype, d.k, d.hidden);
   const std::int64_t W = d.message.words();
   p.block_words_ = ll ? impl::kLlHead + low_latency_capacity() * W : 0;
   if (p.block_words_ > std::int64_t(std::numeric_limits<int>::max()))
@@ -100,13 +110,7 @@ EpDispatchInFlight<T, Space> EpBuffer<C, T, Space>::dispatch_start(const Space& 
   const std::int64_t B = p.block_words_;
   const auto send = ll ? d.mem->flat(d.mem->ll_send, "relayout::ep_ll_send", ep * B)
                        : d.mem->flat(d.mem->send, "relayout::ep_send", d.sent * W);
-  const auto xv = x.view();
-  switch (o.dtype) {
-    case DispatchDtype::bf16: impl::pack_messages<relayout::bf16>(exec, d, xv, route, mo, ep, B, send); break;
-    case DispatchDtype::fp16: impl::pack_messages<relayout::fp16>(exec, d, xv, route, mo, ep, B, send); break;
-    case DispatchDtype::fp8: impl::pack_messages<fp8_e4m3>(exec, d, xv, route, mo, ep, B, send); break;
-    case DispatchDtype::compute: impl::pack_messages<T>(exec, d, xv, route, mo, ep, B, send); break;
-  }
+  impl::pack_dtype(exec, d, x.view(), route, mo, ep, B, send);
   p.s_ = s;
   if (ll) {  // the verdicts travel in the blocks' heads: read, and thrown, at finish
     p.ll_recv_ = d.mem->flat(d.mem->ll_recv, "relayout::ep_ll_recv", ep * B);

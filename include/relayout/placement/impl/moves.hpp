@@ -53,6 +53,12 @@ V row_slice(const V& v, std::int64_t begin, std::int64_t count) {
 
 inline std::int64_t hidden_of(std::size_t h) { return static_cast<std::int64_t>(h); }
 
+// "; dp_scatter called at model/engine.cpp:42": the caller's line, for a transition's own checks.
+inline std::string called_at(const char* call, std::source_location site) {
+  return std::string("; ") + call + " called at " + std::string(short_file(site.file_name())) + ":" +
+         std::to_string(site.line());
+}
+
 // Element counts of the tensor_split chunks of n rows over `parts` members.
 inline IntCounts split_counts(std::int64_t n, int parts, std::int64_t hidden) {
   IntCounts c(static_cast<std::size_t>(parts));
@@ -105,7 +111,8 @@ RowsData<T, Space> all_gather_rows(const C& comm, const RowsData<T, Space>& in, 
     throw LayoutError("rows", "this rank holds " + std::to_string(in.view.extent(0)) +
                                   " rows, but chunk " + std::to_string(comm.rank()) + " of " +
                                   std::to_string(n) + " rows split over " + std::to_string(comm.size()) +
-                                  " members has " + std::to_string(mine.count) + " (tensor_split)");
+                                  " members has " + std::to_string(mine.count) + " (tensor_split)" +
+                                  called_at("all_gather", cx.site));
   auto out = alloc_rows<T, Space>("relayout::all_gather", n, h);
   cx.ready();
   cx.count(n % comm.size() == 0 ? TrafficOp::all_gather : TrafficOp::all_gatherv, comm, g, bytes_of(out));
@@ -126,44 +133,44 @@ RowsData<T, Space> split_rows_data(int parts, int index, const RowsData<T, Space
 // = (r / attn_tp, r % attn_tp) because these calls require attn_cp == 1.
 
 template <class C>
-void require_dp_bridge_layout(const ProcessGroupsOf<C>& pg, const char* call) {
+void require_dp_bridge_layout(const ProcessGroupsOf<C>& pg, const char* call, std::source_location site) {
   if (pg.layout().widths().attn_cp != 1)
     throw LayoutError("attn_cp", std::string(call) + " needs attn_cp == 1 (the DP bridge does not "
                                  "run under prefill context parallelism, docs/bridge.md); attn_cp = " +
-                                 std::to_string(pg.layout().widths().attn_cp));
+                                 std::to_string(pg.layout().widths().attn_cp) + called_at(call, site));
 }
 
 template <class C>
-void require_slots(const ProcessGroupsOf<C>& pg, const DpSlots& slots, const char* call) {
+void require_slots(const ProcessGroupsOf<C>& pg, const DpSlots& slots, const char* call, std::source_location site) {
   if (slots.groups() != pg.layout().widths().attn_dp)
     throw LayoutError("global_num_tokens", std::string(call) + ": the DpSlots have " +
-                                               std::to_string(slots.groups()) +
-                                               " groups but attn_dp = " +
-                                               std::to_string(pg.layout().widths().attn_dp));
+                                               std::to_string(slots.groups()) + " groups but attn_dp = " +
+                                               std::to_string(pg.layout().widths().attn_dp) + called_at(call, site));
 }
 
 template <class C, class T, class Space>
 void require_local_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
-                        const DpSlots& slots, const char* call) {
-  require_dp_bridge_layout(pg, call);
-  require_slots(pg, slots, call);
+                        const DpSlots& slots, const char* call, std::source_location site) {
+  require_dp_bridge_layout(pg, call, site);
+  require_slots(pg, slots, call, site);
   const int g = pg.coords().attn_dp_rank;
   if (static_cast<std::int64_t>(in.view.extent(0)) != slots.count(g))
     throw LayoutError("global_num_tokens", std::string(call) + ": this DP group's rows (" +
                                                std::to_string(in.view.extent(0)) +
                                                ") differ from global_num_tokens[" + std::to_string(g) +
-                                               "] = " + std::to_string(slots.count(g)));
+                                               "] = " + std::to_string(slots.count(g)) + called_at(call, site));
 }
 
 template <class C, class T, class Space>
 void require_global_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in, const char* call,
-                         PaddingMode mode, const char* other) {
-  require_dp_bridge_layout(pg, call);
-  require_slots(pg, *in.slots, call);
+                         PaddingMode mode, const char* other, std::source_location site) {
+  require_dp_bridge_layout(pg, call, site);
+  require_slots(pg, *in.slots, call, site);
   if (in.slots->mode() != mode)
     throw LayoutError("padding", std::string(call) + " needs rows gathered with " +
                                      std::string(to_string(mode)) + " padding; these were gathered with " +
-                                     std::string(to_string(in.slots->mode())) + ": use " + other);
+                                     std::string(to_string(in.slots->mode())) + ": use " + other +
+                                     called_at(call, site));
 }
 
 // Rows of this member's chunk copied into a new buffer of `chunk` rows, zero past the end.
@@ -184,7 +191,7 @@ V padded_copy(const Space& exec, const V& v, std::int64_t begin, std::int64_t ch
 template <class C, class T, class Space>
 RowsData<T, Space> dp_gather_replicate_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
                                             DpSlotsPtr slots, const MoveCtx<Space>& cx = {}) {
-  require_local_rows(pg, in, *slots, "dp_gather_replicate");
+  require_local_rows(pg, in, *slots, "dp_gather_replicate", cx.site);
   const int A = pg.layout().widths().attn_tp, t = pg.coords().attn_tp_rank, tp = pg.layout().size();
   const auto h = hidden_of(in.view.extent(1));
   auto out = alloc_rows<T, Space>("relayout::dp_gather_replicate", slots->total_rows(), h);
@@ -210,7 +217,7 @@ RowsData<T, Space> dp_gather_replicate_rows(const ProcessGroupsOf<C>& pg, const 
 template <class C, class T, class Space>
 RowsData<T, Space> dp_gather_partial_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
                                           DpSlotsPtr slots, const MoveCtx<Space>& cx = {}) {
-  require_local_rows(pg, in, *slots, "dp_gather_partial");
+  require_local_rows(pg, in, *slots, "dp_gather_partial", cx.site);
   const int A = pg.layout().widths().attn_tp, t = pg.coords().attn_tp_rank, tp = pg.layout().size();
   const auto h = hidden_of(in.view.extent(1));
   const auto n = static_cast<std::int64_t>(in.view.extent(0));
@@ -243,8 +250,8 @@ RowsData<T, Space> dp_gather_partial_rows(const ProcessGroupsOf<C>& pg, const Ro
 template <class C, class T, class Space>
 RowsData<T, Space> dp_scatter_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
                                    const MoveCtx<Space>& cx = {}) {
-  require_dp_bridge_layout(pg, "dp_scatter");
-  require_slots(pg, *in.slots, "dp_scatter");
+  require_dp_bridge_layout(pg, "dp_scatter", cx.site);
+  require_slots(pg, *in.slots, "dp_scatter", cx.site);
   const int g = pg.coords().attn_dp_rank;
   auto out = alloc_rows<T, Space>("relayout::dp_scatter", in.slots->count(g), hidden_of(in.view.extent(1)));
   Kokkos::deep_copy(cx.exec, out, row_slice(in.view, in.slots->offset(g), in.slots->count(g)));
@@ -257,7 +264,7 @@ RowsData<T, Space> dp_scatter_rows(const ProcessGroupsOf<C>& pg, const RowsData<
 template <class C, class T, class Space>
 RowsData<T, Space> reduce_scatterv_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
                                         const MoveCtx<Space>& cx = {}) {
-  require_global_rows(pg, in, "reduce_scatterv", PaddingMode::sum_len, "dp_reduce_scatter");
+  require_global_rows(pg, in, "reduce_scatterv", PaddingMode::sum_len, "dp_reduce_scatter", cx.site);
   const DpSlots& s = *in.slots;
   const int A = pg.layout().widths().attn_tp, t = pg.coords().attn_tp_rank, tp = pg.layout().size();
   const int g = pg.coords().attn_dp_rank;
@@ -283,7 +290,7 @@ RowsData<T, Space> reduce_scatterv_rows(const ProcessGroupsOf<C>& pg, const Rows
 template <class C, class T, class Space>
 RowsData<T, Space> dp_reduce_scatter_rows(const ProcessGroupsOf<C>& pg, const RowsData<T, Space>& in,
                                           const MoveCtx<Space>& cx = {}) {
-  require_global_rows(pg, in, "dp_reduce_scatter", PaddingMode::max_len, "reduce_scatterv");
+  require_global_rows(pg, in, "dp_reduce_scatter", PaddingMode::max_len, "reduce_scatterv", cx.site);
   const DpSlots& s = *in.slots;
   const int A = pg.layout().widths().attn_tp, g = pg.coords().attn_dp_rank;
   const auto h = hidden_of(in.view.extent(1));
