@@ -233,6 +233,10 @@ TEST_CASE("mpi: the DP bridge in both padding modes, with zero and uneven token 
     const auto slots = make_dp_slots(pg.layout(), counts);
     const Rows<double, Replicated<AttnTp>> wrong(make_rows(counts[static_cast<std::size_t>(g)] + 1, [](auto, int) { return 0.0; }));
     CHECK_THROWS_WITH_AS(dp_gather_replicate(pg, wrong, slots), doctest::Contains("differ from global_num_tokens"), LayoutError);
+    // The error names this line, where the transition was called, not the library's.
+    const auto gather = [&] { (void)dp_gather_replicate(pg, wrong, slots); }; const int line = __LINE__;
+    CHECK_THROWS_WITH_AS(gather(), doctest::Contains(("; dp_gather_replicate called at placement/test_placement_mpi.cpp:" +
+                                                      std::to_string(line)).c_str()), LayoutError);
   }
 }
 
