@@ -15,6 +15,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "tolerance.hpp"
+
+using relayout::test::within_abs;
+using relayout::test::within_rel;
+
 namespace {
 
 namespace rk = relayout::kernels;
@@ -83,7 +88,7 @@ void check(const Shape& s, rk::impl::Bf16Kernel kernel, bool dispatch, bool with
       if (!(std::abs(got - ref) <= tol) && ++bad <= 3) {
         CAPTURE(i);
         CAPTURE(j);
-        CHECK(got == doctest::Approx(ref).epsilon(0));
+        CHECK(got == within_rel(ref, 0));
       }
     }
   CHECK(bad == 0);
@@ -231,7 +236,7 @@ TEST_CASE("linear with bf16 weights on fp32 rows matches the reference of the bf
             mag += std::abs(double(bias(std::size_t(j)))) + std::abs(double(y0(i, j)));
           }
           const double tol = 4 * std::ldexp(1.0, -24) * (std::sqrt(double(s.k)) + 2) * mag + 1e-30;
-          if (!(std::abs(double(y(i, j)) - ref) <= tol) && ++bad <= 3) CHECK(double(y(i, j)) == doctest::Approx(ref).epsilon(0));
+          if (!(std::abs(double(y(i, j)) - ref) <= tol) && ++bad <= 3) CHECK(double(y(i, j)) == within_rel(ref, 0));
         }
       CHECK(bad == 0);
     }
@@ -291,7 +296,7 @@ TEST_CASE("linear with bf16 weights and round_rows multiplies fp32 rows rounded 
             mag += std::abs(double(x(i, kk)) * w);
           }
           const double tol = 4 * std::ldexp(1.0, -24) * (std::sqrt(double(s.k)) + 2) * mag + 1e-30;
-          if (!(std::abs(double(y(i, j)) - ref) <= tol) && ++bad <= 3) CHECK(double(y(i, j)) == doctest::Approx(ref).epsilon(0));
+          if (!(std::abs(double(y(i, j)) - ref) <= tol) && ++bad <= 3) CHECK(double(y(i, j)) == within_rel(ref, 0));
           off_exact += std::abs(double(y(i, j)) - exact) > tol;
           ++outputs;
         }
