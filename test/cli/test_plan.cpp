@@ -397,10 +397,12 @@ TEST_CASE("plan: two-batch overlap takes max(compute, communication) of the two 
   CHECK(plain.moe.exposed == within_rel(plain.moe.comm(), 1e-9));
   in.two_batch_overlap = true;
   const cli::Deployment tbo = cli::plan_deployment(kEp32, in, c);
-  // DeepEP's normal kernels hold 20 of the H800's 132 SMs while the other micro-batch computes.
+  // The two micro-batches overlap (test_plan_model checks the order they run in by hand): no
+  // shorter than the compute or the communication, no longer than both added; DeepEP's 20 SMs
+  // and the order cost time beyond the larger.
   const double comm = tbo.moe.dispatch + tbo.moe.combine;
-  CHECK(near(tbo.moe.total, std::max(comm, tbo.moe.compute() + 20.0 / 132 * comm), 1e-12));
   CHECK(tbo.moe.total > std::max(comm, tbo.moe.compute()));
+  CHECK(tbo.moe.total < tbo.moe.compute() + comm);
   // Each micro-batch pays its own DeepEP latency: two calls of half the rows.
   CHECK(tbo.moe.dispatch == within_rel(plain.moe.dispatch + c.eff.normal_latency, 1e-9));
   CHECK(tbo.step < plain.step);

@@ -442,11 +442,48 @@ inline double head_seconds(const Deployment& d, const DeployInput& in, const Clu
 
 }  // namespace impl
 
+// Two-batch overlap as two streams in the order SGLang and DeepSeek run them: the compute stream
+// runs A's attention, B's attention, A's MLP, B's MLP; the communication stream A's dispatch, B's
+// dispatch, A's combine, B's combine. A dispatch waits for its attention, an MLP for its dispatch,
+// a combine for its MLP, the next layer's attention for its combine; while a communication kernel
+// runs the compute runs at 1 - s of its rate (s: the SMs it holds). Seconds a layer, steady state.
+inline double overlap_period(double attn, double mlp, double disp, double comb, double s) {
+  constexpr int kLayers = 6;
+  // Task i of a stream: layer i / 4, its kind i % 4 (A, B, A, B); the end time of each task.
+  std::vector<double> comp_end(4 * kLayers, -1), comm_end(4 * kLayers, -1);
+  const double comp_len[4] = {attn, attn, mlp, mlp}, comm_len[4] = {disp, disp, comb, comb};
+  const auto comp_ready = [&](int i) {  // attention: the micro-batch's previous combine; MLP: its dispatch
+    const int L = i / 4, k = i % 4;
+    if (k < 2) return L == 0 || comm_end[std::size_t(4 * (L - 1) + 2 + k)] >= 0;
+    return comm_end[std::size_t(4 * L + k - 2)] >= 0;
+  };
+  const auto comm_ready = [&](int i) {  // dispatch: its attention; combine: its MLP
+    return comp_end[std::size_t(i)] >= 0;
+  };
+  double t = 0, comp_left = -1, comm_left = -1;
+  int ci = 0, mi = 0;
+  while (mi < 4 * kLayers) {
+    if (comp_left < 0 && ci < 4 * kLayers && comp_ready(ci)) comp_left = comp_len[ci % 4];
+    if (comm_left < 0 && comm_ready(mi)) comm_left = comm_len[mi % 4];
+    const double rate = comm_left >= 0 ? 1.0 - s : 1.0;
+    const double dt = std::min(comp_left >= 0 ? comp_left / rate : 1e300, comm_left >= 0 ? comm_left : 1e300);
+    t += dt;
+    if (comp_left >= 0 && (comp_left -= dt * rate) <= 1e-15) {
+      comp_end[std::size_t(ci++)] = t;
+      comp_left = -1;
+    }
+    if (comm_left >= 0 && (comm_left -= dt) <= 1e-15) {
+      comm_end[std::size_t(mi++)] = t;
+      comm_left = -1;
+    }
+  }
+  return (comm_end[std::size_t(4 * kLayers - 1)] - comm_end[std::size_t(4 * (kLayers - 2) - 1)]) / 2;
+}
+
 // The busiest rank's layer times: without two-batch overlap compute and communication add up.
 // With it the batch runs as two micro-batches, one's dispatch/combine beside the other's compute
-// (each computed on half the rows: decode reads every weight twice); DeepEP's kernels hold
-// --deepep-normal-sms (or -ll-sms) of the GPU's SMs meanwhile, so the compute runs at 1 - s of its
-// rate while they run: the layer takes max(communication, compute + s * communication). The
+// (each computed on half the rows: decode reads every weight twice), as overlap_period orders
+// them; DeepEP's kernels hold --deepep-normal-sms (or -ll-sms) of the GPU's SMs meanwhile. The
 // attn_tp all-reduce is not overlapped.
 inline LayerTime layer_time(const Deployment& d, const DeployInput& in, const Cluster& c, bool moe) {
   const bool tbo = in.two_batch_overlap && moe && d.widths.tp > 1;
@@ -473,7 +510,10 @@ inline LayerTime layer_time(const Deployment& d, const DeployInput& in, const Cl
   if (tbo) {
     const Efficiency& e = c.eff;
     const double s = d.deepep ? std::min(1.0, (d.low_latency ? e.ll_sms : e.normal_sms) / c.sms) : 0.0;
-    const double shared = std::max(overlappable, t.compute() + s * overlappable);
+    const double gap = in.phase == Phase::prefill ? e.gap_eager : e.gap_graph;
+    const double attn = p.attention + p.other_attn + kAttentionKernels * gap;
+    const double mlp = p.experts + p.other_moe + kMoeKernels * gap;
+    const double shared = overlap_period(attn, mlp, p.dispatch, p.combine + p.moe_comm, s);
     t.parts.overlap_slowdown = shared - std::max(overlappable, t.compute());
     t.total = shared + fixed;
   } else {
@@ -883,8 +923,8 @@ inline std::string layer_explain(const char* what, const LayerTime& t, const Dep
          us_text(t.combine).c_str());
   if (tbo) {
     const double sms = d.low_latency ? c.eff.ll_sms : c.eff.normal_sms;
-    line("two-batch overlap: max(communication, compute + %.0f/%.0f SMs x communication); the compute lost to DeepEP's "
-         "SMs %s", sms, c.sms, us_text(b.overlap_slowdown).c_str());
+    line("two-batch overlap: two streams, attention A, B, MLP A, B beside dispatch A, B, combine A, B, DeepEP holding "
+         "%.0f of %.0f SMs; beyond max(compute, communication): %s", sms, c.sms, us_text(b.overlap_slowdown).c_str());
   } else if (t.dispatch + t.combine > 0) {
     line("no overlap: compute + dispatch + combine");
   }
