@@ -43,12 +43,15 @@ TEST_CASE("SpecTpSync: a single-rank group skips the broadcast; disabled sites s
 }
 
 TEST_CASE("SpecTpSync group: attention-TP with DP attention, TP without") {
-  // One rank with DP attention on: --dp-size 1 turns --enable-dp-attention off (SGLang's
-  // _data_parallelism_defaults), prefill CP keeps it on.
-  const ProcessGroupsOf<SingleRankCommunicator> groups(
-      RuntimeLayout({.tp = 1, .draft = Draft::dense, .enable_prefill_cp = true, .cp_strategy = CpStrategy::interleave}),
-      SingleRankCommunicator{});
-  CHECK(SpecTpSyncOf<SingleRankCommunicator>(groups, SyncSites{}).group() == GroupKind::attn_tp);
+  // One rank: --dp-size 1 turns --enable-dp-attention off (SGLang's _data_parallelism_defaults), and
+  // turns off again the DP attention prefill CP set (validate_deepseek_v4_cp runs before it): TP.
+  for (bool prefill : {false, true}) {
+    LayoutConfig c{.tp = 1, .enable_dp_attention = true, .draft = Draft::dense};
+    c.enable_prefill_cp = prefill;
+    if (prefill) c.cp_strategy = CpStrategy::interleave;
+    const ProcessGroupsOf<SingleRankCommunicator> groups(RuntimeLayout(c), SingleRankCommunicator{});
+    CHECK(SpecTpSyncOf<SingleRankCommunicator>(groups, SyncSites{}).group() == GroupKind::tp);
+  }
 }
 
 TEST_CASE("idle batch: same metadata, zero rows, and the round workload gives the group no request") {
