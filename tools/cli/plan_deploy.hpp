@@ -97,16 +97,18 @@ inline Phase parse_phase(const std::string& s) {
 // as the library places them, contiguously without redundant experts, by its rebalancer
 // (ExpertLocation::rebalanced: groups onto nodes, hot experts replicated, replicas packed onto
 // ranks) with them; each expert's load split evenly over its replicas.
-// A ranking asks again for every layout of the same moe_ep: the answers are kept (per thread, the
-// last kImbalanceMemo inputs).
-inline constexpr std::size_t kImbalanceMemo = 32;
+// A ranking asks again for every layout of the same moe_ep: the answers for the last loads asked
+// about are kept (per thread; one copy of the loads, one number per width and placement).
 inline double imbalance_of(const std::vector<std::vector<double>>& layers, int ep, int redundant, int nodes, int groups) {
-  using Key = std::tuple<int, int, int, int, std::vector<std::vector<double>>>;
-  thread_local std::map<Key, double> memo;
-  Key key{ep, redundant, nodes, groups, layers};
-  if (const auto it = memo.find(key); it != memo.end()) return it->second;
-  if (memo.size() >= kImbalanceMemo) memo.clear();
-  return memo[std::move(key)] = expert_load_factors(layers, ep, [&](const std::vector<double>& load) {
+  struct Memo {
+    std::vector<std::vector<double>> layers;
+    std::map<std::tuple<int, int, int, int>, double> imbalance;
+  };
+  thread_local Memo memo;
+  if (memo.layers != layers) memo = {layers, {}};
+  const std::tuple<int, int, int, int> key{ep, redundant, nodes, groups};
+  if (const auto it = memo.imbalance.find(key); it != memo.imbalance.end()) return it->second;
+  return memo.imbalance[key] = expert_load_factors(layers, ep, [&](const std::vector<double>& load) {
            const int routed = int(load.size());
            if ((routed + redundant) % ep != 0)
              throw LayoutError("--expert-load", "--expert-load: " + std::to_string(routed) + " experts + " +
