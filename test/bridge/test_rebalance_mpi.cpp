@@ -118,8 +118,12 @@ TEST_CASE("set_expert_location with the weights: after a rebalance for a skewed 
   Kokkos::deep_copy(xv, xh);
   const Rows<double, Replicated<AttnTp>, DpLocal, Space> x(xv);
 
-  // np redundant slots over np members: static placement first.
-  const auto identity = std::make_shared<const ExpertLocation>(ExpertLocation::identity(kExperts, np, np));
+  // np redundant slots over np members (none at np 1), first replicating the coldest experts: the
+  // hot experts 0 and 1 live on member 0 alone.
+  const int redundant = np > 1 ? np : 0;
+  std::vector<int> map(static_cast<std::size_t>(kExperts + redundant));
+  for (int p = 0; p < kExperts + redundant; ++p) map[std::size_t(p)] = p < kExperts ? p : kExperts - 1 - (p - kExperts);
+  const auto identity = std::make_shared<const ExpertLocation>(ExpertLocation::from_map(kExperts, np, map));
   MoeBridge<MpiCommunicator, double, Space> bridge(pg, kExperts, {.expert_location = identity});
   SlotWeights weights = weights_for(*identity, s);
   const int per_rank = identity->per_rank();
@@ -131,7 +135,7 @@ TEST_CASE("set_expert_location with the weights: after a rebalance for a skewed 
   const double imbalance_before = load.imbalance();
 
   const auto rebalanced = std::make_shared<const ExpertLocation>(
-      ExpertLocation::rebalanced(load.logical_as_double(), np, np));
+      ExpertLocation::rebalanced(load.logical_as_double(), redundant, np));
   if (np > 1) CHECK(*rebalanced != *identity);  // the skew moves experts: the test moves weights
   bridge.set_expert_location(exec, rebalanced, weights);
   // Every slot holds its new expert's weights (independent of the move: the formula).

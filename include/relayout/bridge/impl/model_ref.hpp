@@ -4,6 +4,9 @@
 // call: a layer makes a handful.
 #pragma once
 
+#include <concepts>
+#include <type_traits>
+
 #include "relayout/placement/experts.hpp"
 
 namespace relayout::impl {
@@ -12,6 +15,7 @@ template <class T, class Space>
 class RouterRef {
  public:
   template <RouterFor<T, Space> R>
+    requires(!std::same_as<std::remove_const_t<R>, RouterRef>)  // a copy is a copy, not a wrapper
   explicit RouterRef(R& r)
       : obj_(const_cast<void*>(static_cast<const void*>(&r))), top_k_(static_cast<int>(r.top_k())), call_([](void* o, const Space& exec, const RowsView<T, Space>& x,
                                                                  TopK<T, Space>& out) { (*static_cast<R*>(o))(exec, x, out); }) {}
@@ -31,6 +35,7 @@ class ExpertsRef {
  public:
   using Rows = RowsView<T, Space>;
   template <ExpertsFor<T, Space> E>
+    requires(!std::same_as<std::remove_const_t<E>, ExpertsRef>)  // a copy is a copy, not a wrapper
   explicit ExpertsRef(E& e)
       : obj_(const_cast<void*>(static_cast<const void*>(&e))), reads_indexed_(ReadsIndexedRows<E>),
         call_([](void* o, const Space& exec, const ExpertBatch<T, Space>& b, const Rows& y) { (*static_cast<E*>(o))(exec, b, y); }) {
