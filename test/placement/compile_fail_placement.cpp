@@ -7,6 +7,15 @@
 using namespace relayout;
 using View = Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::DefaultExecutionSpace::memory_space>;
 
+// An engine's router and experts for double rows.
+struct DoubleRouter {
+  int top_k() const { return 1; }
+  void operator()(const Kokkos::DefaultExecutionSpace&, const RowsView<double>&, TopK<double>&) {}
+};
+struct DoubleExperts {
+  void operator()(const Kokkos::DefaultExecutionSpace&, const ExpertBatch<double>&, const RowsView<double>&) {}
+};
+
 int main() {
   const ProcessGroupsOf<SingleRankCommunicator> pg(RuntimeLayout({.tp = 1}), SingleRankCommunicator{});
   const View v("v", 2, 2);
@@ -34,6 +43,19 @@ int main() {
   MoeBridge<SingleRankCommunicator, float> bridge(pg, 1);
   int router = 0, experts = 0;
   bridge.run(Kokkos::DefaultExecutionSpace(), partial, router, experts);  // the attention all-reduce skipped
+  return 0;
+#elif defined(RELAYOUT_CF_CASE_bridge_rows_of_other_type)
+  MoeBridge<SingleRankCommunicator, double> bridge(pg, 1);  // float rows into a double bridge
+  DoubleRouter router;
+  DoubleExperts experts;
+  bridge.run(Kokkos::DefaultExecutionSpace(), replicated, router, experts);
+  return 0;
+#elif defined(RELAYOUT_CF_CASE_bridge_model_of_other_type)
+  MoeBridge<SingleRankCommunicator, bf16> bridge(pg, 1);  // a double router and experts into a bf16 bridge
+  const Kokkos::View<bf16**, Kokkos::LayoutRight, Kokkos::DefaultExecutionSpace::memory_space> b("b", 2, 2);
+  DoubleRouter router;
+  DoubleExperts experts;
+  bridge.run(Kokkos::DefaultExecutionSpace(), Rows<bf16, Replicated<AttnTp>>(b), router, experts);
   return 0;
 #else
   const auto global = dp_gather_replicate(pg, split_rows(pg, replicated).full_rows() == 2 ? replicated : replicated, slots);

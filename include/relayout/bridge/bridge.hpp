@@ -189,15 +189,19 @@ class MoeBridge {
     requires(!std::same_as<std::remove_cvref_t<X>, In> && !std::same_as<std::remove_cvref_t<X>, ScatteredIn>)
   void run(const Space&, const X&, Rest&&...) {
     using St = typename std::remove_cvref_t<X>::state_type;
-    impl::require_same_element<T, typename std::remove_cvref_t<X>::value_type>();
-    static_assert(St::state != RowState::partial,
-                  "relayout: MoeBridge::run needs complete rows, Replicated<AttnTp>, and these are Partial sums (the "
-                  "attention's wo_b output before its all-reduce): call all_reduce(exec, pg, rows) first");
-    static_assert(St::state == RowState::partial,
-                  "relayout: MoeBridge::run takes this DP group's complete rows as Rows<T, Replicated<AttnTp>, "
-                  "DpLocal, Space> of the bridge's T and Space (the attention all-reduce's output), or this "
-                  "member's chunk of them as Rows<T, RowShard<AttnTp>, DpLocal, Space> (paths a2a_split, "
-                  "direct and tp_moe): dp_scatter DpGlobal rows first");
+    using U = typename std::remove_cvref_t<X>::value_type;
+    if constexpr (!std::is_same_v<U, T>) {
+      impl::require_same_element<T, U>();
+    } else {
+      static_assert(St::state != RowState::partial,
+                    "relayout: MoeBridge::run needs complete rows, Replicated<AttnTp>, and these are Partial sums (the "
+                    "attention's wo_b output before its all-reduce): call all_reduce(exec, pg, rows) first");
+      static_assert(St::state == RowState::partial,
+                    "relayout: MoeBridge::run takes this DP group's complete rows as Rows<T, Replicated<AttnTp>, "
+                    "DpLocal, Space> of the bridge's T and Space (the attention all-reduce's output), or this "
+                    "member's chunk of them as Rows<T, RowShard<AttnTp>, DpLocal, Space> (paths a2a_split, "
+                    "direct and tp_moe): dp_scatter DpGlobal rows first");
+    }
   }
 
  private:

@@ -43,16 +43,17 @@ constexpr void check_model() {
   if constexpr (!RouterFor<R, T, Space>) {
     using U = element_of_t<router_fits, R, Space>;
     if constexpr (!std::is_void_v<U>) require_same_element<T, U>();
-    static_assert(RouterFor<R, T, Space>,
-                  "relayout: MoeBridge::run: the router needs top_k() and operator()(exec, RowsView<T, Space>, "
-                  "TopK<T, Space>&) for the bridge's T and Space (RouterFor)");
-  }
-  if constexpr (!ExpertsFor<E, T, Space>) {
+    else
+      static_assert(RouterFor<R, T, Space>,
+                    "relayout: MoeBridge::run: the router needs top_k() and operator()(exec, RowsView<T, Space>, "
+                    "TopK<T, Space>&) for the bridge's T and Space (RouterFor)");
+  } else if constexpr (!ExpertsFor<E, T, Space>) {
     using U = element_of_t<experts_fit, E, Space>;
     if constexpr (!std::is_void_v<U>) require_same_element<T, U>();
-    static_assert(ExpertsFor<E, T, Space>,
-                  "relayout: MoeBridge::run: the experts need operator()(exec, ExpertBatch<T, Space>, "
-                  "RowsView<T, Space>) for the bridge's T and Space (ExpertsFor)");
+    else
+      static_assert(ExpertsFor<E, T, Space>,
+                    "relayout: MoeBridge::run: the experts need operator()(exec, ExpertBatch<T, Space>, "
+                    "RowsView<T, Space>) for the bridge's T and Space (ExpertsFor)");
   }
 }
 
