@@ -367,8 +367,8 @@ model::LayerOptions layer_options(const Options& o, const RuntimeLayout& layout,
   model::LayerOptions opts;
   if (o.padding != "auto") opts.padding = parse_padding(o.padding);
   opts.restore = parse_restore(o.restore, "--restore");
-  opts.fault = parse_fault(o.inject, "--inject");
-  check_fault(opts.fault, layout, "--inject");
+  opts.inject = parse_fault(o.inject, "--inject");
+  check_fault(opts.inject, layout, "--inject");
   opts.dispatch_dtype = cli::dispatch_dtype_of(layout, o.dispatch_dtype);
   opts.expert_location = expert_location(o, layout, exec, world);
   opts.decode_ep_mode = parse_ep_mode(o.deepep_mode, "--deepep-mode");
@@ -426,7 +426,7 @@ model::DecodePlan decode_plan(const Options& o, const model::Workload& work, mod
   if (opts.decode_ep_mode == EpMode::low_latency) {
     if (plan.steps == 0)
       throw LayoutError("--deepep-mode", "--deepep-mode low_latency applies to decode steps; give --decode-steps");
-    opts.decode_ep_capacity = o.ll_capacity_given ? o.ll_capacity : work.requests();
+    opts.num_max_dispatch_tokens_per_rank = o.ll_capacity_given ? o.ll_capacity : work.requests();
   }
   return plan;
 }
@@ -457,7 +457,7 @@ void keep_prefill(Prefill& p, const Net& net) {
 // member together) is bad input: the flag that sets the capacity, named.
 [[noreturn]] void refuse_capacity(const Options& o, const model::LayerOptions& opts, const LayoutError& e) {
   throw LayoutError(kLlCapacityFlag,
-                    std::string(kLlCapacityFlag) + " " + std::to_string(opts.decode_ep_capacity) +
+                    std::string(kLlCapacityFlag) + " " + std::to_string(opts.num_max_dispatch_tokens_per_rank) +
                         (o.ll_capacity_given ? "" : " (the default: one row per request)") +
                         ": a decode step dispatches more rows than the low-latency capacity per rank (" + e.what() +
                         "); give a capacity of at least the rows a rank dispatches");
