@@ -93,7 +93,7 @@ auto BridgeRun<C, T, Space>::check_moe_tp_share(const view_type& ps) -> void {
   std::uint64_t digest = 0xcbf29ce484222325ull, nonzero = 0;
   for (std::size_t i = 0; i < h.extent(0); ++i)
     for (std::size_t f = 0; f < h.extent(1); ++f) {
-      const double v = static_cast<double>(h(i, f));
+      const double v = static_cast<double>(static_cast<compute_t<T>>(h(i, f)));
       nonzero |= v != 0.0 ? 1u : 0u;
       digest = (digest ^ std::bit_cast<std::uint64_t>(v)) * 0x100000001b3ull;
     }
