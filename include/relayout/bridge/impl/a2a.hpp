@@ -36,7 +36,8 @@ auto BridgeRun<C, T, Space>::a2a(const In& x) -> Out {
 // This member's chunk (c_owners: its rows' owners, when carried; group_rows: its DP group's
 // rows) through route, dispatch, experts, combine and the shared expert: the chunk's MoE rows.
 template <class C, class T, class Space>
-auto BridgeRun<C, T, Space>::a2a_chunk(const Rows<T, RowShard<AttnTp>, DpLocal, Space>& chunk, const std::vector<std::int64_t>& c_owners, std::int64_t group_rows) -> Rows<T, RowShard<AttnTp>, DpLocal, Space> {
+auto BridgeRun<C, T, Space>::a2a_chunk(const ScatteredIn& chunk, const std::vector<std::int64_t>& c_owners,
+                                       std::int64_t group_rows) -> ScatteredIn {
   // One batch, or two micro-batches whose exchanges overlap the other's compute.
   const bool two = b.opts_.two_batch_overlap;
   const std::int64_t m = chunk.rows(), H = impl::hidden_of(chunk.view().extent(1));
@@ -63,20 +64,7 @@ auto BridgeRun<C, T, Space>::a2a_chunk(const Rows<T, RowShard<AttnTp>, DpLocal, 
     begin_combine(mb[0]);
     finish_dispatch(mb[1], &mb[0]);  // and its experts: behind the first one's combine
   }
-  if (obs) {
-    // One owner per (row, local expert): over all ranks each row appears top_k times.
-    std::vector<std::int64_t> batch_owners;
-    for (int i = 0; i < (two ? 2 : 1); ++i) {
-      const EpHandle<T, Space>& h = mb[i].h;
-      if (!owners) {
-        batch_owners.resize(batch_owners.size() + static_cast<std::size_t>(h.batch().rows()));
-        continue;
-      }
-      const std::vector<std::int64_t> t = h.batch_tags(exec);
-      batch_owners.insert(batch_owners.end(), t.begin(), t.end());
-    }
-    see(e_step, RowState::replicated, router.top_k(), owners ? span_of(batch_owners) : std::span<const std::int64_t>{}, view_type());
-  }
+  see_experts(e_step, mb, two ? 2 : 1);
   const PlanStep& c_step = step(BridgeStep::combine);
   const PlanStep& h_step = step(BridgeStep::shared_expert);
   static_cast<void>(h_step);
@@ -98,6 +86,25 @@ auto BridgeRun<C, T, Space>::a2a_chunk(const Rows<T, RowShard<AttnTp>, DpLocal, 
   const Rows<T, RowShard<AttnTp>, DpLocal, Space> combined(joined, chunk.full_rows());
   see(c_step, RowState::replicated, 1, span_of(c_owners), combined.view());
   return combined;
+}
+
+// The observer's view of the experts' step: one owner per (row, local expert) of the micro-batches'
+// batches (over all ranks each row appears top_k times).
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::see_experts(const PlanStep& s, const Micro* mb, int count) -> void {
+  if (!obs) return;
+  std::vector<std::int64_t> batch_owners;
+  for (int i = 0; i < count; ++i) {
+    const EpHandle<T, Space>& h = mb[i].h;
+    if (!owners) {
+      batch_owners.resize(batch_owners.size() + static_cast<std::size_t>(h.batch().rows()));
+      continue;
+    }
+    const std::vector<std::int64_t> t = h.batch_tags(exec);
+    batch_owners.insert(batch_owners.end(), t.begin(), t.end());
+  }
+  see(s, RowState::replicated, router.top_k(), owners ? span_of(batch_owners) : std::span<const std::int64_t>{},
+      view_type());
 }
 
 }  // namespace relayout::impl

@@ -18,7 +18,8 @@ auto BridgeRun<C, T, Space>::dp_gather(const In& x, const DpSlotsPtr& slots) -> 
   }();
   std::vector<std::int64_t> g_owners;
   if (owners) {
-    g_owners = to_vector(dp_gather_replicate(dpg(), OwnerRows<Replicated<AttnTp>, DpLocal>(owner_view(*owners)), slots).view());
+    g_owners = to_vector(
+        dp_gather_replicate(dpg(), OwnerRows<Replicated<AttnTp>, DpLocal>(owner_view(*owners)), slots).view());
     if (s.mode() == PaddingMode::max_len)
       for (int grp = 0; grp < s.groups(); ++grp)
         for (std::int64_t r = s.count(grp); r < s.slot_rows(); ++r)
@@ -39,37 +40,45 @@ auto BridgeRun<C, T, Space>::dp_gather(const In& x, const DpSlotsPtr& slots) -> 
   const int g = dpg().coords().attn_dp_rank;  // under CP: this rank's share
   const std::vector<std::int64_t> out_owners(g_owners.empty() ? g_owners.begin() : g_owners.begin() + s.offset(g),
                                              g_owners.empty() ? g_owners.begin() : g_owners.begin() + s.offset(g) + s.count(g));
-  Out out = [&]() -> Out {
-    if (b.opts_.restore == BridgeRestore::scatter) {
-      const PlanStep& r_step = step(BridgeStep::all_reduce);
-      auto summed = fault() == BridgeFault::skip_reduce
-                        ? Rows<T, Replicated<group::Tp>, DpGlobal, Space>(std::move(p).data())
-                        : all_reduce(exec, dpg(), std::move(p), traffic);
-      see(r_step, RowState::replicated, widths().tp, span_of(g_owners), summed.view());
-      const PlanStep& s_step = step(BridgeStep::dp_scatter);
-      Out o = dp_scatter(exec, dpg(), summed, traffic);
-      see(s_step, RowState::replicated, group_ranks(), span_of(out_owners), o.view());
-      return o;
-    }
-    if (fault() == BridgeFault::skip_reduce) {  // a copy where a sum was due
-      const PlanStep& r_step = step(s.mode() == PaddingMode::sum_len ? BridgeStep::reduce_scatterv : BridgeStep::dp_reduce_scatter);
-      Out o = dp_scatter(exec, dpg(), Rows<T, Replicated<group::Tp>, DpGlobal, Space>(std::move(p).data()), traffic);
-      see(r_step, RowState::replicated, group_ranks(), span_of(out_owners), o.view(), 0, "dp_scatter");
-      return o;
-    }
-    if (s.mode() == PaddingMode::sum_len) {
-      const PlanStep& r_step = step(BridgeStep::reduce_scatterv);
-      Out o = reduce_scatterv(exec, dpg(), p, traffic);
-      see(r_step, RowState::replicated, group_ranks(), span_of(out_owners), o.view());
-      return o;
-    }
-    const PlanStep& r_step = step(BridgeStep::dp_reduce_scatter);
-    Out o = dp_reduce_scatter(exec, dpg(), p, traffic);
-    see(r_step, RowState::replicated, group_ranks(), span_of(out_owners), o.view());
-    return o;
-  }();
+  Out out = dp_restore(std::move(p), s, g_owners, out_owners);
   if (owners) *owners = out_owners;
   return out;
+}
+
+// Path dp_gather's restore: this DP group's rows from the partial sums (all-reduce and scatter, or
+// one reduce-scatter); a wired fault's copy where a sum was due.
+template <class C, class T, class Space>
+auto BridgeRun<C, T, Space>::dp_restore(Rows<T, Partial<group::Tp>, DpGlobal, Space> p, const DpSlots& s,
+                                        const std::vector<std::int64_t>& g_owners,
+                                        const std::vector<std::int64_t>& out_owners) -> Out {
+  if (b.opts_.restore == BridgeRestore::scatter) {
+    const PlanStep& r_step = step(BridgeStep::all_reduce);
+    auto summed = fault() == BridgeFault::skip_reduce
+                      ? Rows<T, Replicated<group::Tp>, DpGlobal, Space>(std::move(p).data())
+                      : all_reduce(exec, dpg(), std::move(p), traffic);
+    see(r_step, RowState::replicated, widths().tp, span_of(g_owners), summed.view());
+    const PlanStep& s_step = step(BridgeStep::dp_scatter);
+    Out o = dp_scatter(exec, dpg(), summed, traffic);
+    see(s_step, RowState::replicated, group_ranks(), span_of(out_owners), o.view());
+    return o;
+  }
+  if (fault() == BridgeFault::skip_reduce) {  // a copy where a sum was due
+    const PlanStep& r_step =
+        step(s.mode() == PaddingMode::sum_len ? BridgeStep::reduce_scatterv : BridgeStep::dp_reduce_scatter);
+    Out o = dp_scatter(exec, dpg(), Rows<T, Replicated<group::Tp>, DpGlobal, Space>(std::move(p).data()), traffic);
+    see(r_step, RowState::replicated, group_ranks(), span_of(out_owners), o.view(), 0, "dp_scatter");
+    return o;
+  }
+  if (s.mode() == PaddingMode::sum_len) {
+    const PlanStep& r_step = step(BridgeStep::reduce_scatterv);
+    Out o = reduce_scatterv(exec, dpg(), p, traffic);
+    see(r_step, RowState::replicated, group_ranks(), span_of(out_owners), o.view());
+    return o;
+  }
+  const PlanStep& r_step = step(BridgeStep::dp_reduce_scatter);
+  Out o = dp_reduce_scatter(exec, dpg(), p, traffic);
+  see(r_step, RowState::replicated, group_ranks(), span_of(out_owners), o.view());
+  return o;
 }
 
 }  // namespace relayout::impl

@@ -133,6 +133,8 @@ class BridgeRun {
 
   // Path A: gather every DP group's rows, this rank's experts on its moe_dp slice, restore.
   Out dp_gather(const In& x, const DpSlotsPtr& slots);
+  Out dp_restore(Rows<T, Partial<group::Tp>, DpGlobal, Space> p, const DpSlots& s,
+                 const std::vector<std::int64_t>& g_owners, const std::vector<std::int64_t>& out_owners);
 
   // No DP attention, no all-to-all backend: every rank holds every row; partials summed over tp.
   Out tp_moe(const In& x);
@@ -153,7 +155,7 @@ class BridgeRun {
 
   // This member's chunk (c_owners: its rows' owners, when carried; group_rows: its DP group's
   // rows) through route, dispatch, experts, combine and the shared expert: the chunk's MoE rows.
-  Rows<T, RowShard<AttnTp>, DpLocal, Space> a2a_chunk(const Rows<T, RowShard<AttnTp>, DpLocal, Space>& chunk, const std::vector<std::int64_t>& c_owners, std::int64_t group_rows);
+  ScatteredIn a2a_chunk(const ScatteredIn& chunk, const std::vector<std::int64_t>& c_owners, std::int64_t group_rows);
 
   // One micro-batch of this rank's chunk (the whole chunk without two-batch overlap) on its way
   // through route, dispatch, experts, combine and the shared expert. Not moved once started: a
@@ -168,6 +170,8 @@ class BridgeRun {
     std::optional<EpCombineInFlight<T, Space>> pc;
     view_type combined;
   };
+  void see_experts(const PlanStep& s, const Micro* mb, int count);
+
 
   // Route, then start the dispatch (the rows' exchange left in flight).
   // group_rows: the DP group's rows, whose index numbers each token for the replica choice.
