@@ -5,8 +5,9 @@
 // uneven per-DP-group batches (one group idle) and compares every row with a serial computation
 // of its own. Then the same engine with an fp32 residual stream and a bf16 MoE: its rows converted
 // with kernels::convert_rows, MoeBridge<C, bf16> moving 2-byte rows, its experts rounding their
-// outputs to bf16, checked within a bound derived from the bf16 roundings. Prints one line per
-// path with the max error and the element type; exits 1 on any mismatch.
+// outputs to bf16, checked within a bound derived from the bf16 roundings. Last, the EP layer alone
+// (EpBuffer: dispatch in low-latency mode, the handle, combine), as a DeepEP user would call it.
+// Prints one line per path with the max error and the element type; exits 1 on any mismatch.
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
@@ -307,6 +308,46 @@ double run_bf16_case(MPI_Comm comm, const Case& c, std::string& path) {
 
 }  // namespace
 
+// The EP layer used directly, as a DeepEP user would: one EpBuffer on the direct layout (every rank
+// its own DP group), a decode-sized step dispatched in low-latency mode, the engine's experts on the
+// handle's batch, the combine, the shared expert added by the engine. Returns the max error.
+double run_ep_buffer_case(MPI_Comm comm, std::string& path) {
+  using namespace relayout;
+  int np = 1;
+  MPI_Comm_size(comm, &np);
+  const Case c{"EpBuffer", BridgePath::direct,
+               {.tp = np, .dp = np, .enable_dp_attention = true, .moe_a2a_backend = Backend::deepep}, {}};
+  const CaseRanks cr(comm, c);
+  path = "direct";
+  const std::int64_t first = cr.first, n = cr.n;
+  Exec exec;
+  View x("x", std::size_t(n), kHidden);
+  auto xh = Kokkos::create_mirror_view(x);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (int f = 0; f < kHidden; ++f) xh(i, f) = input(first + i, f);
+  Kokkos::deep_copy(exec, x, xh);
+  EpBuffer<MpiCommunicator, Scalar, Exec> buffer(cr.pg, kExperts, {.num_max_dispatch_tokens_per_rank = 32});
+  Router router;
+  TopK<Scalar, Exec> route(n, kTopK);
+  router(exec, x, route);
+  const auto handle = buffer.dispatch(exec, Rows<Scalar, RowShard<AttnTp>, DpLocal, Exec>(x, n), route,
+                                      {.mode = EpMode::low_latency});
+  const auto y = buffer.expert_outputs(handle);
+  Experts{}(exec, handle.batch(), y);
+  const auto out = buffer.combine(exec, handle, y);
+  Experts{}.shared(exec, x, out.view());  // the whole shared expert on this rank's own rows
+  auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.view());
+  double err = 0.0;
+  Scalar ref[kHidden];
+  for (std::int64_t i = 0; i < n; ++i) {
+    serial_moe(&xh(i, 0), ref);
+    for (int f = 0; f < kHidden; ++f) err = std::max(err, std::abs(double(oh(i, f) - ref[f])));
+  }
+  double worst = 0.0;
+  MPI_Allreduce(&err, &worst, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return worst;
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   // Its own usage before Kokkos sees the arguments (Kokkos prints its option banner for --help).
@@ -373,6 +414,8 @@ int main(int argc, char** argv) {
       if (relayout::RuntimeLayout(c.config).bridge_path() == c.path)
         attempt(std::string("bf16 rows, ") + c.name, "bf16", "err/bound", 1.0,
                 [&](std::string& path) { return run_bf16_case(engine, c, path); });
+    attempt("EpBuffer, low-latency decode step", "double", "max_err", 1e-12,
+            [&](std::string& path) { return run_ep_buffer_case(engine, path); });
     MPI_Comm_free(&engine);
   }
   MPI_Finalize();
