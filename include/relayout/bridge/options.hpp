@@ -15,6 +15,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "relayout/bridge/plan.hpp"
+#include "relayout/mesh/range.hpp"
 #include "relayout/placement/ep_message.hpp"
 #include "relayout/placement/expert_location.hpp"
 #include "relayout/placement/rows_view.hpp"

@@ -13,6 +13,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "relayout/bridge/impl/fault.hpp"
 #include "relayout/bridge/impl/model_ref.hpp"
 #include "relayout/bridge/options.hpp"
 #include "relayout/bridge/plan.hpp"
