@@ -146,7 +146,6 @@ class BridgeRun {
 
   // Rows [mine) of x through route + this rank's experts (+ its shared share): Partial<tp> rows.
   view_type moe_partial(const view_type& x, Range mine);
-  void check_moe_tp_share(const view_type& ps);
 
   // Rows already split over attn_tp, on a path that dispatches rows: the chunk's hand-over.
   ScatteredIn go_scattered(const ScatteredIn& x);

@@ -2,10 +2,6 @@
 // every rank holds, the partials summed over tp; and the same on rows split over attn_tp.
 #pragma once
 
-#include <bit>
-#include <cstdint>
-#include <vector>
-
 #include "relayout/bridge/impl/run.hpp"
 
 namespace relayout::impl {
@@ -77,39 +73,7 @@ auto BridgeRun<C, T, Space>::moe_partial(const view_type& x, Range mine) -> view
   if (experts.has_shared())
     if (pg().coords().moe_ep_rank == 0) experts.shared(exec, xs, ps);
   exec.fence();
-  check_moe_tp_share(ps);
   return partial;
-}
-
-// With the collective check on, a check of the experts' moe_tp contract: members of one moe_tp
-// group hold the same rows, so partial sums that are the same to the bit on every member (and not
-// all zero) were each the whole expert, which the sum over tp would count moe_tp times. Every
-// member sees the same digests and throws alike.
-template <class C, class T, class Space>
-auto BridgeRun<C, T, Space>::check_moe_tp_share(const view_type& ps) -> void {
-  const auto& g = pg().moe_tp();
-  if (g.size() < 2 || !agreement_settings().check) return;
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ps);
-  std::uint64_t digest = 0xcbf29ce484222325ull, nonzero = 0;
-  for (std::size_t i = 0; i < h.extent(0); ++i)
-    for (std::size_t f = 0; f < h.extent(1); ++f) {
-      const double v = static_cast<double>(static_cast<compute_t<T>>(h(i, f)));
-      nonzero |= v != 0.0 ? 1u : 0u;
-      digest = (digest ^ std::bit_cast<std::uint64_t>(v)) * 0x100000001b3ull;
-    }
-  std::vector<std::int64_t> mine{std::bit_cast<std::int64_t>(digest), static_cast<std::int64_t>(nonzero)};
-  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(g.size()));
-  all_gather(exec, g, mine, all, site);
-  bool same = true, any = false;
-  for (int r = 0; r < g.size(); ++r) {
-    same = same && all[2 * static_cast<std::size_t>(r)] == all[0];
-    any = any || all[2 * static_cast<std::size_t>(r) + 1] != 0;
-  }
-  if (same && any)
-    throw LayoutError("experts", "MoeBridge::run: every moe_tp member's experts returned the same partial sums: each "
-                                 "computed the whole expert instead of its moe_tp share (1 / " +
-                                     std::to_string(g.size()) + " of the intermediate size), which the sum over tp "
-                                     "counts " + std::to_string(g.size()) + " times" + impl::called_at(site));
 }
 
 }  // namespace relayout::impl
